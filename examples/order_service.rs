@@ -1,0 +1,480 @@
+//! An order service charging a flaky payment gateway, twice: once through a naive client that makes a
+//! new request id for every retry, once through `#[idempotent]` with a receipt lookup. Same orders, same
+//! seeded faults (requests lost, replies lost after the charge, slow replies, 5xx, declined cards, rate
+//! limits), same double-clicks. The table at the end counts what each did to the customers.
+//!
+//! ```text
+//! cargo run --example order_service            # seed 7
+//! cargo run --example order_service -- 42      # another seed
+//! ```
+//!
+//! Time is simulated (tokio's paused clock), so the run is instant and the same seed prints the same
+//! table.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use samekey::{idempotent, CallId, Classify, ErrorClass, RemoteStatus, Runtime};
+use serde::{Deserialize, Serialize};
+
+const ORDERS: u64 = 300;
+/// One order in this many is submitted twice at once (a double click, a retried HTTP request).
+const DOUBLE_SUBMIT_EVERY: u64 = 6;
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(1);
+
+// ---------------------------------------------------------------------------------------------------
+// The payment gateway: executes charges, keeps them by request id (its receipts), answers status
+// queries. It deduplicates by request id, as good gateways do — which only helps a client that keeps
+// its request id across retries.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct Charge {
+    order_id: u64,
+    amount_cents: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, thiserror::Error)]
+enum PayError {
+    #[error("card declined")]
+    Declined,
+    #[error("gateway unavailable (503)")]
+    Unavailable,
+    #[error("rate limited, retry after {retry_after_ms} ms")]
+    RateLimited { retry_after_ms: u64 },
+    #[error("connection reset after sending")]
+    Reset,
+    #[error(transparent)]
+    Samekey(#[from] samekey::Error),
+}
+
+impl Classify for PayError {
+    fn classify(&self) -> ErrorClass {
+        match self {
+            PayError::Declined => ErrorClass::Permanent,
+            PayError::Unavailable => ErrorClass::Retryable,
+            PayError::RateLimited { retry_after_ms } => ErrorClass::RateLimited {
+                retry_after: Some(Duration::from_millis(*retry_after_ms)),
+            },
+            PayError::Reset => ErrorClass::Unknown,
+            PayError::Samekey(e) => e.classify(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Ledger {
+    by_request: HashMap<String, RemoteStatus<Charge, PayError>>,
+    charges_per_order: HashMap<u64, u32>,
+    requests: u64,
+    status_queries: u64,
+    rng: u64,
+}
+
+#[derive(Clone)]
+struct Gateway {
+    ledger: Arc<Mutex<Ledger>>,
+}
+
+enum Fault {
+    None,
+    RequestLost,
+    ReplyLost,
+    Slow(Duration),
+    Unavailable,
+    RateLimited,
+}
+
+impl Gateway {
+    fn new(seed: u64) -> Gateway {
+        let ledger = Ledger {
+            rng: seed,
+            ..Ledger::default()
+        };
+        Gateway {
+            ledger: Arc::new(Mutex::new(ledger)),
+        }
+    }
+
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn roll(ledger: &mut Ledger) -> Fault {
+        ledger.rng = ledger.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = ledger.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        match z % 100 {
+            0..=7 => Fault::RequestLost,
+            8..=15 => Fault::ReplyLost,
+            16..=23 => Fault::Slow(Duration::from_millis(1_500 + (z >> 8) % 2_500)),
+            24..=29 => Fault::Unavailable,
+            30..=34 => Fault::RateLimited,
+            _ => Fault::None,
+        }
+    }
+
+    fn execute(ledger: &mut Ledger, request_id: &str, charge: Charge) -> Result<Charge, PayError> {
+        // Every 37th order's card is declined: a 4xx that no retry can fix.
+        let outcome = if charge.order_id % 37 == 0 {
+            Err(PayError::Declined)
+        } else {
+            *ledger.charges_per_order.entry(charge.order_id).or_default() += 1;
+            Ok(charge)
+        };
+        let status = match &outcome {
+            Ok(c) => RemoteStatus::Succeeded(*c),
+            Err(e) => RemoteStatus::Failed(e.clone()),
+        };
+        ledger.by_request.insert(request_id.to_owned(), status);
+        outcome
+    }
+
+    /// `POST /charges` with an idempotency header.
+    async fn charge(&self, request_id: &str, charge: Charge) -> Result<Charge, PayError> {
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        let fault = {
+            let mut ledger = self.ledger();
+            ledger.requests += 1;
+            match ledger.by_request.get(request_id) {
+                Some(RemoteStatus::Succeeded(c)) => return Ok(*c),
+                Some(RemoteStatus::Failed(e)) => return Err(e.clone()),
+                Some(RemoteStatus::Processing) => return Err(PayError::Unavailable),
+                Some(RemoteStatus::NotReceived) | None => {}
+            }
+            Gateway::roll(&mut ledger)
+        };
+        match fault {
+            Fault::None => Gateway::execute(&mut self.ledger(), request_id, charge),
+            Fault::RequestLost => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                Err(PayError::Reset)
+            }
+            Fault::ReplyLost => {
+                let _ = Gateway::execute(&mut self.ledger(), request_id, charge);
+                Err(PayError::Reset)
+            }
+            Fault::Slow(delay) => {
+                self.ledger()
+                    .by_request
+                    .insert(request_id.to_owned(), RemoteStatus::Processing);
+                // The gateway finishes on its own time, whether or not the client still waits.
+                let (gateway, id) = (self.clone(), request_id.to_owned());
+                let server = tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    Gateway::execute(&mut gateway.ledger(), &id, charge)
+                });
+                server.await.unwrap_or(Err(PayError::Reset))
+            }
+            Fault::Unavailable => Err(PayError::Unavailable),
+            Fault::RateLimited => Err(PayError::RateLimited {
+                retry_after_ms: 300,
+            }),
+        }
+    }
+
+    /// `GET /charges/{request_id}`: the gateway's receipt.
+    async fn status(&self, request_id: String) -> Result<RemoteStatus<Charge, PayError>, PayError> {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut ledger = self.ledger();
+        ledger.status_queries += 1;
+        // The status endpoint itself fails now and then: the outcome then stays unknown.
+        ledger.rng = ledger.rng.wrapping_add(0x2545_f491_4f6c_dd1d);
+        if (ledger.rng >> 17) % 100 < 4 {
+            return Err(PayError::Unavailable);
+        }
+        Ok(ledger
+            .by_request
+            .get(&request_id)
+            .cloned()
+            .unwrap_or(RemoteStatus::NotReceived))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The two clients.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, samekey::KeyPart)]
+struct Order {
+    id: u64,
+    #[key_part(skip)]
+    amount_cents: u64,
+}
+
+/// What callers were told.
+#[derive(Default)]
+struct Told {
+    succeeded: u64,
+    declined: u64,
+    failed: u64,
+    unknown: u64,
+    attempts: u64,
+}
+
+/// Retries every error, with a new request id for every attempt: the bug this library exists for.
+struct NaiveClient {
+    gateway: Gateway,
+    next_id: Mutex<u64>,
+    attempts: Mutex<u64>,
+}
+
+impl NaiveClient {
+    async fn charge(&self, order: Order) -> Result<Charge, PayError> {
+        let mut last = PayError::Unavailable;
+        for attempt in 0..4u32 {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+            }
+            let request_id = {
+                let mut n = self.next_id.lock().unwrap_or_else(|p| p.into_inner());
+                *n += 1;
+                format!("naive-{n}")
+            };
+            *self.attempts.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+            let charge = Charge {
+                order_id: order.id,
+                amount_cents: order.amount_cents,
+            };
+            match tokio::time::timeout(CLIENT_TIMEOUT, self.gateway.charge(&request_id, charge))
+                .await
+            {
+                Ok(Ok(c)) => return Ok(c),
+                Ok(Err(PayError::Declined)) => return Err(PayError::Declined),
+                Ok(Err(e)) => last = e,
+                Err(_) => last = PayError::Reset,
+            }
+        }
+        Err(last)
+    }
+}
+
+/// The same call through `#[idempotent]`: one key per order, one callId per call sent as the request
+/// id on every attempt, and a receipt lookup instead of a guess after a timeout.
+struct OrderService {
+    gateway: Gateway,
+    samekey: Runtime,
+}
+
+impl OrderService {
+    #[idempotent(key = "order", prefix = "pay", retries = 3, timeout = "1s", backoff = "100ms..2s",
+                 ttl = "7d", verify = "order.amount_cents", runtime = &self.samekey,
+                 lookup = |call: &CallId| self.gateway.status(call.to_string()))]
+    async fn charge(&self, order: Order) -> Result<Charge, PayError> {
+        let call = samekey::current();
+        let charge = Charge {
+            order_id: order.id,
+            amount_cents: order.amount_cents,
+        };
+        self.gateway
+            .charge(&call.call_id().to_string(), charge)
+            .await
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The workload and the report.
+
+fn orders() -> impl Iterator<Item = (Order, usize)> {
+    (1..=ORDERS).map(|id| {
+        let order = Order {
+            id,
+            amount_cents: 1_000 + id * 7,
+        };
+        let submissions = if id % DOUBLE_SUBMIT_EVERY == 0 { 2 } else { 1 };
+        (order, submissions)
+    })
+}
+
+fn tally(told: &mut Told, out: &Result<Charge, PayError>) {
+    match out {
+        Ok(_) => told.succeeded += 1,
+        Err(PayError::Declined) => told.declined += 1,
+        Err(PayError::Samekey(samekey::Error::Unknown { .. })) => told.unknown += 1,
+        Err(_) => told.failed += 1,
+    }
+}
+
+/// Runs every order (double submissions concurrently) and returns what callers were told and, per
+/// order, whether any caller was told it failed.
+async fn run<F, Fut>(submit: F) -> (Told, HashMap<u64, bool>)
+where
+    F: Fn(Order) -> Fut,
+    Fut: std::future::Future<Output = Result<Charge, PayError>>,
+{
+    let mut told = Told::default();
+    let mut told_failed = HashMap::new();
+    for (order, submissions) in orders() {
+        let results = futures_join(submissions, || submit(order)).await;
+        for out in &results {
+            tally(&mut told, out);
+            if matches!(out, Err(e) if !matches!(e, PayError::Samekey(samekey::Error::Unknown { .. })))
+            {
+                told_failed.insert(order.id, true);
+            }
+        }
+    }
+    (told, told_failed)
+}
+
+/// Runs `n` submissions of one order at the same time.
+async fn futures_join<F, Fut>(n: usize, make: F) -> Vec<Fut::Output>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future,
+{
+    if n == 2 {
+        let (a, b) = tokio::join!(make(), make());
+        vec![a, b]
+    } else {
+        vec![make().await]
+    }
+}
+
+struct Column {
+    calls: u64,
+    attempts: u64,
+    lookups: u64,
+    replays: u64,
+    executed: u64,
+    duplicates: u64,
+    failed_but_charged: u64,
+    told: Told,
+    unknown_queued: u64,
+}
+
+fn column(gateway: &Gateway, told: Told, told_failed: &HashMap<u64, bool>) -> Column {
+    let ledger = gateway.ledger();
+    let executed: u64 = ledger
+        .charges_per_order
+        .values()
+        .map(|&n| u64::from(n))
+        .sum();
+    let duplicates: u64 = ledger
+        .charges_per_order
+        .values()
+        .map(|&n| u64::from(n.saturating_sub(1)))
+        .sum();
+    let failed_but_charged = told_failed
+        .keys()
+        .filter(|id| ledger.charges_per_order.get(id).copied().unwrap_or(0) > 0)
+        .count() as u64;
+    Column {
+        calls: told.succeeded + told.declined + told.failed + told.unknown,
+        attempts: told.attempts,
+        lookups: ledger.status_queries,
+        replays: 0,
+        executed,
+        duplicates,
+        failed_but_charged,
+        told,
+        unknown_queued: 0,
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let seed = match std::env::args().nth(1) {
+        Some(arg) => arg
+            .parse::<u64>()
+            .map_err(|e| format!("the seed must be a number, got {arg:?}: {e}"))?,
+        None => 7,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()?;
+    runtime.block_on(compare(seed))
+}
+
+async fn compare(seed: u64) -> Result<(), Box<dyn std::error::Error>> {
+    let started = tokio::time::Instant::now();
+
+    let naive_gateway = Gateway::new(seed);
+    let naive = NaiveClient {
+        gateway: naive_gateway.clone(),
+        next_id: Mutex::new(0),
+        attempts: Mutex::new(0),
+    };
+    let (mut told, told_failed) = run(|order| naive.charge(order)).await;
+    told.attempts = *naive.attempts.lock().unwrap_or_else(|p| p.into_inner());
+    let naive_col = column(&naive_gateway, told, &told_failed);
+
+    let samekey_gateway = Gateway::new(seed);
+    let service = OrderService {
+        gateway: samekey_gateway.clone(),
+        samekey: Runtime::builder().node("demo").build()?,
+    };
+    let (mut told, told_failed) = run(|order| service.charge(order)).await;
+    let stats = service.samekey.stats();
+    told.attempts = stats.attempts;
+    let mut samekey_col = column(&samekey_gateway, told, &told_failed);
+    samekey_col.replays = stats.replays;
+    samekey_col.unknown_queued = service.samekey.compensations().await?.len() as u64;
+
+    println!(
+        "samekey order_service — {ORDERS} orders, every {DOUBLE_SUBMIT_EVERY}th submitted twice, seed {seed}"
+    );
+    println!("faults: 8% requests lost, 8% replies lost after the charge, 8% slow (1.5–4 s, timeout 1 s),");
+    println!(
+        "        6% 503, 5% rate limited, every 37th card declined, 4% of receipt lookups fail\n"
+    );
+    println!(
+        "{:<34}{:>24}{:>12}",
+        "", "naive (new id per retry)", "samekey"
+    );
+    let rows: [(&str, u64, u64); 12] = [
+        ("calls", naive_col.calls, samekey_col.calls),
+        ("attempts sent", naive_col.attempts, samekey_col.attempts),
+        ("receipt lookups", naive_col.lookups, samekey_col.lookups),
+        (
+            "replays (answered from store)",
+            naive_col.replays,
+            samekey_col.replays,
+        ),
+        ("charges executed", naive_col.executed, samekey_col.executed),
+        (
+            "duplicate charges",
+            naive_col.duplicates,
+            samekey_col.duplicates,
+        ),
+        (
+            "told: succeeded",
+            naive_col.told.succeeded,
+            samekey_col.told.succeeded,
+        ),
+        (
+            "told: declined (4xx)",
+            naive_col.told.declined,
+            samekey_col.told.declined,
+        ),
+        (
+            "told: failed",
+            naive_col.told.failed,
+            samekey_col.told.failed,
+        ),
+        (
+            "told: failed, but was charged",
+            naive_col.failed_but_charged,
+            samekey_col.failed_but_charged,
+        ),
+        (
+            "told: unknown (asked to wait)",
+            naive_col.told.unknown,
+            samekey_col.told.unknown,
+        ),
+        (
+            "left UNKNOWN in compensation",
+            naive_col.unknown_queued,
+            samekey_col.unknown_queued,
+        ),
+    ];
+    for (name, naive, samekey) in rows {
+        println!("{name:<34}{naive:>24}{samekey:>12}");
+    }
+    println!("\nsimulated time: {:.1} s", started.elapsed().as_secs_f64());
+    if samekey_col.duplicates != 0 || samekey_col.failed_but_charged != 0 {
+        return Err("samekey let a duplicate charge through".into());
+    }
+    Ok(())
+}

@@ -1,0 +1,452 @@
+//! Stage 1: the arguments of `#[idempotent(...)]`, parsed by hand.
+//!
+//! This stage only checks the *form* of each value (a string where a string goes, an integer for
+//! `retries`, …) and keeps every value with its span. What the values mean is checked later:
+//! `key.rs` for `key`/`verify`, `policy.rs` for the rest. Problems that do not stop the parse
+//! (an unknown or duplicated argument, a value of the wrong kind) are collected in
+//! [`Args::errors`] so that the user sees all of them at once.
+
+use proc_macro2::Span;
+use quote::ToTokens;
+use syn::ext::IdentExt;
+use syn::parse::{Parse, ParseStream};
+use syn::spanned::Spanned;
+use syn::{Expr, ExprLit, ExprUnary, Ident, Lit, LitStr, Token, UnOp};
+
+/// Every argument `#[idempotent(...)]` accepts, in the order the docs list them.
+pub(crate) const NAMES: &[&str] = &[
+    "key",
+    "scope",
+    "prefix",
+    "retries",
+    "backoff",
+    "jitter",
+    "timeout",
+    "ttl",
+    "window",
+    "verify",
+    "lookup",
+    "on_unknown",
+    "runtime",
+    "on_busy",
+];
+
+/// A value, the span of its literal, and the tokens it was written as (`-0.1` is two tokens: an
+/// error about it should underline both).
+#[derive(Clone, Debug)]
+pub(crate) struct Value<T> {
+    pub(crate) value: T,
+    pub(crate) span: Span,
+    pub(crate) tokens: proc_macro2::TokenStream,
+}
+
+/// `on_unknown = "hold" | "rerun"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OnUnknown {
+    Hold,
+    Rerun,
+}
+
+/// `on_busy = "wait" | "reject"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OnBusy {
+    Wait,
+    Reject,
+}
+
+/// The arguments as written. `None` means "not given"; defaults are applied in `policy.rs`.
+#[derive(Default)]
+pub(crate) struct Args {
+    /// `key = "..."` (a string literal) or `key = a + b.c` (bare): kept as written for `key.rs`.
+    pub(crate) key: Option<Expr>,
+    pub(crate) verify: Option<Expr>,
+    pub(crate) scope: Option<LitStr>,
+    pub(crate) prefix: Option<LitStr>,
+    pub(crate) retries: Option<Value<u64>>,
+    pub(crate) backoff: Option<LitStr>,
+    pub(crate) jitter: Option<Value<f64>>,
+    pub(crate) timeout: Option<LitStr>,
+    pub(crate) ttl: Option<LitStr>,
+    pub(crate) window: Option<LitStr>,
+    pub(crate) lookup: Option<Expr>,
+    pub(crate) on_unknown: Option<Value<OnUnknown>>,
+    pub(crate) runtime: Option<Expr>,
+    pub(crate) on_busy: Option<Value<OnBusy>>,
+    /// Problems found while parsing that did not stop it.
+    pub(crate) errors: Option<syn::Error>,
+    /// Names already seen, to report duplicates.
+    seen: Vec<String>,
+}
+
+impl Parse for Args {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let mut args = Args::default();
+        while !input.is_empty() {
+            // `parse_any` so that `type = ...` or `async = ...` is reported as an unknown argument
+            // instead of a bare "expected identifier".
+            let name = input.call(Ident::parse_any).map_err(|e| {
+                syn::Error::new(
+                    e.span(),
+                    format!(
+                        "expected an argument of `#[idempotent(...)]`, such as `key = \"order.id + op\"`; valid arguments: {}",
+                        list_names()
+                    ),
+                )
+            })?;
+            let name_str = name.unraw().to_string();
+            if !input.peek(Token![=]) {
+                return Err(syn::Error::new(
+                    name.span(),
+                    format!(
+                        "expected `=` after `{name_str}`: arguments of `#[idempotent(...)]` are written `name = value`, e.g. `{}`",
+                        example(&name_str).unwrap_or("key = \"order.id + op\"")
+                    ),
+                ));
+            }
+            let eq: Token![=] = input.parse()?;
+            if input.is_empty() || input.peek(Token![,]) {
+                args.error(syn::Error::new(
+                    eq.span,
+                    format!(
+                        "`{name_str} =` has no value in `#[idempotent(...)]`{}",
+                        example(&name_str)
+                            .map(|e| format!(": write e.g. `{e}`"))
+                            .unwrap_or_default()
+                    ),
+                ));
+            } else {
+                let value: Expr = input.parse()?;
+                args.set(&name, value);
+            }
+            if input.is_empty() {
+                break;
+            }
+            input.parse::<Token![,]>()?;
+        }
+        Ok(args)
+    }
+}
+
+impl Args {
+    fn error(&mut self, err: syn::Error) {
+        match &mut self.errors {
+            Some(all) => all.combine(err),
+            None => self.errors = Some(err),
+        }
+    }
+
+    /// Stores one `name = value`, or records why it cannot be stored.
+    fn set(&mut self, name: &Ident, value: Expr) {
+        let name_str = name.unraw().to_string();
+        if !NAMES.contains(&name_str.as_str()) {
+            let hint = crate::key::closest(&name_str, NAMES.iter().copied())
+                .map(|c| format!("did you mean `{c}`? "))
+                .unwrap_or_default();
+            self.error(syn::Error::new(
+                name.span(),
+                format!(
+                    "unknown argument `{name_str}` in `#[idempotent(...)]`; {hint}valid arguments: {}",
+                    list_names()
+                ),
+            ));
+            return;
+        }
+        if self.seen.contains(&name_str) {
+            self.error(syn::Error::new(
+                name.span(),
+                format!(
+                    "`{name_str}` is given twice in `#[idempotent(...)]`: each argument may appear once; remove one"
+                ),
+            ));
+            return;
+        }
+        self.seen.push(name_str.clone());
+        let result = match name_str.as_str() {
+            "key" => {
+                self.key = Some(value);
+                Ok(())
+            }
+            "verify" => {
+                self.verify = Some(value);
+                Ok(())
+            }
+            "lookup" => {
+                self.lookup = Some(value);
+                Ok(())
+            }
+            "runtime" => {
+                self.runtime = Some(value);
+                Ok(())
+            }
+            "scope" => string(&name_str, &value).map(|v| self.scope = Some(v)),
+            "prefix" => string(&name_str, &value).map(|v| self.prefix = Some(v)),
+            "backoff" => string(&name_str, &value).map(|v| self.backoff = Some(v)),
+            "timeout" => string(&name_str, &value).map(|v| self.timeout = Some(v)),
+            "ttl" => string(&name_str, &value).map(|v| self.ttl = Some(v)),
+            "window" => string(&name_str, &value).map(|v| self.window = Some(v)),
+            "retries" => integer(&name_str, &value).map(|v| self.retries = Some(v)),
+            "jitter" => number(&name_str, &value).map(|v| self.jitter = Some(v)),
+            "on_unknown" => choice(
+                &name_str,
+                &value,
+                &[("hold", OnUnknown::Hold), ("rerun", OnUnknown::Rerun)],
+                "\"hold\" (no retry: the call is marked UNKNOWN and left to compensation) or \
+                 \"rerun\" (retry with the same callId, because the remote deduplicates by callId)",
+            )
+            .map(|v| self.on_unknown = Some(v)),
+            "on_busy" => choice(
+                &name_str,
+                &value,
+                &[("wait", OnBusy::Wait), ("reject", OnBusy::Reject)],
+                "\"wait\" (wait for the outcome of the call already running) or \
+                 \"reject\" (return `samekey::Error::InProgress` at once)",
+            )
+            .map(|v| self.on_busy = Some(v)),
+            _ => Ok(()),
+        };
+        if let Err(err) = result {
+            self.error(err);
+        }
+    }
+}
+
+fn list_names() -> String {
+    NAMES
+        .iter()
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// An example of each argument, used in messages.
+pub(crate) fn example(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "key" => "key = \"order.id + op\"",
+        "verify" => "verify = \"amount + currency\"",
+        "scope" => "scope = \"orders.charge\"",
+        "prefix" => "prefix = \"ord\"",
+        "retries" => "retries = 3",
+        "backoff" => "backoff = \"100ms..10s\"",
+        "jitter" => "jitter = 0.2",
+        "timeout" => "timeout = \"3s\"",
+        "ttl" => "ttl = \"24h\"",
+        "window" => "window = \"1d\"",
+        "lookup" => "lookup = |call| self.gateway.status(call)",
+        "on_unknown" => "on_unknown = \"hold\"",
+        "runtime" => "runtime = &self.samekey",
+        "on_busy" => "on_busy = \"wait\"",
+        _ => return None,
+    })
+}
+
+fn wrong_kind(name: &str, value: &Expr, what: &str) -> syn::Error {
+    syn::Error::new_spanned(
+        value,
+        format!(
+            "`#[idempotent({name} = ...)]` takes {what}, e.g. `{}`",
+            example(name).unwrap_or_default()
+        ),
+    )
+}
+
+fn string(name: &str, value: &Expr) -> syn::Result<LitStr> {
+    match value {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(s), ..
+        }) => Ok(s.clone()),
+        _ => Err(wrong_kind(name, value, "a string literal")),
+    }
+}
+
+/// A literal, possibly negated (`-1`), so that range checks can show the value written.
+fn signed_lit(value: &Expr) -> Option<(bool, &Lit)> {
+    match value {
+        Expr::Lit(ExprLit { lit, attrs }) if attrs.is_empty() => Some((false, lit)),
+        Expr::Unary(ExprUnary {
+            op: UnOp::Neg(_),
+            expr,
+            attrs,
+        }) if attrs.is_empty() => match &**expr {
+            Expr::Lit(ExprLit { lit, .. }) => Some((true, lit)),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn integer(name: &str, value: &Expr) -> syn::Result<Value<u64>> {
+    match signed_lit(value) {
+        Some((false, Lit::Int(i))) => match i.base10_parse::<u64>() {
+            Ok(v) => Ok(Value {
+                value: v,
+                span: i.span(),
+                tokens: value.to_token_stream(),
+            }),
+            Err(_) => Err(syn::Error::new(
+                i.span(),
+                format!("`#[idempotent({name} = {i})]` is not a valid number of retries; use at most 10"),
+            )),
+        },
+        Some((true, Lit::Int(_))) => Err(syn::Error::new_spanned(
+            value,
+            format!("`#[idempotent({name} = ...)]` cannot be negative: it counts the retries after the first attempt (0 = no retry)"),
+        )),
+        _ => Err(wrong_kind(name, value, "an integer")),
+    }
+}
+
+fn number(name: &str, value: &Expr) -> syn::Result<Value<f64>> {
+    let parsed = match signed_lit(value) {
+        Some((neg, Lit::Float(f))) => f.base10_parse::<f64>().ok().map(|v| (neg, v)),
+        Some((neg, Lit::Int(i))) => i.base10_parse::<f64>().ok().map(|v| (neg, v)),
+        _ => None,
+    };
+    match parsed {
+        Some((neg, v)) => Ok(Value {
+            value: if neg { -v } else { v },
+            span: value.span(),
+            tokens: value.to_token_stream(),
+        }),
+        None => Err(wrong_kind(name, value, "a number")),
+    }
+}
+
+fn choice<T: Copy>(
+    name: &str,
+    value: &Expr,
+    options: &[(&str, T)],
+    described: &str,
+) -> syn::Result<Value<T>> {
+    let lit = string(name, value)?;
+    let text = lit.value();
+    options
+        .iter()
+        .find(|(o, _)| *o == text)
+        .map(|(_, v)| Value {
+            value: *v,
+            span: lit.span(),
+            tokens: lit.to_token_stream(),
+        })
+        .ok_or_else(|| {
+            syn::Error::new(
+                lit.span(),
+                format!(
+                    "`#[idempotent({name} = {:?})]` is not a valid value: use {described}",
+                    text
+                ),
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> syn::Result<Args> {
+        syn::parse_str::<Args>(s)
+    }
+
+    fn errors(s: &str) -> String {
+        let args = parse(s).unwrap();
+        args.errors
+            .map(|e| {
+                e.into_iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn all_arguments() {
+        let a = parse(
+            r#"key = "order.id + op", scope = "orders.charge", prefix = "ord", retries = 5,
+               backoff = "1s..1m", jitter = 0.1, timeout = "3s", ttl = "7d", window = "1d",
+               verify = amount + currency, lookup = |call| self.gw.status(call),
+               on_unknown = "rerun", runtime = &self.rt, on_busy = "reject","#,
+        )
+        .unwrap();
+        assert!(a.errors.is_none());
+        assert!(matches!(a.key, Some(Expr::Lit(_))));
+        assert!(matches!(a.verify, Some(Expr::Binary(_))));
+        assert_eq!(a.scope.unwrap().value(), "orders.charge");
+        assert_eq!(a.prefix.unwrap().value(), "ord");
+        assert_eq!(a.retries.unwrap().value, 5);
+        assert_eq!(a.backoff.unwrap().value(), "1s..1m");
+        assert_eq!(a.jitter.unwrap().value, 0.1);
+        assert_eq!(a.timeout.unwrap().value(), "3s");
+        assert_eq!(a.ttl.unwrap().value(), "7d");
+        assert_eq!(a.window.unwrap().value(), "1d");
+        assert!(matches!(a.lookup, Some(Expr::Closure(_))));
+        assert_eq!(a.on_unknown.as_ref().unwrap().value, OnUnknown::Rerun);
+        assert!(matches!(a.runtime, Some(Expr::Reference(_))));
+        assert_eq!(a.on_busy.unwrap().value, OnBusy::Reject);
+    }
+
+    #[test]
+    fn empty() {
+        let a = parse("").unwrap();
+        assert!(a.key.is_none() && a.errors.is_none());
+    }
+
+    #[test]
+    fn unknown_argument_suggests_and_lists() {
+        let e = errors(r#"key = "a", retry = 3"#);
+        assert!(e.contains("unknown argument `retry`"), "{e}");
+        assert!(e.contains("did you mean `retries`?"), "{e}");
+        assert!(e.contains("`on_busy`"), "{e}");
+        let e = errors(r#"type = 3"#);
+        assert!(e.contains("unknown argument `type`"), "{e}");
+    }
+
+    #[test]
+    fn duplicate_argument() {
+        let e = errors(r#"retries = 3, retries = 4"#);
+        assert!(e.contains("`retries` is given twice"), "{e}");
+    }
+
+    #[test]
+    fn collects_several() {
+        let e = errors(r#"retries = "3", jitter = "x", timeout = 3, on_busy = "queue", foo = 1"#);
+        assert_eq!(e.lines().count(), 5, "{e}");
+        assert!(e.contains("takes an integer, e.g. `retries = 3`"), "{e}");
+        assert!(e.contains("takes a number, e.g. `jitter = 0.2`"), "{e}");
+        assert!(
+            e.contains("takes a string literal, e.g. `timeout = \"3s\"`"),
+            "{e}"
+        );
+        assert!(e.contains("use \"wait\""), "{e}");
+    }
+
+    #[test]
+    fn negative_values() {
+        let e = errors("retries = -1");
+        assert!(e.contains("cannot be negative"), "{e}");
+        let a = parse("jitter = -0.5").unwrap();
+        assert_eq!(a.jitter.unwrap().value, -0.5);
+        let a = parse("jitter = 0").unwrap();
+        assert_eq!(a.jitter.unwrap().value, 0.0);
+    }
+
+    #[test]
+    fn missing_value_and_equals() {
+        let e = errors("key = , retries = 3");
+        assert!(e.contains("`key =` has no value"), "{e}");
+        let err = parse("retries").err().unwrap().to_string();
+        assert!(err.contains("expected `=` after `retries`"), "{err}");
+        let err = parse("\"key\" = 1").err().unwrap().to_string();
+        assert!(err.contains("expected an argument"), "{err}");
+    }
+
+    #[test]
+    fn bad_choice() {
+        let e = errors(r#"on_unknown = "retry""#);
+        assert!(
+            e.contains(
+                "`#[idempotent(on_unknown = \"retry\")]` is not a valid value: use \"hold\""
+            ),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,660 @@
+//! Stage 3: `#[idempotent(...)]` — checks the function, then rewrites its body into the retry loop
+//! of DESIGN §3 "What the macro generates". The signature is emitted as written; the body is kept
+//! as tokens and placed, unchanged, inside one `async` block per attempt.
+//!
+//! On any error the output is the errors *and* the original function, so the user sees the
+//! problem and nothing else (no cascade of errors about a missing function).
+
+use proc_macro2::{Delimiter, Group, Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned, ToTokens};
+use syn::ext::IdentExt;
+use syn::parse::{Parse, ParseStream};
+use syn::spanned::Spanned;
+use syn::{Attribute, FnArg, Ident, ReturnType, Signature, Token, Type, Visibility};
+
+use crate::args::{Args, OnBusy, OnUnknown};
+use crate::key::{self, Params, Part};
+use crate::policy::{self, Policy};
+
+/// The entry point of `#[idempotent]`, on `proc_macro2` tokens.
+pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
+    let func = match syn::parse2::<Func>(item.clone()) {
+        Ok(func) => func,
+        Err(err) => {
+            let err = err.to_compile_error();
+            return quote!(#err #item);
+        }
+    };
+    match expand(args, &func) {
+        Ok(tokens) => tokens,
+        Err(err) => {
+            let err = err.to_compile_error();
+            quote!(#err #item)
+        }
+    }
+}
+
+/// A function, with its body kept as tokens (like tracing-attributes' `MaybeItemFn`).
+struct Func {
+    attrs: Vec<Attribute>,
+    vis: Visibility,
+    sig: Signature,
+    /// `None` for a declaration without a body (`fn f();` in a trait).
+    body: Option<Group>,
+}
+
+impl Parse for Func {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let attrs = input.call(Attribute::parse_outer)?;
+        let vis: Visibility = input.parse()?;
+        let sig: Signature = input.parse().map_err(|_| {
+            syn::Error::new(
+                Span::call_site(),
+                "`#[idempotent]` goes on an `async fn` that returns `Result<T, E>`",
+            )
+        })?;
+        if input.peek(Token![;]) {
+            input.parse::<Token![;]>()?;
+            return Ok(Func {
+                attrs,
+                vis,
+                sig,
+                body: None,
+            });
+        }
+        let body: Group = input.parse()?;
+        if body.delimiter() != Delimiter::Brace {
+            return Err(syn::Error::new(body.span(), "expected the function's body"));
+        }
+        Ok(Func {
+            attrs,
+            vis,
+            sig,
+            body: Some(body),
+        })
+    }
+}
+
+/// Collects errors from every stage, so that all of them are reported at once.
+#[derive(Default)]
+struct Errors(Option<syn::Error>);
+
+impl Errors {
+    fn add(&mut self, err: syn::Error) {
+        match &mut self.0 {
+            Some(all) => all.combine(err),
+            None => self.0 = Some(err),
+        }
+    }
+
+    fn take<T>(&mut self, result: syn::Result<T>) -> Option<T> {
+        result.map_err(|e| self.add(e)).ok()
+    }
+}
+
+fn expand(args: TokenStream, func: &Func) -> syn::Result<TokenStream> {
+    let mut errors = Errors::default();
+    let ret_ty = errors.take(check_signature(func));
+    let params = Params::of(&func.sig);
+
+    let args = match syn::parse2::<Args>(args) {
+        Ok(mut args) => {
+            if let Some(e) = args.errors.take() {
+                errors.add(e);
+            }
+            Some(args)
+        }
+        Err(e) => {
+            errors.add(e);
+            None
+        }
+    };
+    let Some(args) = args else {
+        return Err(errors
+            .0
+            .unwrap_or_else(|| syn::Error::new(Span::call_site(), "")));
+    };
+
+    let key = match &args.key {
+        Some(value) => errors.take(key::parts("key", value, &params)),
+        None => {
+            errors.add(syn::Error::new(
+                Span::call_site(),
+                "`#[idempotent(...)]` needs a key: add `key = \"...\"` naming the parameters that identify the business operation, e.g. `#[idempotent(key = \"order.id + op\")]`",
+            ));
+            None
+        }
+    };
+    let verify = args
+        .verify
+        .as_ref()
+        .map(|value| errors.take(key::parts("verify", value, &params)));
+    let policy = errors.take(policy::check(&args, &func.sig.ident));
+
+    match (errors.0, ret_ty, key, verify, policy, &func.body) {
+        (None, Some(ret_ty), Some(key), None, Some(policy), Some(body)) => Ok(generate(
+            func, ret_ty, body, &args, &policy, &params, &key, None,
+        )),
+        (None, Some(ret_ty), Some(key), Some(Some(verify)), Some(policy), Some(body)) => {
+            Ok(generate(
+                func,
+                ret_ty,
+                body,
+                &args,
+                &policy,
+                &params,
+                &key,
+                Some(&verify),
+            ))
+        }
+        (Some(e), ..) => Err(e),
+        _ => Err(syn::Error::new(
+            Span::call_site(),
+            "`#[idempotent]` could not expand this function",
+        )),
+    }
+}
+
+/// Group 1 of the compile-time checks: an `async fn` with a body, returning a path type
+/// (`Result<T, E>` or an alias of it), without an owned `self`. Returns the return type.
+fn check_signature(func: &Func) -> syn::Result<&Type> {
+    let sig = &func.sig;
+    let name = sig.ident.unraw();
+    let mut errors = Errors::default();
+    if sig.asyncness.is_none() {
+        errors.add(syn::Error::new(
+            sig.fn_token.span,
+            format!(
+                "`#[idempotent]` goes on an `async fn`: each attempt, backoff and receipt lookup is awaited; write `async fn {name}(...)`"
+            ),
+        ));
+    }
+    for input in &sig.inputs {
+        if let FnArg::Receiver(r) = input {
+            if receiver_is_owned(r) {
+                errors.add(syn::Error::new_spanned(
+                    r,
+                    "`#[idempotent]` methods take `&self` or `&mut self`: the body may run once per attempt, and an owned `self` could only be moved into the first one",
+                ));
+            }
+        }
+    }
+    if func.body.is_none() {
+        errors.add(syn::Error::new_spanned(
+            sig,
+            "`#[idempotent]` needs the function's body: put it on the implementation, not on a declaration",
+        ));
+    }
+    let ret = match &sig.output {
+        ReturnType::Default => {
+            errors.add(syn::Error::new(
+                sig.paren_token.span.join(),
+                format!(
+                    "`#[idempotent]` functions must return `Result<T, E>`: add `-> Result<T, E>` after `{name}(...)`, where `E` implements `samekey::Classify` and `From<samekey::Error>`"
+                ),
+            ));
+            None
+        }
+        ReturnType::Type(_, ty) => {
+            let mut inner: &Type = ty;
+            while let Type::Group(g) = inner {
+                inner = &g.elem;
+            }
+            if matches!(inner, Type::Path(p) if p.qself.is_none()) {
+                Some(&**ty)
+            } else {
+                errors.add(syn::Error::new_spanned(
+                    ty,
+                    format!(
+                        "`#[idempotent]` functions must return `Result<T, E>`, not `{}`: the error tells the runtime whether an attempt may be retried, and the outcome is stored as a receipt",
+                        key::display(ty.to_token_stream())
+                    ),
+                ));
+                None
+            }
+        }
+    };
+    match (errors.0, ret) {
+        (None, Some(ret)) => Ok(ret),
+        (Some(e), _) => Err(e),
+        (None, None) => Err(syn::Error::new(Span::call_site(), "missing return type")),
+    }
+}
+
+/// `self`, `mut self`, `self: Box<Self>`, `self: Arc<Self>`, … — anything but a reference or a
+/// `Pin` of one.
+fn receiver_is_owned(r: &syn::Receiver) -> bool {
+    if r.reference.is_some() {
+        return false;
+    }
+    if r.colon_token.is_none() {
+        return true;
+    }
+    let mut ty: &Type = &r.ty;
+    while let Type::Group(g) = ty {
+        ty = &g.elem;
+    }
+    match ty {
+        Type::Reference(_) => false,
+        Type::Path(p) => !matches!(p.path.segments.last(), Some(s) if s.ident == "Pin"),
+        _ => true,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn generate(
+    func: &Func,
+    ret_ty: &Type,
+    body: &Group,
+    args: &Args,
+    policy: &Policy,
+    params: &Params,
+    key: &[Part],
+    verify: Option<&[Part]>,
+) -> TokenStream {
+    let Func {
+        attrs, vis, sig, ..
+    } = func;
+    let hygienic = |name: &str| Ident::new(name, Span::mixed_site());
+    let spec = hygienic("__SAMEKEY_SPEC");
+    let key_var = hygienic("__samekey_key");
+    let verify_var = hygienic("__samekey_verify");
+    let builder = hygienic("__samekey_builder");
+    let run = hygienic("__samekey_run");
+    let step = hygienic("__samekey_step");
+    let out = hygienic("__samekey_out");
+    let attempt = hygienic("__samekey_attempt");
+    let fake = hygienic("__samekey_fake");
+    let call = hygienic("__samekey_call");
+
+    let spec_value = spec_tokens(&sig.ident, policy);
+
+    let build = |parts: &[Part]| {
+        let calls = parts.iter().map(|part| {
+            // `&(part)` runs from the part's first token to its last, so that rustc underlines
+            // all of `order.price`, not only `order`, when the part is not `KeyPart`.
+            let mut group = Group::new(Delimiter::Parenthesis, part.tokens.clone());
+            group.set_span(part.last);
+            quote_spanned! {part.span=>
+                ::samekey::__private::KeyBuilder::part(&mut #builder, &#group);
+            }
+        });
+        quote!({
+            let mut #builder = ::samekey::__private::KeyBuilder::new(#spec.scope);
+            #(#calls)*
+            #builder
+        })
+    };
+    let key_value = build(key);
+    let verify_value = match verify {
+        Some(parts) => {
+            let b = build(parts);
+            quote!(::core::option::Option::Some(#b))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+
+    let runtime = match &args.runtime {
+        Some(expr) => expr.to_token_stream(),
+        None => quote!(::samekey::__private::default_runtime()),
+    };
+    // Spanned at the return type: a return type that is not a `Result`, or an error type that
+    // misses `Classify`/serde/`From<samekey::Error>`, is reported there.
+    let ret_span = ret_ty.span();
+    let begin = quote_spanned!(ret_span=> ::samekey::__private::begin::<#ret_ty>);
+    let start = quote_spanned!(ret_span=> #run.start());
+    let run_attempt = quote_spanned!(ret_span=> #run.attempt(#attempt));
+    let no_lookup = quote_spanned!(ret_span=> #run.no_lookup());
+
+    // An owned `mut x` is only read by the per-attempt clones below: take it mutably once so that
+    // rustc does not call the user's `mut` unused.
+    let mut_uses = params
+        .list
+        .iter()
+        .filter(|p| p.owned && !p.by_ref && p.mutability.is_some())
+        .map(|p| {
+            let ident = &p.ident;
+            quote!(let _ = &mut #ident;)
+        });
+    let clones = params
+        .list
+        .iter()
+        .filter(|p| p.owned && !p.by_ref)
+        .map(|p| {
+            let ident = &p.ident;
+            let mutability = &p.mutability;
+            let clone = quote_spanned!(p.ty_span=> ::samekey::__private::clone_param(&#ident));
+            quote! {
+                #[allow(unused_variables)]
+                let #mutability #ident = #clone;
+            }
+        });
+
+    let fake_return = quote_spanned! {ret_ty.span()=>
+        #[allow(
+            unknown_lints,
+            unreachable_code,
+            clippy::diverging_sub_expression,
+            clippy::empty_loop,
+            clippy::needless_return,
+            clippy::let_unit_value
+        )]
+        if false {
+            let #fake: #ret_ty = loop {};
+            return #fake;
+        }
+    };
+
+    // The lookup is bound to a local inside the arm (not before the loop: a closure that borrows
+    // `self` must not live across attempts that borrow it mutably), then called; calling it where
+    // it is written, `(|call| ...)(&call)`, would trip clippy's `redundant_closure_call` in the
+    // user's code.
+    let lookup_arm = match &args.lookup {
+        Some(lookup) => {
+            let lookup_var = hygienic("__samekey_lookup");
+            let ask = quote_spanned!(lookup.span()=> #lookup_var(&#call));
+            quote! {
+                ::samekey::__private::Step::Lookup(#call) => {
+                    let #lookup_var = #lookup;
+                    #run.resolve(#ask.await).await
+                }
+            }
+        }
+        None => quote! {
+            ::samekey::__private::Step::Lookup(_) => #no_lookup.await,
+        },
+    };
+
+    // Through `CallResult`, so a return type that is not a `Result` gives one error (the trait's), at
+    // the return type, instead of a cascade of mismatches.
+    let ret = quote_spanned! {ret_ty.span()=>
+        <#ret_ty as ::samekey::__private::CallResult>::from_result(#out)
+    };
+
+    quote! {
+        #(#attrs)*
+        #vis #sig {
+            static #spec: ::samekey::__private::Spec = #spec_value;
+            let #key_var = #key_value;
+            let #verify_var: ::core::option::Option<::samekey::__private::KeyBuilder> = #verify_value;
+            #(#mut_uses)*
+            let mut #run = #begin(#runtime, &#spec, #key_var, #verify_var);
+            let mut #step = #start.await;
+            loop {
+                #step = match #step {
+                    ::samekey::__private::Step::Done(#out) => return #ret,
+                    ::samekey::__private::Step::Attempt => {
+                        #(#clones)*
+                        let #attempt = async {
+                            #fake_return
+                            #body
+                        };
+                        #run_attempt.await
+                    }
+                    #lookup_arm
+                };
+            }
+        }
+    }
+}
+
+/// The `Spec` literal: every value already checked by `policy.rs`.
+fn spec_tokens(fn_ident: &Ident, policy: &Policy) -> TokenStream {
+    let name = fn_ident.unraw().to_string();
+    let millis = |ms: u64| quote!(::core::time::Duration::from_millis(#ms));
+    let optional = |ms: Option<u64>| match ms {
+        Some(ms) => {
+            let d = millis(ms);
+            quote!(::core::option::Option::Some(#d))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+    let scope = match &policy.scope {
+        Some(scope) => quote!(#scope),
+        None => quote!(::core::concat!(::core::module_path!(), "::", #name)),
+    };
+    let prefix = &policy.prefix;
+    let retries = policy.retries;
+    let base = millis(policy.backoff.0);
+    let cap = millis(policy.backoff.1);
+    let jitter = policy.jitter;
+    let timeout = optional(policy.timeout);
+    let ttl = millis(policy.ttl);
+    let window = optional(policy.window);
+    let on_busy = match policy.on_busy {
+        OnBusy::Wait => format_ident!("Wait"),
+        OnBusy::Reject => format_ident!("Reject"),
+    };
+    let on_unknown = match policy.on_unknown {
+        OnUnknown::Hold => format_ident!("Hold"),
+        OnUnknown::Rerun => format_ident!("Rerun"),
+    };
+    let has_lookup = policy.has_lookup;
+    quote! {
+        ::samekey::__private::Spec {
+            scope: #scope,
+            prefix: #prefix,
+            name: #name,
+            retries: #retries,
+            backoff_base: #base,
+            backoff_cap: #cap,
+            jitter: #jitter,
+            timeout: #timeout,
+            ttl: #ttl,
+            window: #window,
+            on_busy: ::samekey::__private::OnBusy::#on_busy,
+            on_unknown: ::samekey::__private::OnUnknown::#on_unknown,
+            has_lookup: #has_lookup,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(args: &str, item: &str) -> String {
+        idempotent(args.parse().unwrap(), item.parse().unwrap()).to_string()
+    }
+
+    fn errors(args: &str, item: &str) -> Vec<String> {
+        let out: TokenStream = idempotent(args.parse().unwrap(), item.parse().unwrap());
+        // Errors come out as `::core::compile_error! { "..." }`.
+        let mut found = Vec::new();
+        let mut tokens = out.into_iter().peekable();
+        while let Some(tt) = tokens.next() {
+            if let proc_macro2::TokenTree::Ident(i) = &tt {
+                if i == "compile_error" {
+                    tokens.next(); // `!`
+                    if let Some(proc_macro2::TokenTree::Group(g)) = tokens.next() {
+                        let lit: syn::LitStr = syn::parse2(g.stream()).unwrap();
+                        found.push(lit.value());
+                    }
+                }
+            }
+        }
+        found
+    }
+
+    const CHARGE: &str =
+        "async fn charge(&self, order: &Order, op: Op) -> Result<Charge, PayError> { \
+                          self.gateway.charge(order.id).await }";
+
+    #[test]
+    fn expands_a_method() {
+        let out = run(
+            r#"key = "order.id + op", timeout = "3s", lookup = |c| self.gw.status(c)"#,
+            CHARGE,
+        );
+        assert!(out.starts_with("async fn charge (& self , order : & Order , op : Op) -> Result < Charge , PayError > {"), "{out}");
+        assert!(
+            out.contains("static __SAMEKEY_SPEC : :: samekey :: __private :: Spec"),
+            "{out}"
+        );
+        assert!(out.contains(":: samekey :: __private :: KeyBuilder :: part (& mut __samekey_builder , & (order . id)) ;"), "{out}");
+        assert!(
+            out.contains(":: samekey :: __private :: begin :: < Result < Charge , PayError > >"),
+            "{out}"
+        );
+        assert!(
+            out.contains("let op = :: samekey :: __private :: clone_param (& op) ;"),
+            "{out}"
+        );
+        assert!(!out.contains("clone_param (& order)"), "{out}");
+        assert!(out.contains("timeout : :: core :: option :: Option :: Some (:: core :: time :: Duration :: from_millis (3000u64))"), "{out}");
+        assert!(out.contains("prefix : \"cha\""), "{out}");
+        assert!(
+            out.contains(":: core :: concat ! (:: core :: module_path ! () , \"::\" , \"charge\")"),
+            "{out}"
+        );
+        assert!(out.contains("has_lookup : true"), "{out}");
+        assert!(
+            out.contains("let __samekey_lookup = | c | self . gw . status (c) ; __samekey_run . resolve (__samekey_lookup (& __samekey_call) . await) . await"),
+            "{out}"
+        );
+        assert!(
+            out.contains("{ self . gateway . charge (order . id) . await }"),
+            "{out}"
+        );
+        assert!(
+            out.contains("let __samekey_fake : Result < Charge , PayError > = loop { } ;"),
+            "{out}"
+        );
+        assert!(errors("key = \"order.id + op\"", CHARGE).is_empty());
+    }
+
+    #[test]
+    fn expands_without_lookup_and_with_verify() {
+        let out = run(
+            r#"key = order.id, verify = op, scope = "orders.charge", on_busy = "reject", on_unknown = "rerun", runtime = &self.rt"#,
+            CHARGE,
+        );
+        assert!(
+            out.contains("Step :: Lookup (_) => __samekey_run . no_lookup () . await"),
+            "{out}"
+        );
+        assert!(
+            out.contains(":: core :: option :: Option :: Some ({ let mut __samekey_builder"),
+            "{out}"
+        );
+        assert!(out.contains("scope : \"orders.charge\""), "{out}");
+        assert!(out.contains("OnBusy :: Reject"), "{out}");
+        assert!(out.contains("OnUnknown :: Rerun"), "{out}");
+        assert!(
+            out.contains(
+                "begin :: < Result < Charge , PayError > > (& self . rt , & __SAMEKEY_SPEC"
+            ),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn clones_owned_bindings() {
+        let out = run(
+            "key = a",
+            "async fn f(mut a: String, (b, mut c): (u8, u8), d: impl Fn(), e: &mut u8, ref g: u8, _: u8) -> Result<(), E> { Ok(()) }",
+        );
+        assert!(out.contains("let _ = & mut a ;"), "{out}");
+        assert!(
+            out.contains("let mut a = :: samekey :: __private :: clone_param (& a) ;"),
+            "{out}"
+        );
+        assert!(
+            out.contains("let b = :: samekey :: __private :: clone_param (& b) ;"),
+            "{out}"
+        );
+        assert!(
+            out.contains("let mut c = :: samekey :: __private :: clone_param (& c) ;"),
+            "{out}"
+        );
+        for skipped in ["(& d)", "(& e)", "(& g)"] {
+            assert!(
+                !out.contains(&format!("clone_param {skipped}")),
+                "{skipped}: {out}"
+            );
+        }
+    }
+
+    #[test]
+    fn signature_checks() {
+        let e = errors("key = x", "fn f(x: u8) -> Result<(), E> { Ok(()) }");
+        assert_eq!(e.len(), 1);
+        assert!(
+            e[0].starts_with("`#[idempotent]` goes on an `async fn`"),
+            "{e:?}"
+        );
+        let e = errors("key = x", "async fn f(x: u8) { }");
+        assert!(
+            e[0].contains("must return `Result<T, E>`: add `-> Result<T, E>`"),
+            "{e:?}"
+        );
+        let e = errors("key = x", "async fn f(x: u8) -> (u8, u8) { (x, x) }");
+        assert!(
+            e[0].contains("must return `Result<T, E>`, not `(u8, u8)`"),
+            "{e:?}"
+        );
+        let e = errors("key = x", "async fn f(x: u8) -> impl Sized { x }");
+        assert!(e[0].contains("not `impl Sized`"), "{e:?}");
+        for recv in [
+            "self",
+            "mut self",
+            "self: Box<Self>",
+            "self: std::sync::Arc<Self>",
+        ] {
+            let e = errors(
+                "key = x",
+                &format!("async fn f({recv}, x: u8) -> Result<(), E> {{ Ok(()) }}"),
+            );
+            assert_eq!(e.len(), 1, "{recv}: {e:?}");
+            assert!(
+                e[0].contains("take `&self` or `&mut self`"),
+                "{recv}: {e:?}"
+            );
+        }
+        for recv in ["&self", "&mut self", "self: &Self", "self: Pin<&mut Self>"] {
+            let e = errors(
+                "key = x",
+                &format!("async fn f({recv}, x: u8) -> Result<(), E> {{ Ok(()) }}"),
+            );
+            assert!(e.is_empty(), "{recv}: {e:?}");
+        }
+        let e = errors("key = x", "async fn f(x: u8) -> Result<(), E>;");
+        assert!(e[0].contains("needs the function's body"), "{e:?}");
+        let e = errors("key = x", "struct S;");
+        assert!(e[0].contains("goes on an `async fn`"), "{e:?}");
+    }
+
+    #[test]
+    fn missing_key_and_all_errors_at_once() {
+        let e = errors("", "async fn f(x: u8) -> Result<(), E> { Ok(()) }");
+        assert_eq!(e.len(), 1);
+        assert!(
+            e[0].starts_with("`#[idempotent(...)]` needs a key"),
+            "{e:?}"
+        );
+        let e = errors(
+            r#"key = y, retries = 11, foo = 1, verify = "rand::random()""#,
+            "fn f(x: u8) -> Result<(), E> { Ok(()) }",
+        );
+        assert_eq!(e.len(), 5, "{e:?}");
+    }
+
+    #[test]
+    fn errors_keep_the_original_function() {
+        let out = run("", "async fn f(x: u8) -> Result<(), E> { Ok(()) }");
+        assert!(out.contains("compile_error"), "{out}");
+        assert!(
+            out.ends_with("async fn f (x : u8) -> Result < () , E > { Ok (()) }"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn keeps_attributes_generics_and_where() {
+        let out = run(
+            "key = id",
+            "/// Docs.\n#[inline] pub(crate) async fn get<'a, T: Clone>(&'a self, id: u64, t: T) -> io::Result<T> where T: Send { Ok(t) }",
+        );
+        assert!(out.starts_with("# [doc = \" Docs.\"] # [inline] pub (crate) async fn get < 'a , T : Clone > (& 'a self , id : u64 , t : T) -> io :: Result < T > where T : Send {"), "{out}");
+    }
+}

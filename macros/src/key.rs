@@ -1,0 +1,929 @@
+//! Stage 2a: `key = ...` and `verify = ...`.
+//!
+//! Both are a list of parts joined with `+`, written as a string (`key = "order.id + op"`) or bare
+//! (`key = order.id + op`). A part is a parameter (`order`, `self`), a chain of fields on one
+//! (`order.id`, `self.tenant`, `pair.0`), a string literal or an integer literal. Everything else
+//! is rejected here, and inputs that are known to change from one call to the next (clocks,
+//! randomness, per-call ids, counters, process/thread ids, the attempt number, the callId) get a
+//! message of their own. Whether a field exists and whether a part's type implements `KeyPart` is
+//! left to rustc: the expansion routes every part through a spanned `KeyBuilder::part` call.
+//!
+//! In the string form every token carries the span of the whole string (that is all rustc can
+//! underline), so each message names the part it is about.
+
+use proc_macro2::{Delimiter, Spacing, Span, TokenStream, TokenTree};
+use quote::ToTokens;
+use syn::ext::IdentExt;
+use syn::spanned::Spanned;
+use syn::visit::Visit;
+use syn::{
+    BinOp, Expr, ExprLit, FnArg, GenericArgument, Ident, Lit, LitStr, Member, Pat, PathArguments,
+    Signature, Type,
+};
+
+/// One part of a key, ready to be emitted as `KeyBuilder::part(&mut builder, &(tokens))`.
+pub(crate) struct Part {
+    pub(crate) tokens: TokenStream,
+    /// Where a type error about this part should point: its first token...
+    pub(crate) span: Span,
+    /// ...and its last one (the same as `span` in the string form).
+    pub(crate) last: Span,
+}
+
+/// A name bound by the function's parameters.
+pub(crate) struct Param {
+    pub(crate) ident: Ident,
+    /// `mut x`.
+    pub(crate) mutability: Option<syn::Token![mut]>,
+    /// `ref x`: already a reference, never cloned.
+    pub(crate) by_ref: bool,
+    /// The declared type, when the parameter is a plain `name: Type` (not destructured).
+    pub(crate) ty: Option<Type>,
+    /// The parameter is passed by value (its declared type is not a reference nor `impl Trait`),
+    /// so the body gets a clone of it on every attempt.
+    pub(crate) owned: bool,
+    /// The whole declared type, for spans.
+    pub(crate) ty_span: Span,
+}
+
+/// The names a key part may start with.
+pub(crate) struct Params {
+    pub(crate) fn_name: String,
+    pub(crate) receiver: bool,
+    pub(crate) list: Vec<Param>,
+}
+
+impl Params {
+    pub(crate) fn of(sig: &Signature) -> Params {
+        let mut params = Params {
+            fn_name: sig.ident.unraw().to_string(),
+            receiver: false,
+            list: Vec::new(),
+        };
+        for input in &sig.inputs {
+            match input {
+                FnArg::Receiver(_) => params.receiver = true,
+                FnArg::Typed(pt) => {
+                    let ty = strip_group(&pt.ty);
+                    let owned = !matches!(ty, Type::Reference(_) | Type::ImplTrait(_));
+                    let declared = match &*pt.pat {
+                        Pat::Ident(_) => Some(ty.clone()),
+                        _ => None,
+                    };
+                    let mut found = Vec::new();
+                    bindings(&pt.pat, &mut found);
+                    for (ident, mutability, by_ref) in found {
+                        params.list.push(Param {
+                            ident,
+                            mutability,
+                            by_ref,
+                            ty: declared.clone(),
+                            owned,
+                            ty_span: pt.ty.span(),
+                        });
+                    }
+                }
+            }
+        }
+        params
+    }
+
+    fn find(&self, name: &str) -> Option<&Param> {
+        self.list.iter().find(|p| p.ident.unraw() == name)
+    }
+
+    fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        if self.receiver {
+            names.push("self".into());
+        }
+        names.extend(self.list.iter().map(|p| p.ident.unraw().to_string()));
+        names
+    }
+}
+
+fn strip_group(ty: &Type) -> &Type {
+    match ty {
+        Type::Group(g) => strip_group(&g.elem),
+        Type::Paren(p) => strip_group(&p.elem),
+        _ => ty,
+    }
+}
+
+/// The names a pattern binds, with their `mut` and whether they bind by reference.
+fn bindings(pat: &Pat, out: &mut Vec<(Ident, Option<syn::Token![mut]>, bool)>) {
+    match pat {
+        Pat::Ident(p) => {
+            out.push((p.ident.clone(), p.mutability, p.by_ref.is_some()));
+            if let Some((_, sub)) = &p.subpat {
+                bindings(sub, out);
+            }
+        }
+        Pat::Tuple(t) => t.elems.iter().for_each(|p| bindings(p, out)),
+        Pat::TupleStruct(t) => t.elems.iter().for_each(|p| bindings(p, out)),
+        Pat::Struct(s) => s.fields.iter().for_each(|f| bindings(&f.pat, out)),
+        Pat::Slice(s) => s.elems.iter().for_each(|p| bindings(p, out)),
+        Pat::Reference(r) => bindings(&r.pat, out),
+        Pat::Paren(p) => bindings(&p.pat, out),
+        Pat::Type(t) => bindings(&t.pat, out),
+        Pat::Or(o) => {
+            if let Some(first) = o.cases.first() {
+                bindings(first, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The candidate closest to `name`, if one is close enough to be a likely typo.
+pub(crate) fn closest<'a>(
+    name: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
+    let lower = name.to_lowercase();
+    candidates
+        .into_iter()
+        .map(|c| (strsim::jaro_winkler(&lower, &c.to_lowercase()), c))
+        .filter(|(score, _)| *score >= 0.8)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, c)| c)
+}
+
+/// Parses and checks `key = ...` (or `verify = ...`, as `arg`) against the function's parameters.
+pub(crate) fn parts(arg: &str, value: &Expr, params: &Params) -> syn::Result<Vec<Part>> {
+    let string_form = match value {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(s), ..
+        }) => Some(s),
+        _ => None,
+    };
+    let parsed;
+    let (expr, whole) = match string_form {
+        Some(lit) => {
+            if lit.value().trim().is_empty() {
+                return Err(syn::Error::new(
+                    lit.span(),
+                    format!(
+                        "`#[idempotent({arg} = \"\")]` is empty: name the parameters that identify the business operation, e.g. `{}`",
+                        crate::args::example(arg).unwrap_or_default()
+                    ),
+                ));
+            }
+            parsed = parse_string(arg, lit)?;
+            (&parsed, Some(lit.span()))
+        }
+        None => (value, None),
+    };
+    let mut flat = Vec::new();
+    flatten(expr, &mut flat);
+    let mut out = Vec::new();
+    let mut errors: Option<syn::Error> = None;
+    for part in &flat {
+        let span = whole.unwrap_or_else(|| {
+            part.to_token_stream()
+                .into_iter()
+                .next()
+                .map_or_else(Span::call_site, |t| t.span())
+        });
+        match check(arg, part, params) {
+            Ok(()) => {
+                let tokens = part.to_token_stream();
+                let last = match whole {
+                    Some(s) => s,
+                    None => tokens.clone().into_iter().last().map_or(span, |t| t.span()),
+                };
+                out.push(Part { tokens, span, last })
+            }
+            Err(msg) => {
+                let err = match whole {
+                    Some(s) => syn::Error::new(s, msg),
+                    None => syn::Error::new_spanned(part, msg),
+                };
+                match &mut errors {
+                    Some(all) => all.combine(err),
+                    None => errors = Some(err),
+                }
+            }
+        }
+    }
+    match errors {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
+
+fn parse_string(arg: &str, lit: &LitStr) -> syn::Result<Expr> {
+    lit.parse::<Expr>().map_err(|e| {
+        syn::Error::new(
+            lit.span(),
+            format!(
+                "`#[idempotent({arg} = {:?})]` cannot be parsed ({e}): write parameters, their fields and string or integer literals joined with `+`, e.g. `{}`",
+                lit.value(),
+                crate::args::example(arg).unwrap_or_default()
+            ),
+        )
+    })
+}
+
+/// Splits `a + b.c + "x"` into its parts. `+` and `-` bind alike and to the left, so
+/// `a + b - 1` parses as `(a + b) - 1`: it is re-associated here into `a` and `b - 1`, which is
+/// the part the user wrote (and the one the message should name).
+fn flatten(expr: &Expr, out: &mut Vec<Expr>) {
+    match expr {
+        Expr::Binary(b) if b.attrs.is_empty() && matches!(b.op, BinOp::Add(_)) => {
+            flatten(&b.left, out);
+            flatten(&b.right, out);
+        }
+        Expr::Binary(b) if b.attrs.is_empty() && is_add(&b.left) => {
+            flatten(&b.left, out);
+            if let Some(last) = out.pop() {
+                out.push(Expr::Binary(syn::ExprBinary {
+                    attrs: Vec::new(),
+                    left: Box::new(last),
+                    op: b.op,
+                    right: b.right.clone(),
+                }));
+            }
+        }
+        Expr::Group(g) => flatten(&g.expr, out),
+        _ => out.push(expr.clone()),
+    }
+}
+
+fn is_add(expr: &Expr) -> bool {
+    matches!(expr, Expr::Binary(b) if b.attrs.is_empty() && matches!(b.op, BinOp::Add(_)))
+}
+
+/// Checks one part; the error is the message, spanned by the caller.
+fn check(arg: &str, part: &Expr, params: &Params) -> Result<(), String> {
+    let text = display(part.to_token_stream());
+    let p = &text;
+    let volatile = Volatile::find(part);
+    match part {
+        Expr::Lit(ExprLit { lit, .. }) => match lit {
+            Lit::Str(_) | Lit::Int(_) => Ok(()),
+            Lit::Float(_) => Err(format!(
+                "{arg} part `{p}` is a float literal: floats have no stable key encoding; use a string (\"0.5\") or integer literal"
+            )),
+            _ => Err(format!(
+                "{arg} part `{p}` is not allowed: literals in {arg} parts are strings (\"charge\") or integers (1)"
+            )),
+        },
+        Expr::Path(_) | Expr::Field(_) => {
+            if let Some(v) = volatile {
+                return Err(v.message(arg, p));
+            }
+            let Some(root) = root_ident(part) else {
+                return Err(format!(
+                    "{arg} part `{p}` is a path, not a parameter: a {arg} part is a parameter, a field of one or a literal; for a constant, write its value as a literal (e.g. \"charge\")"
+                ));
+            };
+            let name = root.unraw().to_string();
+            if name == "self" && params.receiver {
+                return Ok(());
+            }
+            let Some(param) = params.find(&name) else {
+                return Err(unknown_param(arg, p, &name, params));
+            };
+            if matches!(part, Expr::Path(_)) {
+                if let Some(ty) = &param.ty {
+                    if let Some(msg) = unstable_type(arg, p, ty) {
+                        return Err(msg);
+                    }
+                }
+            }
+            Ok(())
+        }
+        _ => Err(match volatile {
+            Some(v) => v.message(arg, p),
+            None => not_allowed(arg, p, part),
+        }),
+    }
+}
+
+/// `x` for `x`, `x.a.0`; `None` for anything else (`a::b`, `x::<T>`, `<T>::C`).
+fn root_ident(expr: &Expr) -> Option<&Ident> {
+    match expr {
+        Expr::Path(p)
+            if p.qself.is_none()
+                && p.path.leading_colon.is_none()
+                && p.path.segments.len() == 1
+                && p.path.segments[0].arguments.is_none() =>
+        {
+            Some(&p.path.segments[0].ident)
+        }
+        Expr::Field(f) => root_ident(&f.base),
+        Expr::Group(g) => root_ident(&g.expr),
+        _ => None,
+    }
+}
+
+fn unknown_param(arg: &str, p: &str, name: &str, params: &Params) -> String {
+    let names = params.names();
+    let fn_name = &params.fn_name;
+    if let Some(c) = closest(name, names.iter().map(String::as_str)) {
+        return format!("{arg} part `{p}` names no parameter of `{fn_name}`; did you mean `{c}`?");
+    }
+    let listed = if names.is_empty() {
+        format!("`{fn_name}` has no parameters")
+    } else {
+        format!(
+            "the parameters of `{fn_name}` are {}",
+            names
+                .iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    format!(
+        "{arg} part `{p}` names no parameter of `{fn_name}` ({listed}); a {arg} part is a parameter, a field of one (`order.id`) or a string or integer literal"
+    )
+}
+
+fn not_allowed(arg: &str, p: &str, part: &Expr) -> String {
+    let first_bad = match part {
+        Expr::Call(_) | Expr::MethodCall(_) => {
+            return format!(
+                "{arg} part `{p}` is a call: calls are not allowed in {arg} parts: name a parameter or one of its fields"
+            )
+        }
+        Expr::Macro(_) => {
+            return format!(
+                "{arg} part `{p}` is a macro call: calls are not allowed in {arg} parts: name a parameter or one of its fields"
+            )
+        }
+        Expr::Binary(b) => {
+            let op = display(b.op.to_token_stream());
+            return format!(
+                "{arg} part `{p}` uses the operator `{op}`: parts are only joined with `+`, never computed; name a parameter, one of its fields or a literal"
+            );
+        }
+        Expr::Index(_) => {
+            return format!(
+                "{arg} part `{p}` indexes: indexing is not allowed in {arg} parts; name a parameter or one of its fields"
+            )
+        }
+        Expr::Reference(r) => {
+            return format!(
+                "{arg} part `{p}` takes a reference: parts are borrowed already; write `{}`",
+                display(r.expr.to_token_stream())
+            )
+        }
+        Expr::Paren(inner) => {
+            return format!(
+                "{arg} part `{p}` is in parentheses: write `{}`; parts are joined with `+` and never computed",
+                display(inner.expr.to_token_stream())
+            )
+        }
+        Expr::Cast(_) => "a cast",
+        Expr::Closure(_) => "a closure",
+        Expr::Block(_) | Expr::Unsafe(_) | Expr::Async(_) => "a block",
+        Expr::Unary(_) => "an operator",
+        Expr::Tuple(_) | Expr::Array(_) | Expr::Struct(_) => "a constructed value",
+        _ => "not a parameter, field or literal",
+    };
+    format!(
+        "{arg} part `{p}` is {first_bad}: a {arg} part is a parameter (`order`), a field of one (`order.id`, `pair.0`), or a string or integer literal"
+    )
+}
+
+/// Known inputs that change from one call (or attempt) to the next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Volatile {
+    // Declared in priority order: when several match, the first one names the problem best.
+    Attempt,
+    CallId,
+    PerCallId,
+    Clock,
+    Random,
+    Counter,
+    ProcessThread,
+}
+
+impl Volatile {
+    fn of_word(word: &str) -> Option<Volatile> {
+        use Volatile::*;
+        Some(match word {
+            "attempt" | "attempts" | "attempt_number" | "retry_count" => Attempt,
+            "call_id" | "callid" | "CallId" | "call_ids" => CallId,
+            "new_v1" | "now_v1" | "new_v4" | "new_v6" | "now_v6" | "new_v7" | "now_v7" | "Ulid"
+            | "ulid" | "nanoid" | "ObjectId" | "cuid" | "cuid2" | "Ksuid" | "ksuid" => PerCallId,
+            "now" | "now_utc" | "now_local" | "Instant" | "SystemTime" | "UNIX_EPOCH" | "Utc"
+            | "Local" | "chrono" | "elapsed" | "OffsetDateTime" => Clock,
+            "rand" | "random" | "thread_rng" | "fastrand" | "rng" | "gen" | "gen_range"
+            | "random_range" | "OsRng" | "StdRng" | "SmallRng" | "getrandom" => Random,
+            "fetch_add" | "fetch_sub" | "fetch_update" | "fetch_max" | "fetch_min" | "incr"
+            | "incr_by" | "incrby" | "next_id" | "nextval" => Counter,
+            "ThreadId" | "getpid" | "gettid" => ProcessThread,
+            _ => return None,
+        })
+    }
+
+    /// Two-word paths whose words alone are too common to reject (`current`, `id`).
+    fn of_pair(first: &str, second: &str) -> Option<Volatile> {
+        match (first, second) {
+            ("thread", "current") | ("process", "id") => Some(Volatile::ProcessThread),
+            ("samekey", "current") => Some(Volatile::CallId),
+            _ => None,
+        }
+    }
+
+    /// The most telling volatile input mentioned anywhere in `expr`.
+    fn find(expr: &Expr) -> Option<Volatile> {
+        let mut words = Words(Vec::new());
+        words.visit_expr(expr);
+        let mut found: Option<Volatile> = None;
+        for group in &words.0 {
+            let mut hits: Vec<Volatile> = group.iter().filter_map(|w| Self::of_word(w)).collect();
+            hits.extend(group.windows(2).filter_map(|w| Self::of_pair(&w[0], &w[1])));
+            // A lone `current()` is `samekey::current()` imported.
+            if group.len() == 1 && group[0] == "current" {
+                hits.push(Volatile::CallId);
+            }
+            if let Some(best) = hits.into_iter().min() {
+                found = Some(found.map_or(best, |f| f.min(best)));
+            }
+        }
+        found
+    }
+
+    fn message(self, arg: &str, p: &str) -> String {
+        let (consequence, build, time) = if arg == "key" {
+            (
+                "a duplicate call would get another key and run again",
+                "build the key from business inputs, e.g. `order.id + op`",
+                "build the key from business inputs (e.g. the order's date), and use the `window = \"1d\"` argument of `#[idempotent(...)]` for time buckets",
+            )
+        } else {
+            (
+                "every replay would be taken for a reuse of the key with another payload",
+                "name the business fields of the payload, e.g. `verify = \"amount + currency\"`",
+                "name the business fields of the payload, e.g. `verify = \"amount + currency\"`",
+            )
+        };
+        match self {
+            Volatile::Clock => format!(
+                "{arg} part `{p}` reads the clock: it changes from one call to the next, so {consequence}; {time}"
+            ),
+            Volatile::Random => format!(
+                "{arg} part `{p}` is random: {consequence}; {build}"
+            ),
+            Volatile::PerCallId => format!(
+                "{arg} part `{p}` makes a new id on every call: {consequence}; take the id the business already has (e.g. the request id the client sent) as a parameter and name it"
+            ),
+            Volatile::Counter => format!(
+                "{arg} part `{p}` reads a counter: it moves on every call, so {consequence}; {build}"
+            ),
+            Volatile::ProcessThread => format!(
+                "{arg} part `{p}` is a process or thread id: it differs between instances, threads and restarts, so {consequence}; {build}"
+            ),
+            Volatile::Attempt => format!(
+                "{arg} part `{p}` is the attempt number: the {arg} must be the same on every attempt (it is computed once, before the first one); remove this part"
+            ),
+            Volatile::CallId => callid_message(arg, p),
+        }
+    }
+}
+
+fn callid_message(arg: &str, p: &str) -> String {
+    format!(
+        "{arg} part `{p}` is the callId, and a key is not a copy of the callId: the callId names one call and its attempts, the key names the business operation across calls, processes and restarts; {}",
+        if arg == "key" {
+            "build the key from business inputs, e.g. `order.id + op`"
+        } else {
+            "name the business fields of the payload, e.g. `verify = \"amount + currency\"`"
+        }
+    )
+}
+
+/// Every identifier an expression mentions, grouped by path (`Utc::now` is one group).
+struct Words(Vec<Vec<String>>);
+
+impl<'ast> Visit<'ast> for Words {
+    fn visit_path(&mut self, path: &'ast syn::Path) {
+        self.0.push(
+            path.segments
+                .iter()
+                .map(|s| s.ident.unraw().to_string())
+                .collect(),
+        );
+        syn::visit::visit_path(self, path);
+    }
+
+    fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
+        self.0.push(vec![call.method.unraw().to_string()]);
+        syn::visit::visit_expr_method_call(self, call);
+    }
+
+    fn visit_member(&mut self, member: &'ast Member) {
+        if let Member::Named(ident) = member {
+            self.0.push(vec![ident.unraw().to_string()]);
+        }
+    }
+}
+
+/// A dedicated message when a parameter's declared type cannot make a stable key.
+fn unstable_type(arg: &str, p: &str, ty: &Type) -> Option<String> {
+    let (kind, inner) = find_unstable(ty)?;
+    let full = display(ty.to_token_stream());
+    let mut bare = ty;
+    while let Type::Reference(r) = bare {
+        bare = &r.elem;
+    }
+    let has = if display(bare.to_token_stream()) == inner {
+        format!("has type `{full}`")
+    } else {
+        format!("has type `{full}`, which holds a `{inner}`")
+    };
+    Some(match kind {
+        Unstable::Float => format!(
+            "{arg} part `{p}` {has}: floats are not stable key parts (rounding, `-0.0`, NaN); use integer minor units, e.g. cents as `u64`"
+        ),
+        Unstable::Hash => format!(
+            "{arg} part `{p}` {has}: a hash collection iterates in a different order in every process, so the same value would give another key; use BTreeMap/BTreeSet"
+        ),
+        Unstable::Clock => format!(
+            "{arg} part `{p}` {has}, a clock reading that changes on every call; use the `window = ...` argument of `#[idempotent(...)]` for time buckets (e.g. `window = \"1d\"`), or a business date"
+        ),
+        Unstable::CallId => callid_message(arg, p),
+    })
+}
+
+enum Unstable {
+    Float,
+    Hash,
+    Clock,
+    CallId,
+}
+
+fn find_unstable(ty: &Type) -> Option<(Unstable, String)> {
+    match ty {
+        Type::Path(tp) => {
+            let last = tp.path.segments.last()?;
+            let name = last.ident.to_string();
+            let kind = match name.as_str() {
+                "f32" | "f64" => Some(Unstable::Float),
+                "Instant" | "SystemTime" => Some(Unstable::Clock),
+                "CallId" => Some(Unstable::CallId),
+                n if n.ends_with("HashMap") || n.ends_with("HashSet") => Some(Unstable::Hash),
+                _ => None,
+            };
+            if let Some(kind) = kind {
+                return Some((kind, display(ty.to_token_stream())));
+            }
+            if let Some(q) = &tp.qself {
+                if let Some(found) = find_unstable(&q.ty) {
+                    return Some(found);
+                }
+            }
+            tp.path
+                .segments
+                .iter()
+                .find_map(|seg| match &seg.arguments {
+                    PathArguments::AngleBracketed(a) => a.args.iter().find_map(|g| match g {
+                        GenericArgument::Type(t) => find_unstable(t),
+                        _ => None,
+                    }),
+                    _ => None,
+                })
+        }
+        Type::Reference(r) => find_unstable(&r.elem),
+        Type::Slice(s) => find_unstable(&s.elem),
+        Type::Array(a) => find_unstable(&a.elem),
+        Type::Paren(p) => find_unstable(&p.elem),
+        Type::Group(g) => find_unstable(&g.elem),
+        Type::Ptr(p) => find_unstable(&p.elem),
+        Type::Tuple(t) => t.elems.iter().find_map(find_unstable),
+        _ => None,
+    }
+}
+
+/// Renders tokens the way a person writes them (`Utc::now()`, `order.id`, `a - b`), for messages.
+pub(crate) fn display(tokens: TokenStream) -> String {
+    let mut out = String::new();
+    write_tokens(tokens, &mut out);
+    out
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Last {
+    Start,
+    Word,
+    Group,
+    /// A punctuation that wants a space after it (`,`, a binary operator).
+    Spaced,
+    /// Punctuation written against the next token (`.`, `::`, `&`, `!`).
+    Tight,
+}
+
+fn write_tokens(tokens: TokenStream, out: &mut String) {
+    let mut last = Last::Start;
+    for tt in tokens {
+        match tt {
+            TokenTree::Ident(_) | TokenTree::Literal(_) => {
+                if matches!(last, Last::Word | Last::Group | Last::Spaced) {
+                    out.push(' ');
+                }
+                out.push_str(&tt.to_string());
+                last = Last::Word;
+            }
+            TokenTree::Group(g) => {
+                let (open, close) = match g.delimiter() {
+                    Delimiter::Parenthesis => ("(", ")"),
+                    Delimiter::Bracket => ("[", "]"),
+                    Delimiter::Brace => ("{ ", " }"),
+                    Delimiter::None => ("", ""),
+                };
+                if last == Last::Spaced
+                    || (g.delimiter() == Delimiter::Brace && last != Last::Start)
+                {
+                    out.push(' ');
+                }
+                out.push_str(open);
+                write_tokens(g.stream(), out);
+                out.push_str(close);
+                last = Last::Group;
+            }
+            TokenTree::Punct(p) => {
+                let ch = p.as_char();
+                // `<` and `>` are left tight: in key parts and types they are generics far more
+                // often than comparisons.
+                let binary = matches!(ch, '+' | '=' | '*' | '/' | '%' | '^')
+                    || (ch == '-' && matches!(last, Last::Word | Last::Group))
+                    || (matches!(ch, '&' | '|')
+                        && matches!(last, Last::Word | Last::Group | Last::Tight)
+                        && p.spacing() == Spacing::Joint)
+                    || (matches!(ch, '&' | '|') && last == Last::Tight && out.ends_with(ch));
+                if ch == ',' || ch == ';' {
+                    out.push(ch);
+                    last = Last::Spaced;
+                } else if binary {
+                    let continues = last == Last::Tight && out.ends_with(is_operator);
+                    if !continues && last != Last::Start {
+                        out.push(' ');
+                    }
+                    out.push(ch);
+                    last = if p.spacing() == Spacing::Joint {
+                        Last::Tight
+                    } else {
+                        Last::Spaced
+                    };
+                } else {
+                    out.push(ch);
+                    last = Last::Tight;
+                }
+            }
+        }
+    }
+}
+
+fn is_operator(c: char) -> bool {
+    matches!(c, '+' | '=' | '*' | '/' | '%' | '^' | '-' | '&' | '|')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quote::quote;
+
+    fn params(sig: &str) -> Params {
+        let sig: Signature = syn::parse_str(sig).unwrap();
+        Params::of(&sig)
+    }
+
+    fn charge() -> Params {
+        params(
+            "async fn charge(&self, order: &Order, op: Op, amount: Cents, price: f64, \
+             tags: HashMap<String, u32>, seen: Vec<Option<f32>>, at: std::time::Instant, \
+             call: samekey::CallId, ids: &FxHashSet<u64>, (a, mut b): (u32, u32), attempt: u32) \
+             -> Result<u32, E>",
+        )
+    }
+
+    fn check_str(key: &str) -> Result<Vec<String>, String> {
+        let value: Expr = syn::parse_str(key).unwrap();
+        parts("key", &value, &charge())
+            .map(|ps| ps.into_iter().map(|p| display(p.tokens)).collect())
+            .map_err(|e| {
+                e.into_iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+    }
+
+    fn err(key: &str) -> String {
+        check_str(key).unwrap_err()
+    }
+
+    #[test]
+    fn accepted_forms() {
+        assert_eq!(
+            check_str(r#""order.id + op + \"charge\" + 7""#).unwrap(),
+            ["order.id", "op", "\"charge\"", "7"]
+        );
+        assert_eq!(
+            check_str(r#"self.tenant + order.items.0 + a + b + "x""#).unwrap(),
+            ["self.tenant", "order.items.0", "a", "b", "\"x\""]
+        );
+        assert_eq!(check_str("self").unwrap(), ["self"]);
+        assert_eq!(check_str("r#op").unwrap(), ["r#op"]);
+    }
+
+    #[test]
+    fn params_of_signature() {
+        let p = charge();
+        assert!(p.receiver);
+        let owned: Vec<String> = p
+            .list
+            .iter()
+            .filter(|p| p.owned)
+            .map(|p| p.ident.to_string())
+            .collect();
+        assert_eq!(
+            owned,
+            ["op", "amount", "price", "tags", "seen", "at", "call", "a", "b", "attempt"]
+        );
+        let b = p.list.iter().find(|p| p.ident == "b").unwrap();
+        assert!(b.mutability.is_some() && b.ty.is_none());
+        let p = params("async fn f(x: impl AsRef<str>, ref y: String, _: u8) -> Result<(), E>");
+        assert!(!p.receiver);
+        assert!(!p.list[0].owned);
+        assert!(p.list[1].by_ref);
+        assert_eq!(p.list.len(), 2);
+    }
+
+    #[test]
+    fn empty_and_unparsable() {
+        assert!(err(r#""""#).contains("`#[idempotent(key = \"\")]` is empty"));
+        assert!(err(r#""  ""#).contains("is empty"));
+        let e = err(r#""order.id, op""#);
+        assert!(e.contains("cannot be parsed"), "{e}");
+        assert!(e.contains("joined with `+`"), "{e}");
+        assert!(err(r#""order.id +""#).contains("cannot be parsed"));
+    }
+
+    #[test]
+    fn unknown_parameter() {
+        let e = err("ordr.id");
+        assert_eq!(
+            e,
+            "key part `ordr.id` names no parameter of `charge`; did you mean `order`?"
+        );
+        let e = err(r#""zzz""#.trim_matches('"'));
+        assert!(
+            e.contains("(the parameters of `charge` are `self`, `order`, `op`"),
+            "{e}"
+        );
+        let p = params("async fn f() -> Result<(), E>");
+        let e = parts("key", &syn::parse_str("x").unwrap(), &p)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("`f` has no parameters"), "{e}");
+        let p = params("async fn f(x: u32) -> Result<(), E>");
+        let e = parts("key", &syn::parse_str("self.id").unwrap(), &p)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("key part `self.id` names no parameter of `f`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn volatile_inputs() {
+        let cases = [
+            ("Utc::now()", "reads the clock"),
+            ("\"Utc::now()\"", "reads the clock"),
+            ("chrono::Local::now().date_naive()", "reads the clock"),
+            ("Instant::now().elapsed().as_secs()", "reads the clock"),
+            ("OffsetDateTime::now_utc()", "reads the clock"),
+            ("SystemTime::now()", "reads the clock"),
+            ("now", "reads the clock"),
+            ("rand::random::<u64>()", "is random"),
+            ("rand::thread_rng().gen_range(0..9)", "is random"),
+            ("fastrand::u64(..)", "is random"),
+            ("Uuid::new_v4()", "makes a new id on every call"),
+            ("uuid::Uuid::now_v7()", "makes a new id on every call"),
+            ("Ulid::new()", "makes a new id on every call"),
+            ("nanoid!()", "makes a new id on every call"),
+            ("ObjectId::new()", "makes a new id on every call"),
+            ("COUNTER.fetch_add(1, Ordering::SeqCst)", "reads a counter"),
+            ("self.ids.next_id()", "reads a counter"),
+            ("std::process::id()", "is a process or thread id"),
+            ("std::thread::current().id()", "is a process or thread id"),
+            ("attempt", "is the attempt number"),
+            ("samekey::current().attempt()", "is the attempt number"),
+            ("samekey::current().call_id()", "is the callId"),
+            ("samekey::current()", "is the callId"),
+            ("order.call_id", "is the callId"),
+            ("call_id", "is the callId"),
+        ];
+        for (key, expected) in cases {
+            let e = err(key);
+            assert!(e.contains(expected), "{key}: {e}");
+            assert!(e.starts_with("key part `"), "{key}: {e}");
+        }
+        assert!(err("\"Utc::now()\"").starts_with("key part `Utc::now()` reads the clock"));
+        assert!(err("\"order.id + Uuid::new_v4()\"")
+            .starts_with("key part `Uuid::new_v4()` makes a new id"));
+    }
+
+    #[test]
+    fn other_forms_rejected() {
+        let cases = [
+            (
+                "order.id.to_string()",
+                "is a call: calls are not allowed in key parts",
+            ),
+            ("hash(order)", "is a call: calls are not allowed"),
+            ("format!(\"{}\", op)", "is a macro call"),
+            ("amount - 1", "uses the operator `-`"),
+            ("amount * 2", "uses the operator `*`"),
+            ("order.items[0]", "indexes"),
+            (
+                "&order",
+                "takes a reference: parts are borrowed already; write `order`",
+            ),
+            ("(op)", "is in parentheses"),
+            ("amount as u64", "is a cast"),
+            ("|x| x", "is a closure"),
+            ("1.5", "is a float literal"),
+            ("true", "literals in key parts are strings"),
+            ("Self::OP", "is a path, not a parameter"),
+            ("consts::OP", "is a path, not a parameter"),
+            ("-amount", "is an operator"),
+        ];
+        for (key, expected) in cases {
+            let e = err(key);
+            assert!(e.contains(expected), "{key}: {e}");
+        }
+    }
+
+    #[test]
+    fn unstable_parameter_types() {
+        let cases = [
+            ("price", "has type `f64`: floats are not stable key parts"),
+            ("seen", "has type `Vec<Option<f32>>`, which holds a `f32`"),
+            ("tags", "has type `HashMap<String, u32>`: a hash collection"),
+            ("ids", "has type `&FxHashSet<u64>`: a hash collection"),
+            ("at", "has type `std::time::Instant`, a clock reading"),
+            ("call", "is the callId"),
+        ];
+        for (key, expected) in cases {
+            let e = err(key);
+            assert!(e.contains(expected), "{key}: {e}");
+        }
+    }
+
+    #[test]
+    fn collects_every_bad_part() {
+        let e = err("ordr + Utc::now() + op + amount - 1");
+        assert_eq!(e.lines().count(), 3, "{e}");
+    }
+
+    #[test]
+    fn verify_messages_name_verify() {
+        let value: Expr = syn::parse_str("rand::random()").unwrap();
+        let e = parts("verify", &value, &charge())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.starts_with("verify part `rand::random()` is random"),
+            "{e}"
+        );
+        assert!(e.contains("reuse of the key"), "{e}");
+    }
+
+    #[test]
+    fn closest_names() {
+        assert_eq!(closest("ordr", ["order", "op"]), Some("order"));
+        assert_eq!(closest("amout", ["order", "amount"]), Some("amount"));
+        assert_eq!(closest("xyz", ["order", "amount"]), None);
+    }
+
+    #[test]
+    fn displays_like_source() {
+        let d = |t: TokenStream| display(t);
+        assert_eq!(d(quote!(Utc::now())), "Utc::now()");
+        assert_eq!(
+            d(quote!(self.a.fetch_add(1, Ordering::SeqCst))),
+            "self.a.fetch_add(1, Ordering::SeqCst)"
+        );
+        assert_eq!(d(quote!(a - b)), "a - b");
+        assert_eq!(d(quote!(-1)), "-1");
+        assert_eq!(d(quote!(x as u64)), "x as u64");
+        assert_eq!(d(quote!(items[0])), "items[0]");
+        assert_eq!(d(quote!(&order)), "&order");
+        assert_eq!(d(quote!(nanoid!())), "nanoid!()");
+        assert_eq!(d(quote!(rand::random::<u64>())), "rand::random::<u64>()");
+        assert_eq!(d(quote!(Vec<Option<f32>>)), "Vec<Option<f32>>");
+        assert_eq!(d(quote!(HashMap<String, u32>)), "HashMap<String, u32>");
+        assert_eq!(d(quote!(a == b)), "a == b");
+        assert_eq!(d(quote!(a && b)), "a && b");
+    }
+}

@@ -1,0 +1,36 @@
+//! Procedural macros of [samekey](https://docs.rs/samekey): `#[idempotent]` and
+//! `#[derive(KeyPart)]`. Use them through the `samekey` crate; the generated code refers to the
+//! runtime only through `::samekey::__private`.
+//!
+//! This file only converts tokens and delegates: everything else works on
+//! `proc_macro2::TokenStream`, so it is unit-tested from strings.
+//!
+//! Stages: `args` (parse the arguments) → `key` and `policy` (check them against the function)
+//! → `expand` (write the retry loop); `derive` is `#[derive(KeyPart)]`.
+
+extern crate proc_macro;
+
+mod args;
+mod derive;
+mod duration;
+mod expand;
+mod key;
+mod policy;
+
+use proc_macro::TokenStream;
+
+/// Makes an `async fn` returning `Result<T, E>` take effect at most once per business key.
+///
+/// See the `samekey` crate for the arguments and what the generated code does.
+#[proc_macro_attribute]
+pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
+    expand::idempotent(args.into(), item.into()).into()
+}
+
+/// Derives `samekey::KeyPart` for a struct or an enum: its fields in declaration order
+/// (`#[key_part(skip)]` leaves one out), and for an enum the variant's name
+/// (`#[key_part(rename = "Old")]` keeps an old one).
+#[proc_macro_derive(KeyPart, attributes(key_part))]
+pub fn derive_key_part(item: TokenStream) -> TokenStream {
+    derive::key_part(item.into()).into()
+}

@@ -1,0 +1,57 @@
+//! The compensation queue's entries. Calls whose outcome stays uncertain after their retries are marked
+//! `UNKNOWN` and queued here, in the store, so that a bounded process (re-query receipts, reverse, retry
+//! at growing intervals, then escalate to a person) resolves them. No entry is retried forever or dropped.
+
+use serde::{Deserialize, Serialize};
+
+use crate::call_id::CallId;
+use crate::key::Key;
+
+/// Where a queued entry stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum CompensationState {
+    /// Waiting for its next round at `next_at_ms`.
+    Pending,
+    /// Taken by a worker until `lease_until_ms`.
+    Taken {
+        /// The worker's lease ends at this time (Unix ms); then the entry is due again.
+        lease_until_ms: u64,
+    },
+    /// The rounds ran out: a person must decide.
+    Manual,
+}
+
+/// One uncertain call waiting for compensation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompensationEntry {
+    /// The uncertain call.
+    pub call_id: CallId,
+    /// Its idempotency key.
+    pub key: Key,
+    /// Why it was queued (for people).
+    pub reason: String,
+    /// Rounds done so far.
+    pub round: u32,
+    /// When the next round is due (Unix ms).
+    pub next_at_ms: u64,
+    /// Where it stands.
+    pub state: CompensationState,
+    /// When it was queued (Unix ms).
+    pub enqueued_ms: u64,
+}
+
+impl CompensationEntry {
+    /// A new pending entry, due at once.
+    pub fn new(call_id: CallId, key: Key, reason: impl Into<String>, now_ms: u64) -> Self {
+        CompensationEntry {
+            call_id,
+            key,
+            reason: reason.into(),
+            round: 0,
+            next_at_ms: now_ms,
+            state: CompensationState::Pending,
+            enqueued_ms: now_ms,
+        }
+    }
+}

@@ -1,0 +1,463 @@
+//! The store conformance suite, written once and run against every backend: each function checks one
+//! clause of the [`Store`] contract and panics (it is a test) when the store breaks it.
+//!
+//! A backend's test file runs the whole suite with one line; the expression makes a fresh store for each
+//! test (it may share a database: every check uses keys and callIds of its own):
+//!
+//! ```text
+//! samekey_runtime::store_conformance_tests!(std::sync::Arc::new(samekey_runtime::MemoryStore::new()));
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::call_id::{CallId, TraceId};
+use crate::compensation::{CompensationEntry, CompensationState};
+use crate::error::StoreError;
+use crate::key::{Fingerprint, Key};
+use crate::receipt::{Fence, ReceiptState, Transition};
+use crate::store::{Claim, Claimed, Completion, Store};
+
+/// A fixed point in time for the checks: 2024-03-09T16:00:00Z.
+pub const T0: u64 = 1_710_000_000_000;
+
+fn fresh_key(test: &str) -> Key {
+    Key::build("samekey.conformance", &(test, TraceId::new().as_u128()))
+}
+
+fn call() -> CallId {
+    CallId::new("conf", "suite").expect("valid labels")
+}
+
+fn claim(key: &Key, call_id: &CallId, now: u64, lease_ms: u64) -> Claim {
+    Claim {
+        key: key.clone(),
+        call_id: call_id.clone(),
+        fingerprint: Some(Fingerprint([7; 32])),
+        lease_until_ms: now + lease_ms,
+        now_ms: now,
+    }
+}
+
+async fn acquire(store: &dyn Store, key: &Key, call_id: &CallId, now: u64) -> Fence {
+    match store.claim(claim(key, call_id, now, 1_000)).await {
+        Ok(Claimed::Acquired(fence)) => fence,
+        other => panic!("a fresh key must be acquired, got {other:?}"),
+    }
+}
+
+fn success(payload: &[u8], expires_at_ms: u64) -> Completion {
+    Completion {
+        state: ReceiptState::Success,
+        outcome: Some(Arc::from(payload)),
+        expires_at_ms,
+    }
+}
+
+/// Of many concurrent claims of one key, exactly one acquires it; the others see its record.
+pub async fn claim_is_exclusive(store: Arc<dyn Store>) {
+    let key = fresh_key("exclusive");
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..64 {
+        let (store, key) = (store.clone(), key.clone());
+        set.spawn(async move {
+            let me = call();
+            let got = store.claim(claim(&key, &me, T0, 10_000)).await;
+            (me, got)
+        });
+    }
+    let mut winners = Vec::new();
+    let mut seen = Vec::new();
+    while let Some(joined) = set.join_next().await {
+        let (me, got) = joined.expect("claim task");
+        match got.expect("claim") {
+            Claimed::Acquired(_) => winners.push(me),
+            Claimed::Existing(record) => seen.push(record.call_id),
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one claim must win");
+    assert!(
+        seen.iter().all(|c| c == &winners[0]),
+        "losers see the winner's record"
+    );
+}
+
+/// A claim records `PROCESSING` with the claimer's callId, lease and fingerprint.
+pub async fn claim_records_processing(store: Arc<dyn Store>) {
+    let key = fresh_key("processing");
+    let me = call();
+    let fence = acquire(&*store, &key, &me, T0).await;
+    let record = store.get(&key, T0).await.expect("get").expect("record");
+    assert_eq!(record.state, ReceiptState::Processing);
+    assert_eq!(record.call_id, me);
+    assert_eq!(record.fence, fence);
+    assert_eq!(record.lease_until_ms, Some(T0 + 1_000));
+    assert_eq!(record.fingerprint, Some(Fingerprint([7; 32])));
+    assert_eq!(record.key, key);
+    let by_call = store.get_by_call_id(&me).await.expect("get_by_call_id");
+    assert_eq!(by_call.map(|r| r.key), Some(key));
+    assert_eq!(store.get_by_call_id(&call()).await.expect("get"), None);
+}
+
+/// Fences grow across claims and take-overs of any key.
+pub async fn fences_grow(store: Arc<dyn Store>) {
+    let (a, b) = (fresh_key("fence-a"), fresh_key("fence-b"));
+    let fa = acquire(&*store, &a, &call(), T0).await;
+    let fb = acquire(&*store, &b, &call(), T0).await;
+    assert!(fb > fa);
+    store.mark_unknown(&a, fa, T0).await.expect("mark");
+    match store
+        .take_over(&a, fa, T0 + 500, T0)
+        .await
+        .expect("take over")
+    {
+        Claimed::Acquired(fc) => assert!(fc > fb),
+        other => panic!("an UNKNOWN record must be taken over, got {other:?}"),
+    }
+}
+
+/// Completion is fenced, forward-only and re-entrant, and keeps the outcome.
+pub async fn complete_is_fenced_and_reentrant(store: Arc<dyn Store>) {
+    let key = fresh_key("complete");
+    let fence = acquire(&*store, &key, &call(), T0).await;
+    let stale = Fence(fence.0.wrapping_sub(1));
+    assert!(matches!(
+        store
+            .complete(&key, stale, success(b"1", T0 + 60_000), T0)
+            .await,
+        Err(StoreError::Fenced { .. })
+    ));
+    let first = store
+        .complete(&key, fence, success(b"\"ok\"", T0 + 60_000), T0 + 5)
+        .await;
+    assert_eq!(first, Ok(Transition::Applied));
+    let again = store
+        .complete(&key, fence, success(b"\"ok\"", T0 + 60_000), T0 + 6)
+        .await;
+    assert_eq!(again, Ok(Transition::AlreadyApplied));
+    let other = Completion {
+        state: ReceiptState::Failed,
+        outcome: None,
+        expires_at_ms: T0 + 60_000,
+    };
+    assert!(matches!(
+        store.complete(&key, fence, other, T0 + 7).await,
+        Err(StoreError::InvalidTransition { .. })
+    ));
+    assert!(matches!(
+        store.mark_unknown(&key, fence, T0 + 8).await,
+        Err(StoreError::InvalidTransition { .. })
+    ));
+    let record = store
+        .get(&key, T0 + 10)
+        .await
+        .expect("get")
+        .expect("record");
+    assert_eq!(record.state, ReceiptState::Success);
+    assert_eq!(record.outcome.as_deref(), Some(&b"\"ok\""[..]));
+    assert_eq!(record.lease_until_ms, None);
+    assert_eq!(record.expires_at_ms, Some(T0 + 60_000));
+    assert_eq!(record.updated_ms, T0 + 5);
+    assert!(matches!(
+        store
+            .complete(&fresh_key("none"), fence, success(b"1", T0), T0)
+            .await,
+        Err(StoreError::NotFound)
+    ));
+}
+
+/// `UNKNOWN` is kept without expiry and moves forward to an outcome.
+pub async fn unknown_moves_forward(store: Arc<dyn Store>) {
+    let key = fresh_key("unknown");
+    let fence = acquire(&*store, &key, &call(), T0).await;
+    assert_eq!(
+        store.mark_unknown(&key, fence, T0 + 1).await,
+        Ok(Transition::Applied)
+    );
+    assert_eq!(
+        store.mark_unknown(&key, fence, T0 + 2).await,
+        Ok(Transition::AlreadyApplied)
+    );
+    let record = store.get(&key, T0 + 3).await.expect("get").expect("record");
+    assert_eq!(record.state, ReceiptState::Unknown);
+    assert_eq!(record.expires_at_ms, None);
+    assert_eq!(
+        store
+            .complete(&key, fence, success(b"2", T0 + 10), T0 + 4)
+            .await,
+        Ok(Transition::Applied)
+    );
+}
+
+/// Releasing a claim frees the key; only the owner may, and only while `PROCESSING`.
+pub async fn release_frees_the_key(store: Arc<dyn Store>) {
+    let key = fresh_key("release");
+    let fence = acquire(&*store, &key, &call(), T0).await;
+    assert!(matches!(
+        store
+            .release(&key, Fence(fence.0.wrapping_add(1_000_000)))
+            .await,
+        Err(StoreError::Fenced { .. })
+    ));
+    store.release(&key, fence).await.expect("release");
+    assert_eq!(store.get(&key, T0).await.expect("get"), None);
+    store
+        .release(&key, fence)
+        .await
+        .expect("a second release changes nothing");
+    let again = acquire(&*store, &key, &call(), T0).await;
+    assert!(again > fence);
+    store
+        .complete(&key, again, success(b"3", T0 + 1_000), T0)
+        .await
+        .expect("complete");
+    assert!(matches!(
+        store.release(&key, again).await,
+        Err(StoreError::InvalidTransition { .. })
+    ));
+}
+
+/// Take-over: refused while the lease is alive or when the fence moved on; allowed after the lease or
+/// from `UNKNOWN`, keeping the callId; the stale owner is fenced out afterwards.
+pub async fn take_over_rules(store: Arc<dyn Store>) {
+    let key = fresh_key("takeover");
+    let owner = call();
+    let fence = acquire(&*store, &key, &owner, T0).await;
+    match store
+        .take_over(&key, fence, T0 + 5_000, T0 + 10)
+        .await
+        .expect("take over")
+    {
+        Claimed::Existing(r) => assert_eq!(r.fence, fence),
+        other => panic!("a live lease must not be taken over, got {other:?}"),
+    }
+    let late = T0 + 1_001;
+    let newer = match store
+        .take_over(&key, fence, late + 5_000, late)
+        .await
+        .expect("take over")
+    {
+        Claimed::Acquired(f) => f,
+        other => panic!("an expired lease must be taken over, got {other:?}"),
+    };
+    assert!(newer > fence);
+    let record = store.get(&key, late).await.expect("get").expect("record");
+    assert_eq!(record.state, ReceiptState::Processing);
+    assert_eq!(record.call_id, owner, "take-over keeps the recorded callId");
+    assert_eq!(record.lease_until_ms, Some(late + 5_000));
+    match store
+        .take_over(&key, fence, late + 5_000, late + 9_000)
+        .await
+        .expect("take over")
+    {
+        Claimed::Existing(r) => assert_eq!(r.fence, newer),
+        other => panic!("a stale expected fence must not take over, got {other:?}"),
+    }
+    assert!(matches!(
+        store
+            .complete(&key, fence, success(b"4", late + 60_000), late)
+            .await,
+        Err(StoreError::Fenced { .. })
+    ));
+    assert!(matches!(
+        store
+            .take_over(&fresh_key("absent"), fence, late, late)
+            .await,
+        Err(StoreError::NotFound)
+    ));
+}
+
+/// Leases extend for their owner only.
+pub async fn extend_lease_is_fenced(store: Arc<dyn Store>) {
+    let key = fresh_key("lease");
+    let fence = acquire(&*store, &key, &call(), T0).await;
+    store
+        .extend_lease(&key, fence, T0 + 9_000)
+        .await
+        .expect("extend");
+    let record = store.get(&key, T0).await.expect("get").expect("record");
+    assert_eq!(record.lease_until_ms, Some(T0 + 9_000));
+    assert!(matches!(
+        store
+            .extend_lease(&key, Fence(fence.0.wrapping_add(1_000_000)), T0)
+            .await,
+        Err(StoreError::Fenced { .. })
+    ));
+}
+
+/// Finished records expire at their TTL: then the key may be claimed anew and purging evicts them.
+pub async fn ttl_expiry(store: Arc<dyn Store>) {
+    let key = fresh_key("ttl");
+    let fence = acquire(&*store, &key, &call(), T0).await;
+    store
+        .complete(&key, fence, success(b"5", T0 + 100), T0)
+        .await
+        .expect("complete");
+    assert!(store.get(&key, T0 + 99).await.expect("get").is_some());
+    assert_eq!(store.get(&key, T0 + 100).await.expect("get"), None);
+    match store
+        .claim(claim(&key, &call(), T0 + 50, 1_000))
+        .await
+        .expect("claim")
+    {
+        Claimed::Existing(r) => assert_eq!(r.state, ReceiptState::Success),
+        other => panic!("a live record must be returned, got {other:?}"),
+    }
+    let renewed = acquire(&*store, &key, &call(), T0 + 100).await;
+    assert!(renewed > fence);
+    let other = fresh_key("ttl-purge");
+    let f = acquire(&*store, &other, &call(), T0).await;
+    store
+        .complete(&other, f, success(b"6", T0 + 100), T0)
+        .await
+        .expect("complete");
+    let purged = store.purge_expired(T0 + 200).await.expect("purge");
+    assert!(purged >= 1, "the expired record is purged");
+    assert_eq!(store.get(&other, T0).await.expect("get"), None);
+    assert!(
+        store.get(&key, T0 + 200).await.expect("get").is_some(),
+        "claims never expire"
+    );
+}
+
+/// A waiter on a busy key wakes when it settles, and returns the record as it is on timeout.
+pub async fn wait_settled_wakes(store: Arc<dyn Store>) {
+    let key = fresh_key("wait");
+    let fence = acquire(&*store, &key, &call(), T0).await;
+    let timed_out = store
+        .wait_settled(&key, Duration::from_millis(30), T0)
+        .await
+        .expect("wait")
+        .expect("record");
+    assert_eq!(timed_out.state, ReceiptState::Processing);
+    let completer = {
+        let (store, key) = (store.clone(), key.clone());
+        tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            store
+                .complete(&key, fence, success(b"7", T0 + 60_000), T0)
+                .await
+        })
+    };
+    let settled = store
+        .wait_settled(&key, Duration::from_secs(10), T0)
+        .await
+        .expect("wait")
+        .expect("record");
+    assert_eq!(settled.state, ReceiptState::Success);
+    assert_eq!(completer.await.expect("join"), Ok(Transition::Applied));
+    let gone = fresh_key("wait-gone");
+    assert_eq!(
+        store
+            .wait_settled(&gone, Duration::from_secs(10), T0)
+            .await
+            .expect("wait"),
+        None
+    );
+}
+
+/// The compensation queue: once per callId, leased to one taker, rescheduled, escalated, finished.
+pub async fn compensation_queue(store: Arc<dyn Store>) {
+    let key = fresh_key("comp");
+    let (a, b) = (call(), call());
+    let entry = |id: &CallId, now| CompensationEntry::new(id.clone(), key.clone(), "test", now);
+    store
+        .enqueue_compensation(entry(&a, T0))
+        .await
+        .expect("enqueue");
+    store
+        .enqueue_compensation(entry(&a, T0 + 1))
+        .await
+        .expect("enqueue twice");
+    store
+        .enqueue_compensation(entry(&b, T0 + 2))
+        .await
+        .expect("enqueue");
+    let mine: Vec<CallId> = store
+        .list_compensations()
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|e| e.call_id)
+        .filter(|id| id == &a || id == &b)
+        .collect();
+    assert_eq!(
+        mine,
+        [a.clone(), b.clone()],
+        "one entry per callId, oldest first"
+    );
+    let taken = store
+        .take_due_compensations(T0 + 10, 100, T0 + 1_000)
+        .await
+        .expect("take");
+    let taken: Vec<_> = taken
+        .into_iter()
+        .filter(|e| e.call_id == a || e.call_id == b)
+        .collect();
+    assert_eq!(taken.len(), 2);
+    assert!(taken
+        .iter()
+        .all(|e| matches!(e.state, CompensationState::Taken { .. })));
+    let again = store
+        .take_due_compensations(T0 + 20, 100, T0 + 1_000)
+        .await
+        .expect("take");
+    assert!(
+        again.iter().all(|e| e.call_id != a && e.call_id != b),
+        "leased entries stay with their taker"
+    );
+    store
+        .reschedule_compensation(&a, 1, T0 + 5_000)
+        .await
+        .expect("reschedule");
+    store
+        .escalate_compensation(&b, T0 + 30)
+        .await
+        .expect("escalate");
+    let later = store
+        .take_due_compensations(T0 + 2_000, 100, T0 + 3_000)
+        .await
+        .expect("take");
+    assert!(
+        later.iter().all(|e| e.call_id != a && e.call_id != b),
+        "not due yet, or manual"
+    );
+    let due = store
+        .take_due_compensations(T0 + 5_000, 100, T0 + 6_000)
+        .await
+        .expect("take");
+    let a_entry = due.iter().find(|e| e.call_id == a).expect("a is due again");
+    assert_eq!(a_entry.round, 1);
+    let all = store.list_compensations().await.expect("list");
+    let b_entry = all.iter().find(|e| e.call_id == b).expect("b stays");
+    assert_eq!(b_entry.state, CompensationState::Manual);
+    store.finish_compensation(&a).await.expect("finish");
+    store.finish_compensation(&a).await.expect("finish twice");
+    let all = store.list_compensations().await.expect("list");
+    assert!(all.iter().all(|e| e.call_id != a));
+    assert!(matches!(
+        store.reschedule_compensation(&a, 2, T0).await,
+        Err(StoreError::NotFound)
+    ));
+}
+
+/// Generates one `#[tokio::test]` per conformance check, each on a store made by `$make`
+/// (an expression of type `Arc<dyn Store>` or `Arc<S>`).
+#[macro_export]
+macro_rules! store_conformance_tests {
+    ($make:expr) => {
+        $crate::store_conformance_tests!(@tests $make;
+            claim_is_exclusive claim_records_processing fences_grow complete_is_fenced_and_reentrant
+            unknown_moves_forward release_frees_the_key take_over_rules extend_lease_is_fenced
+            ttl_expiry wait_settled_wakes compensation_queue);
+    };
+    (@tests $make:expr; $($check:ident)+) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                let store: ::std::sync::Arc<dyn $crate::Store> = $make;
+                $crate::conformance::$check(store).await;
+            }
+        )+
+    };
+}

@@ -1,0 +1,160 @@
+//! The task-local call context: inside an `#[idempotent]` function, [`current()`] tells the callId,
+//! traceId, key and attempt number of the running call; a server or gateway sets an [`Inbound`] context
+//! so that the call it serves keeps the callId and traceId it arrived with.
+//!
+//! # Guarantees
+//!
+//! * Every attempt of a call sees the same callId, traceId and key; only the attempt number changes.
+//! * A call made inside another call (check → debit → notify) gets its own callId and inherits the
+//!   traceId, so a chain shares one traceId.
+//! * An inbound callId is adopted by the **first** `#[idempotent]` call in its scope only: it identifies
+//!   one call, and handing it to a second call would make two calls share an identity.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use crate::call_id::{CallId, Label, TraceId};
+use crate::key::Key;
+
+tokio::task_local! {
+    static SCOPE: Scope;
+}
+
+#[derive(Clone)]
+enum Scope {
+    Call(Context),
+    Inbound(Inbound),
+}
+
+/// What the running call knows about itself. Read it with [`current()`].
+#[derive(Debug, Clone)]
+pub struct Context {
+    call_id: CallId,
+    trace_id: TraceId,
+    key: Key,
+    attempt: u32,
+}
+
+impl Context {
+    pub(crate) fn new(call_id: CallId, trace_id: TraceId, key: Key, attempt: u32) -> Context {
+        Context {
+            call_id,
+            trace_id,
+            key,
+            attempt,
+        }
+    }
+
+    /// The callId: the same on every attempt. Send it to the remote side so it can deduplicate and
+    /// answer receipt lookups.
+    pub fn call_id(&self) -> &CallId {
+        &self.call_id
+    }
+
+    /// The traceId of the business chain this call belongs to.
+    pub fn trace_id(&self) -> TraceId {
+        self.trace_id
+    }
+
+    /// The idempotency key.
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// The attempt number, from 1.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    pub(crate) async fn scope<F: Future>(self, f: F) -> F::Output {
+        SCOPE.scope(Scope::Call(self), f).await
+    }
+}
+
+/// The context of the running `#[idempotent]` call.
+///
+/// # Panics
+///
+/// Outside the body of an `#[idempotent]` function. Use [`try_current`] where that can happen.
+pub fn current() -> Context {
+    match try_current() {
+        Some(context) => context,
+        None => panic!(
+            "samekey::current() called outside an #[idempotent] function; use samekey::try_current()"
+        ),
+    }
+}
+
+/// The context of the running `#[idempotent]` call, or `None` outside one.
+pub fn try_current() -> Option<Context> {
+    SCOPE
+        .try_with(|scope| match scope {
+            Scope::Call(context) => Some(context.clone()),
+            Scope::Inbound(_) => None,
+        })
+        .ok()
+        .flatten()
+}
+
+/// Identity that arrived with a request (`X-Call-Id`, `X-Trace-Id`, message attributes): run the handler
+/// inside [`Inbound::scope`] and the `#[idempotent]` call it makes keeps that callId and traceId.
+///
+/// ```
+/// # async fn handler() {}
+/// # async fn demo(header: &str) {
+/// use samekey_runtime::{CallId, Inbound};
+/// let call_id: CallId = header.parse().unwrap();
+/// Inbound::new().call_id(call_id).scope(handler()).await;
+/// # }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Inbound {
+    call_id: Option<CallId>,
+    trace_id: Option<TraceId>,
+    adopted: Arc<AtomicBool>,
+}
+
+impl Inbound {
+    /// An empty inbound context: calls in it get new callIds and one shared new traceId.
+    pub fn new() -> Inbound {
+        Inbound::default()
+    }
+
+    /// The callId the request carried, for the first call in the scope to adopt.
+    pub fn call_id(mut self, call_id: CallId) -> Inbound {
+        self.call_id = Some(call_id);
+        self
+    }
+
+    /// The traceId the request carried, for every call in the scope.
+    pub fn trace_id(mut self, trace_id: TraceId) -> Inbound {
+        self.trace_id = Some(trace_id);
+        self
+    }
+
+    /// Runs `f` with this inbound context.
+    pub async fn scope<F: Future>(mut self, f: F) -> F::Output {
+        self.trace_id.get_or_insert_with(TraceId::new);
+        SCOPE.scope(Scope::Inbound(self), f).await
+    }
+}
+
+/// The callId and traceId of a call that is starting: adopted from an inbound context when one is
+/// waiting, else new; the traceId is inherited from the enclosing call or inbound context.
+pub(crate) fn identify(prefix: &'static str, node: &Label, now_ms: u64) -> (CallId, TraceId) {
+    let found = SCOPE.try_with(|scope| match scope {
+        Scope::Call(outer) => (None, outer.trace_id),
+        Scope::Inbound(inbound) => {
+            let adopted = match &inbound.call_id {
+                Some(id) if !inbound.adopted.swap(true, Ordering::AcqRel) => Some(id.clone()),
+                _ => None,
+            };
+            (adopted, inbound.trace_id.unwrap_or_default())
+        }
+    });
+    let (adopted, trace_id) = found.unwrap_or_else(|_| (None, TraceId::new()));
+    let call_id = adopted
+        .unwrap_or_else(|| CallId::generate_at(Label::from_static(prefix), node.clone(), now_ms));
+    (call_id, trace_id)
+}

@@ -1,0 +1,107 @@
+//! The errors samekey itself reports. The user's error type converts from [`Error`] (`From<Error>`), so a
+//! function keeps its signature.
+
+use serde::{Deserialize, Serialize};
+
+use crate::call_id::CallId;
+use crate::classify::{Classify, ErrorClass};
+use crate::receipt::ReceiptState;
+
+/// Why samekey answered instead of running (or finishing) the call.
+#[derive(Debug, Clone, PartialEq, thiserror::Error, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum Error {
+    /// The key was used before with different `verify` parts: a different request under the same key.
+    /// Nothing ran.
+    #[error("idempotency key reused with a different request (verify fingerprint differs from call {call_id})")]
+    KeyReuse {
+        /// The call that holds the key.
+        call_id: CallId,
+    },
+    /// Another call holds the key and is still running (`on_busy = "reject"`, or the wait ran out).
+    #[error("call {call_id} holding this key is still in progress")]
+    InProgress {
+        /// The call that holds the key.
+        call_id: CallId,
+    },
+    /// The outcome could not be established; the call is recorded `UNKNOWN` and queued for compensation.
+    /// Never to be read as a failure: the effect may have happened.
+    #[error("outcome of call {call_id} is unknown; it was handed to compensation")]
+    Unknown {
+        /// The call whose outcome is unknown.
+        call_id: CallId,
+    },
+    /// Every attempt was refused before taking effect; the claim was released, nothing ran.
+    #[error("call {call_id} gave up after {attempts} attempts; nothing took effect")]
+    Exhausted {
+        /// The call.
+        call_id: CallId,
+        /// How many attempts were made.
+        attempts: u32,
+    },
+    /// The store failed; the call failed closed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The stored outcome of an earlier call could not be decoded into this function's types.
+    #[error("stored outcome of call {call_id} cannot be decoded: {reason}")]
+    Decode {
+        /// The call whose outcome is stored.
+        call_id: CallId,
+        /// The decoder's message.
+        reason: String,
+    },
+    /// The earlier call succeeded but its result could not be stored, so it cannot be replayed.
+    #[error("call {call_id} took effect but its outcome was not stored and cannot be replayed")]
+    NotReplayable {
+        /// The call.
+        call_id: CallId,
+    },
+    /// [`Runtime::install_default`](crate::Runtime::install_default) was called after the default runtime
+    /// was set or first used.
+    #[error("the default samekey runtime is already set; install it before the first call")]
+    DefaultAlreadySet,
+}
+
+impl Classify for Error {
+    fn classify(&self) -> ErrorClass {
+        match self {
+            Error::InProgress { .. } | Error::Exhausted { .. } => ErrorClass::Retryable,
+            Error::Unknown { .. } | Error::Store(_) => ErrorClass::Unknown,
+            Error::KeyReuse { .. }
+            | Error::Decode { .. }
+            | Error::NotReplayable { .. }
+            | Error::DefaultAlreadySet => ErrorClass::Permanent,
+        }
+    }
+}
+
+/// A store operation that failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The store could not be reached or did not answer.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The write presented an older fencing token than the record's: a newer owner took over.
+    #[error("stale owner: fence {presented} was superseded by fence {current}")]
+    Fenced {
+        /// The token the writer presented.
+        presented: u64,
+        /// The record's token.
+        current: u64,
+    },
+    /// No record for that key.
+    #[error("no record for this key")]
+    NotFound,
+    /// A stored record could not be read: corrupted, or written by something else.
+    #[error("corrupt store record: {0}")]
+    Corrupt(String),
+    /// The receipt state machine refused the change.
+    #[error("receipt cannot move from {from} to {to}")]
+    InvalidTransition {
+        /// The current state.
+        from: ReceiptState,
+        /// The refused target.
+        to: ReceiptState,
+    },
+}

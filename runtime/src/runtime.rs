@@ -1,0 +1,278 @@
+//! [`Runtime`]: the store, the node name and the clock that `#[idempotent]` calls use.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use crate::call_id::{unix_ms_now, validate_label, CallId, Label, ParseCallIdError};
+use crate::compensation::CompensationEntry;
+use crate::error::Error;
+use crate::receipt::Receipt;
+use crate::stats::{Counter, Counters, Stats};
+use crate::store::{MemoryStore, Store};
+
+/// Default lease of a claim when the function has no `timeout`.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Default bound on how long a duplicate waits for a busy key (`on_busy = "wait"`).
+pub const DEFAULT_BUSY_WAIT: Duration = Duration::from_secs(30);
+/// Default number of times a lookup answering "processing" is asked again.
+pub const DEFAULT_LOOKUP_POLLS: u32 = 5;
+
+/// Wall-clock milliseconds that advance with `tokio::time`, so tests with paused time move leases and
+/// TTLs too.
+#[derive(Debug, Clone)]
+struct Clock {
+    anchor_ms: u64,
+    anchor: tokio::time::Instant,
+}
+
+impl Clock {
+    fn new() -> Clock {
+        Clock {
+            anchor_ms: unix_ms_now(),
+            anchor: tokio::time::Instant::now(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        let elapsed = tokio::time::Instant::now().saturating_duration_since(self.anchor);
+        self.anchor_ms
+            .saturating_add(u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
+    }
+}
+
+/// Where calls claim keys and keep receipts, and how they behave around them. Cheap to clone (one `Arc`);
+/// clones share everything.
+///
+/// ```
+/// use samekey_runtime::{MemoryStore, Runtime};
+/// let rt = Runtime::builder().store(MemoryStore::new()).node("node07").build().unwrap();
+/// assert_eq!(rt.node(), "node07");
+/// ```
+#[derive(Clone)]
+pub struct Runtime {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    node: Label,
+    clock: Clock,
+    lease: Duration,
+    busy_wait: Duration,
+    lookup_polls: u32,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("node", &self.inner.node)
+            .field("lease", &self.inner.lease)
+            .field("busy_wait", &self.inner.busy_wait)
+            .field("lookup_polls", &self.inner.lookup_polls)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Runtime {
+    fn default() -> Runtime {
+        Runtime::new()
+    }
+}
+
+impl Runtime {
+    /// A runtime on a new in-memory store, with the default settings and node name.
+    pub fn new() -> Runtime {
+        Runtime::from_parts(
+            Arc::new(MemoryStore::new()),
+            default_node(),
+            Settings::default(),
+        )
+    }
+
+    /// Configures a runtime.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    fn from_parts(store: Arc<dyn Store>, node: Label, b: Settings) -> Runtime {
+        Runtime {
+            inner: Arc::new(Inner {
+                store,
+                node,
+                clock: Clock::new(),
+                lease: b.lease,
+                busy_wait: b.busy_wait,
+                lookup_polls: b.lookup_polls,
+                counters: Counters::default(),
+            }),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &dyn Store {
+        &*self.inner.store
+    }
+
+    /// The node name written into callIds.
+    pub fn node(&self) -> &str {
+        self.inner.node.as_str()
+    }
+
+    pub(crate) fn node_label(&self) -> &Label {
+        &self.inner.node
+    }
+
+    /// The runtime's time: Unix milliseconds that follow `tokio::time` (and its pause in tests).
+    pub fn now_ms(&self) -> u64 {
+        self.inner.clock.now_ms()
+    }
+
+    pub(crate) fn lease(&self) -> Duration {
+        self.inner.lease
+    }
+
+    pub(crate) fn busy_wait(&self) -> Duration {
+        self.inner.busy_wait
+    }
+
+    pub(crate) fn lookup_polls(&self) -> u32 {
+        self.inner.lookup_polls
+    }
+
+    /// What this runtime (and its clones) did so far.
+    pub fn stats(&self) -> Stats {
+        self.inner.counters.snapshot()
+    }
+
+    pub(crate) fn count(&self, counter: Counter) {
+        self.inner.counters.add(counter);
+    }
+
+    /// The receipt of `call_id`, answered from the store alone (nothing downstream is called).
+    pub async fn receipt(&self, call_id: &CallId) -> Result<Option<Receipt>, Error> {
+        Ok(self.inner.store.get_by_call_id(call_id).await?)
+    }
+
+    /// The compensation queue: calls left `UNKNOWN`, pending or escalated.
+    pub async fn compensations(&self) -> Result<Vec<CompensationEntry>, Error> {
+        Ok(self.inner.store.list_compensations().await?)
+    }
+
+    /// Makes this runtime the process-wide default, used by functions without `runtime = …`. Do it before
+    /// the first call: once the default is set or used, this answers [`Error::DefaultAlreadySet`].
+    pub fn install_default(self) -> Result<(), Error> {
+        DEFAULT.set(self).map_err(|_| Error::DefaultAlreadySet)
+    }
+}
+
+static DEFAULT: OnceLock<Runtime> = OnceLock::new();
+
+/// The process-wide default runtime: the installed one, else an in-memory one made on first use.
+pub fn default_runtime() -> &'static Runtime {
+    DEFAULT.get_or_init(Runtime::new)
+}
+
+/// The node name when none is configured: `SAMEKEY_NODE`, else `HOSTNAME`, made into a valid label, else
+/// `local`.
+fn default_node() -> Label {
+    ["SAMEKEY_NODE", "HOSTNAME"]
+        .iter()
+        .filter_map(|var| std::env::var(var).ok())
+        .map(|raw| {
+            raw.chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '_' || c == '.' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .take(crate::call_id::MAX_LABEL_LEN)
+                .collect::<String>()
+        })
+        .find(|s| validate_label(s).is_ok())
+        .map(Label::from)
+        .unwrap_or(Label::from_static("local"))
+}
+
+#[derive(Clone, Copy)]
+struct Settings {
+    lease: Duration,
+    busy_wait: Duration,
+    lookup_polls: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            lease: DEFAULT_LEASE,
+            busy_wait: DEFAULT_BUSY_WAIT,
+            lookup_polls: DEFAULT_LOOKUP_POLLS,
+        }
+    }
+}
+
+/// Configures a [`Runtime`].
+#[derive(Default)]
+pub struct Builder {
+    store: Option<Arc<dyn Store>>,
+    node: Option<String>,
+    settings: Settings,
+}
+
+impl Builder {
+    /// The store (default: a new [`MemoryStore`]).
+    pub fn store(mut self, store: impl Store) -> Builder {
+        self.store = Some(Arc::new(store));
+        self
+    }
+
+    /// A store shared with other code.
+    pub fn shared_store(mut self, store: Arc<dyn Store>) -> Builder {
+        self.store = Some(store);
+        self
+    }
+
+    /// The node name written into callIds: 1–32 ASCII letters, digits, `_` or `.` (default:
+    /// `SAMEKEY_NODE`, else `HOSTNAME`, else `local`).
+    pub fn node(mut self, node: impl Into<String>) -> Builder {
+        self.node = Some(node.into());
+        self
+    }
+
+    /// How long a claim holds a key when the function has no `timeout` (default 30 s). After it, the
+    /// owner is presumed gone and a duplicate resolves the key through `lookup`.
+    pub fn lease(mut self, lease: Duration) -> Builder {
+        self.settings.lease = lease;
+        self
+    }
+
+    /// How long a duplicate waits for a busy key before [`Error::InProgress`] (default 30 s).
+    pub fn busy_wait(mut self, wait: Duration) -> Builder {
+        self.settings.busy_wait = wait;
+        self
+    }
+
+    /// How many times a lookup answering "processing" is asked again before the call is left `UNKNOWN`
+    /// (default 5).
+    pub fn lookup_polls(mut self, polls: u32) -> Builder {
+        self.settings.lookup_polls = polls;
+        self
+    }
+
+    /// The runtime; fails if the node name is not a valid label.
+    pub fn build(self) -> Result<Runtime, ParseCallIdError> {
+        let node = match self.node {
+            Some(node) => {
+                validate_label(&node)?;
+                Label::from(node)
+            }
+            None => default_node(),
+        };
+        let store = self
+            .store
+            .unwrap_or_else(|| Arc::new(MemoryStore::new()) as Arc<dyn Store>);
+        Ok(Runtime::from_parts(store, node, self.settings))
+    }
+}

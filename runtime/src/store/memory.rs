@@ -1,0 +1,477 @@
+//! The embedded in-memory store: the default, needing no server.
+//!
+//! Keys are spread over 64 mutex-guarded shards by their digest (already uniform, so it is used as its own
+//! hash). Each shard keeps a min-heap of expiry times: every claim evicts a few expired records of its
+//! shard, and [`Store::purge_expired`] evicts all of them, so memory stays bounded by the keys claimed
+//! within one `ttl`. Claims and `UNKNOWN` records never expire. Waiters on a busy key park on a
+//! per-key [`Notify`] that every change of the record wakes: no polling.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::pin::pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+
+use super::{Claim, Claimed, Completion, Store};
+use crate::call_id::CallId;
+use crate::compensation::{CompensationEntry, CompensationState};
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::receipt::{Fence, Receipt, ReceiptState, Transition};
+
+const SHARDS: usize = 64;
+/// Expired records a claim evicts from its shard, at most.
+const EVICT_PER_CLAIM: usize = 4;
+
+type Digest = [u8; 32];
+
+/// Hashes values that are already uniformly random (key digests, callId entropy) by folding them.
+#[derive(Default)]
+struct PreHashed(u64);
+
+impl Hasher for PreHashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8).take(1) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = self.0.rotate_left(17) ^ v;
+    }
+
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64);
+    }
+}
+
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<PreHashed>>;
+
+struct Entry {
+    receipt: Receipt,
+    waiters: Option<Arc<Notify>>,
+}
+
+impl Entry {
+    fn wake(&self) {
+        if let Some(n) = &self.waiters {
+            n.notify_waiters();
+        }
+    }
+}
+
+#[derive(Default)]
+struct Shard {
+    records: FastMap<Digest, Entry>,
+    expiry: BinaryHeap<Reverse<(u64, Digest)>>,
+}
+
+/// The in-memory [`Store`]. Cheap to create; everything lives as long as the store.
+pub struct MemoryStore {
+    shards: Box<[Mutex<Shard>]>,
+    calls: Box<[Mutex<FastMap<CallId, Digest>>]>,
+    fences: AtomicU64,
+    queue: Mutex<HashMap<CallId, CompensationEntry>>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> MemoryStore {
+        MemoryStore::new()
+    }
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("records", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding a shard lock cannot leave a record half-written (each update is a plain
+    // assignment), so a poisoned lock is still consistent.
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> MemoryStore {
+        MemoryStore {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            calls: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            fences: AtomicU64::new(1),
+            queue: Mutex::default(),
+        }
+    }
+
+    /// How many records the store holds (expired ones not yet evicted included).
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).records.len()).sum()
+    }
+
+    /// Whether the store holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn shard(&self, digest: &Digest) -> MutexGuard<'_, Shard> {
+        lock(&self.shards[usize::from(digest[0]) % SHARDS])
+    }
+
+    fn calls_of(&self, call_id: &CallId) -> MutexGuard<'_, FastMap<CallId, Digest>> {
+        lock(&self.calls[(call_id.entropy() % SHARDS as u64) as usize])
+    }
+
+    fn next_fence(&self) -> Fence {
+        Fence(self.fences.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Removes the record of `digest` (and its callId index entry), waking its waiters.
+    fn remove(&self, shard: &mut Shard, digest: &Digest) {
+        if let Some(entry) = shard.records.remove(digest) {
+            entry.wake();
+            let mut calls = self.calls_of(&entry.receipt.call_id);
+            if calls.get(&entry.receipt.call_id) == Some(digest) {
+                calls.remove(&entry.receipt.call_id);
+            }
+        }
+    }
+
+    /// Evicts up to `limit` records of `shard` that expired before `now_ms`; returns how many.
+    fn evict(&self, shard: &mut Shard, now_ms: u64, limit: usize) -> usize {
+        let mut evicted = 0;
+        while evicted < limit {
+            match shard.expiry.peek() {
+                Some(Reverse((at, _))) if *at <= now_ms => {}
+                _ => break,
+            }
+            let Some(Reverse((_, digest))) = shard.expiry.pop() else {
+                break;
+            };
+            let expired = shard
+                .records
+                .get(&digest)
+                .is_some_and(|e| e.receipt.expired(now_ms));
+            if expired {
+                self.remove(shard, &digest);
+                evicted += 1;
+            }
+        }
+        evicted
+    }
+
+    fn owned<'a>(
+        shard: &'a mut Shard,
+        key: &Key,
+        fence: Fence,
+    ) -> Result<&'a mut Entry, StoreError> {
+        let entry = shard
+            .records
+            .get_mut(key.digest())
+            .ok_or(StoreError::NotFound)?;
+        if entry.receipt.fence != fence {
+            return Err(StoreError::Fenced {
+                presented: fence.0,
+                current: entry.receipt.fence.0,
+            });
+        }
+        Ok(entry)
+    }
+
+    /// The record of `key` if it is live at `now_ms`, and, when it is `PROCESSING`, the notifier that its
+    /// next change will wake.
+    fn settled_or_waiter(&self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, Arc<Notify>> {
+        let mut shard = self.shard(key.digest());
+        match shard.records.get_mut(key.digest()) {
+            Some(entry) if !entry.receipt.expired(now_ms) => {
+                if entry.receipt.state == ReceiptState::Processing {
+                    Err(entry.waiters.get_or_insert_with(Default::default).clone())
+                } else {
+                    Ok(Some(entry.receipt.clone()))
+                }
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+fn check(from: ReceiptState, to: ReceiptState) -> Result<Transition, StoreError> {
+    from.advance(to).map_err(|e| StoreError::InvalidTransition {
+        from: e.from,
+        to: e.to,
+    })
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError> {
+        let digest = *claim.key.digest();
+        let mut shard = self.shard(&digest);
+        self.evict(&mut shard, claim.now_ms, EVICT_PER_CLAIM);
+        if let Some(entry) = shard.records.get(&digest) {
+            if !entry.receipt.expired(claim.now_ms) {
+                return Ok(Claimed::Existing(entry.receipt.clone()));
+            }
+            self.remove(&mut shard, &digest);
+        }
+        let fence = self.next_fence();
+        self.calls_of(&claim.call_id)
+            .insert(claim.call_id.clone(), digest);
+        shard.records.insert(
+            digest,
+            Entry {
+                receipt: Receipt {
+                    key: claim.key,
+                    call_id: claim.call_id,
+                    state: ReceiptState::Processing,
+                    fence,
+                    lease_until_ms: Some(claim.lease_until_ms),
+                    expires_at_ms: None,
+                    fingerprint: claim.fingerprint,
+                    outcome: None,
+                    created_ms: claim.now_ms,
+                    updated_ms: claim.now_ms,
+                },
+                waiters: None,
+            },
+        );
+        Ok(Claimed::Acquired(fence))
+    }
+
+    async fn take_over(
+        &self,
+        key: &Key,
+        expected: Fence,
+        lease_until_ms: u64,
+        now_ms: u64,
+    ) -> Result<Claimed, StoreError> {
+        let mut shard = self.shard(key.digest());
+        let entry = shard
+            .records
+            .get_mut(key.digest())
+            .ok_or(StoreError::NotFound)?;
+        let r = &mut entry.receipt;
+        let open = r.state == ReceiptState::Unknown
+            || (r.state == ReceiptState::Processing && !r.lease_alive(now_ms));
+        if r.fence != expected || !open {
+            return Ok(Claimed::Existing(r.clone()));
+        }
+        r.fence = self.next_fence();
+        r.state = ReceiptState::Processing;
+        r.lease_until_ms = Some(lease_until_ms);
+        r.updated_ms = now_ms;
+        let fence = r.fence;
+        entry.wake();
+        Ok(Claimed::Acquired(fence))
+    }
+
+    async fn extend_lease(
+        &self,
+        key: &Key,
+        fence: Fence,
+        lease_until_ms: u64,
+    ) -> Result<(), StoreError> {
+        let mut shard = self.shard(key.digest());
+        let entry = Self::owned(&mut shard, key, fence)?;
+        if entry.receipt.state != ReceiptState::Processing {
+            return Err(StoreError::InvalidTransition {
+                from: entry.receipt.state,
+                to: ReceiptState::Processing,
+            });
+        }
+        entry.receipt.lease_until_ms = Some(lease_until_ms);
+        Ok(())
+    }
+
+    async fn complete(
+        &self,
+        key: &Key,
+        fence: Fence,
+        completion: Completion,
+        now_ms: u64,
+    ) -> Result<Transition, StoreError> {
+        let mut shard = self.shard(key.digest());
+        let entry = Self::owned(&mut shard, key, fence)?;
+        let transition = check(entry.receipt.state, completion.state)?;
+        if transition == Transition::Applied {
+            let r = &mut entry.receipt;
+            r.state = completion.state;
+            r.outcome = completion.outcome;
+            r.lease_until_ms = None;
+            r.expires_at_ms = Some(completion.expires_at_ms);
+            r.updated_ms = now_ms;
+            entry.wake();
+            shard
+                .expiry
+                .push(Reverse((completion.expires_at_ms, *key.digest())));
+        }
+        Ok(transition)
+    }
+
+    async fn mark_unknown(
+        &self,
+        key: &Key,
+        fence: Fence,
+        now_ms: u64,
+    ) -> Result<Transition, StoreError> {
+        let mut shard = self.shard(key.digest());
+        let entry = Self::owned(&mut shard, key, fence)?;
+        let transition = check(entry.receipt.state, ReceiptState::Unknown)?;
+        if transition == Transition::Applied {
+            let r = &mut entry.receipt;
+            r.state = ReceiptState::Unknown;
+            r.lease_until_ms = None;
+            r.expires_at_ms = None;
+            r.updated_ms = now_ms;
+            entry.wake();
+        }
+        Ok(transition)
+    }
+
+    async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
+        let mut shard = self.shard(key.digest());
+        let entry = match Self::owned(&mut shard, key, fence) {
+            Ok(entry) => entry,
+            Err(StoreError::NotFound) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        if entry.receipt.state != ReceiptState::Processing {
+            return Err(StoreError::InvalidTransition {
+                from: entry.receipt.state,
+                to: ReceiptState::Received,
+            });
+        }
+        self.remove(&mut shard, key.digest());
+        Ok(())
+    }
+
+    async fn get(&self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, StoreError> {
+        let shard = self.shard(key.digest());
+        Ok(shard
+            .records
+            .get(key.digest())
+            .filter(|e| !e.receipt.expired(now_ms))
+            .map(|e| e.receipt.clone()))
+    }
+
+    async fn get_by_call_id(&self, call_id: &CallId) -> Result<Option<Receipt>, StoreError> {
+        let Some(digest) = self.calls_of(call_id).get(call_id).copied() else {
+            return Ok(None);
+        };
+        let shard = self.shard(&digest);
+        Ok(shard
+            .records
+            .get(&digest)
+            .filter(|e| &e.receipt.call_id == call_id)
+            .map(|e| e.receipt.clone()))
+    }
+
+    async fn wait_settled(
+        &self,
+        key: &Key,
+        timeout: Duration,
+        now_ms: u64,
+    ) -> Result<Option<Receipt>, StoreError> {
+        let notify = match self.settled_or_waiter(key, now_ms) {
+            Ok(settled) => return Ok(settled),
+            Err(notify) => notify,
+        };
+        let mut notified = pin!(notify.notified());
+        notified.as_mut().enable();
+        // A change between the first look and `enable` would be missed: look again, now registered.
+        if let Ok(settled) = self.settled_or_waiter(key, now_ms) {
+            return Ok(settled);
+        }
+        let started = tokio::time::Instant::now();
+        let _ = tokio::time::timeout(timeout, notified).await;
+        let waited = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.get(key, now_ms.saturating_add(waited)).await
+    }
+
+    async fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
+        let mut total = 0;
+        for shard in self.shards.iter() {
+            let mut shard = lock(shard);
+            total += self.evict(&mut shard, now_ms, usize::MAX);
+        }
+        Ok(total)
+    }
+
+    async fn enqueue_compensation(&self, entry: CompensationEntry) -> Result<(), StoreError> {
+        lock(&self.queue)
+            .entry(entry.call_id.clone())
+            .or_insert(entry);
+        Ok(())
+    }
+
+    async fn take_due_compensations(
+        &self,
+        now_ms: u64,
+        limit: usize,
+        lease_until_ms: u64,
+    ) -> Result<Vec<CompensationEntry>, StoreError> {
+        let mut queue = lock(&self.queue);
+        let mut due: Vec<&mut CompensationEntry> = queue
+            .values_mut()
+            .filter(|e| match e.state {
+                CompensationState::Pending => e.next_at_ms <= now_ms,
+                CompensationState::Taken { lease_until_ms } => lease_until_ms <= now_ms,
+                CompensationState::Manual => false,
+            })
+            .collect();
+        due.sort_by_key(|e| (e.next_at_ms, e.enqueued_ms));
+        Ok(due
+            .into_iter()
+            .take(limit)
+            .map(|e| {
+                e.state = CompensationState::Taken { lease_until_ms };
+                e.clone()
+            })
+            .collect())
+    }
+
+    async fn reschedule_compensation(
+        &self,
+        call_id: &CallId,
+        round: u32,
+        next_at_ms: u64,
+    ) -> Result<(), StoreError> {
+        let mut queue = lock(&self.queue);
+        let entry = queue.get_mut(call_id).ok_or(StoreError::NotFound)?;
+        entry.round = round;
+        entry.next_at_ms = next_at_ms;
+        entry.state = CompensationState::Pending;
+        Ok(())
+    }
+
+    async fn finish_compensation(&self, call_id: &CallId) -> Result<(), StoreError> {
+        lock(&self.queue).remove(call_id);
+        Ok(())
+    }
+
+    async fn escalate_compensation(&self, call_id: &CallId, now_ms: u64) -> Result<(), StoreError> {
+        let mut queue = lock(&self.queue);
+        let entry = queue.get_mut(call_id).ok_or(StoreError::NotFound)?;
+        entry.state = CompensationState::Manual;
+        entry.next_at_ms = now_ms;
+        Ok(())
+    }
+
+    async fn list_compensations(&self) -> Result<Vec<CompensationEntry>, StoreError> {
+        let mut all: Vec<CompensationEntry> = lock(&self.queue).values().cloned().collect();
+        all.sort_by_key(|e| e.enqueued_ms);
+        Ok(all)
+    }
+}

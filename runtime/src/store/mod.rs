@@ -1,0 +1,191 @@
+//! The store contract: one async trait that every backend (memory now; SQLite, PostgreSQL, Redis next)
+//! implements, and one [conformance suite](crate::conformance) that every backend passes.
+//!
+//! # Contract
+//!
+//! * **Atomic claim.** [`Store::claim`] creates the record of a key if (and only if) there is none, or the
+//!   one there has expired, in one atomic step (an entry API, a unique index, `SET NX`). Exactly one of any
+//!   number of concurrent claims of one key gets [`Claimed::Acquired`]; the others get the record.
+//! * **Fencing.** Every claim and take-over hands out a [`Fence`] larger than any the store handed out
+//!   before for any key. Every write of an owner ([`Store::complete`], [`Store::mark_unknown`],
+//!   [`Store::release`], [`Store::extend_lease`]) presents its fence and is refused with
+//!   [`StoreError::Fenced`] if the record now carries another one.
+//! * **Forward only.** Writes follow [`ReceiptState::advance`]: the same transition again reports
+//!   [`Transition::AlreadyApplied`] and changes nothing; a backward one is
+//!   [`StoreError::InvalidTransition`]. [`Store::take_over`] is the one move out of `UNKNOWN` or an
+//!   expired `PROCESSING` that is not an outcome: it starts a new owner (new fence) on the same callId.
+//! * **TTL.** A terminal record lives until its `expires_at_ms`; after that the key may be claimed anew
+//!   and the record may be evicted. Records without an expiry (claims, `UNKNOWN`s) are kept.
+//! * **Receipts from the store alone.** [`Store::get_by_call_id`] answers from stored data only.
+//! * **Compensation queue.** Uncertain calls are enqueued once per callId, taken by one worker at a time
+//!   (a lease, like `FOR UPDATE SKIP LOCKED`), rescheduled at growing intervals, and either finished or
+//!   escalated to `MANUAL` — never dropped.
+//! * **Time is given.** Every operation that depends on time takes `now_ms` (Unix milliseconds) from the
+//!   caller, so tests drive time and stores need no clock of their own.
+//! * **Failing closed.** An unreachable store answers [`StoreError::Unavailable`]; callers run nothing.
+
+mod memory;
+
+pub use memory::MemoryStore;
+
+use std::time::Duration;
+
+/// The attribute that [`Store`] implementations put on their `impl` block (re-exported so that a backend
+/// needs no dependency of its own for it).
+pub use async_trait::async_trait;
+
+use crate::call_id::CallId;
+use crate::compensation::CompensationEntry;
+use crate::error::StoreError;
+use crate::key::{Fingerprint, Key};
+use crate::receipt::{Fence, Receipt, ReceiptState, Transition};
+
+/// A request to claim a key.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    /// The key to claim.
+    pub key: Key,
+    /// The call that claims it.
+    pub call_id: CallId,
+    /// The fingerprint of the `verify` parts, kept to check replays.
+    pub fingerprint: Option<Fingerprint>,
+    /// The owner's lease ends at this time (Unix ms).
+    pub lease_until_ms: u64,
+    /// The current time (Unix ms).
+    pub now_ms: u64,
+}
+
+/// The answer to a [`Claim`] or a take-over.
+// `Existing` is the answer every replay gets: returned by value, not boxed, to spare it an allocation.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claimed {
+    /// The caller owns the key (receipt `PROCESSING`) under this fence.
+    Acquired(Fence),
+    /// The key is held: here is its record.
+    Existing(Receipt),
+}
+
+/// The final outcome of a call, as written by [`Store::complete`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    /// `SUCCESS` or `FAILED`.
+    pub state: ReceiptState,
+    /// The encoded result or error; `None` if it could not be encoded.
+    pub outcome: Option<std::sync::Arc<[u8]>>,
+    /// When the record may be evicted (Unix ms): now + the function's `ttl`.
+    pub expires_at_ms: u64,
+}
+
+/// A receipt store. See the [module documentation](self) for the contract every implementation keeps.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Claims `claim.key` for `claim.call_id`, atomically: [`Claimed::Acquired`] with a new fence if the
+    /// key had no live record, else [`Claimed::Existing`] with that record.
+    async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError>;
+
+    /// Takes over a key whose record carries `expected` and is `UNKNOWN` or `PROCESSING` with a lease
+    /// that ended before `now_ms`: the record becomes `PROCESSING` under a new fence and lease, with its
+    /// callId unchanged. Otherwise answers [`Claimed::Existing`] with the current record (someone else
+    /// took over, or the owner finished). [`StoreError::NotFound`] if there is no record.
+    async fn take_over(
+        &self,
+        key: &Key,
+        expected: Fence,
+        lease_until_ms: u64,
+        now_ms: u64,
+    ) -> Result<Claimed, StoreError>;
+
+    /// Extends the lease of the owner holding `fence`.
+    async fn extend_lease(
+        &self,
+        key: &Key,
+        fence: Fence,
+        lease_until_ms: u64,
+    ) -> Result<(), StoreError>;
+
+    /// Records the final outcome, if `fence` still owns the key.
+    async fn complete(
+        &self,
+        key: &Key,
+        fence: Fence,
+        completion: Completion,
+        now_ms: u64,
+    ) -> Result<Transition, StoreError>;
+
+    /// Marks the outcome `UNKNOWN` (kept until resolved), if `fence` still owns the key.
+    async fn mark_unknown(
+        &self,
+        key: &Key,
+        fence: Fence,
+        now_ms: u64,
+    ) -> Result<Transition, StoreError>;
+
+    /// Deletes the claim of an owner that proved nothing ran, so the key can be claimed again.
+    async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError>;
+
+    /// The record of a key, if it has one that has not expired at `now_ms`.
+    async fn get(&self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, StoreError>;
+
+    /// The record owned by `call_id`, from stored data only.
+    async fn get_by_call_id(&self, call_id: &CallId) -> Result<Option<Receipt>, StoreError>;
+
+    /// Waits until the record of `key` changes from `PROCESSING` (completed, marked unknown, released,
+    /// taken over) or `timeout` passes, then returns the record as it is. The default implementation
+    /// polls [`Store::get`] at growing intervals; backends with notifications override it.
+    async fn wait_settled(
+        &self,
+        key: &Key,
+        timeout: Duration,
+        now_ms: u64,
+    ) -> Result<Option<Receipt>, StoreError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let start = tokio::time::Instant::now();
+        let mut interval = Duration::from_millis(20);
+        loop {
+            let elapsed = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+            let record = self.get(key, now_ms.saturating_add(elapsed)).await?;
+            let settled = record
+                .as_ref()
+                .is_none_or(|r| r.state != ReceiptState::Processing);
+            if settled || tokio::time::Instant::now() >= deadline {
+                return Ok(record);
+            }
+            tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + interval)).await;
+            interval = (interval * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// Evicts records that expired before `now_ms`; returns how many.
+    async fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError>;
+
+    /// Queues an uncertain call for compensation. Enqueuing a callId that is already queued changes
+    /// nothing.
+    async fn enqueue_compensation(&self, entry: CompensationEntry) -> Result<(), StoreError>;
+
+    /// Takes up to `limit` pending entries due at `now_ms`, leasing each to the caller until
+    /// `lease_until_ms` so that no other worker takes it meanwhile.
+    async fn take_due_compensations(
+        &self,
+        now_ms: u64,
+        limit: usize,
+        lease_until_ms: u64,
+    ) -> Result<Vec<CompensationEntry>, StoreError>;
+
+    /// Puts a taken entry back for round `round`, due at `next_at_ms`.
+    async fn reschedule_compensation(
+        &self,
+        call_id: &CallId,
+        round: u32,
+        next_at_ms: u64,
+    ) -> Result<(), StoreError>;
+
+    /// Removes a resolved entry. Removing one that is not queued changes nothing.
+    async fn finish_compensation(&self, call_id: &CallId) -> Result<(), StoreError>;
+
+    /// Marks an entry `MANUAL`: it stays, visible, for a person.
+    async fn escalate_compensation(&self, call_id: &CallId, now_ms: u64) -> Result<(), StoreError>;
+
+    /// All queued entries, pending and manual, oldest first (for inspection).
+    async fn list_compensations(&self) -> Result<Vec<CompensationEntry>, StoreError>;
+}

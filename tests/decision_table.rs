@@ -1,0 +1,733 @@
+//! One test per row of the runtime's decision table (DESIGN §4), through `#[idempotent]` functions and a
+//! scripted remote side, with paused tokio time.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use samekey::store::{Claim, Claimed};
+use samekey::{
+    idempotent, CallId, CompensationState, Error, Inbound, MemoryStore, ReceiptState, Runtime,
+    Store, StoreError,
+};
+use support::{Fault, Remote, TestError};
+use tokio::time::Instant;
+
+struct Payments {
+    rt: Runtime,
+    remote: Remote,
+    /// The callId and attempt number every attempt saw.
+    attempts: Mutex<Vec<(CallId, u32, Instant)>>,
+}
+
+impl Payments {
+    fn new() -> Payments {
+        Payments::on(Runtime::builder().node("test").build().unwrap())
+    }
+
+    fn on(rt: Runtime) -> Payments {
+        Payments::with(rt, Remote::new())
+    }
+
+    fn with(rt: Runtime, remote: Remote) -> Payments {
+        Payments {
+            rt,
+            remote,
+            attempts: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn note_attempt(&self) -> CallId {
+        let cx = samekey::current();
+        self.attempts
+            .lock()
+            .unwrap()
+            .push((cx.call_id().clone(), cx.attempt(), Instant::now()));
+        cx.call_id().clone()
+    }
+
+    fn attempts(&self) -> Vec<(CallId, u32, Instant)> {
+        self.attempts.lock().unwrap().clone()
+    }
+
+    #[idempotent(key = "order", runtime = &self.rt, backoff = "100ms..1s")]
+    async fn plain(&self, order: &str, amount: u64) -> Result<u64, TestError> {
+        let call = self.note_attempt();
+        self.remote.charge(&call, order, amount).await
+    }
+
+    #[idempotent(key = "order", runtime = &self.rt, timeout = "1s", lookup = |c| self.remote.status(c))]
+    async fn with_lookup(&self, order: &str, amount: u64) -> Result<u64, TestError> {
+        let call = self.note_attempt();
+        self.remote.charge(&call, order, amount).await
+    }
+
+    #[idempotent(key = "order", runtime = &self.rt, timeout = "1s", on_unknown = "hold")]
+    async fn hold(&self, order: &str, amount: u64) -> Result<u64, TestError> {
+        let call = self.note_attempt();
+        self.remote.charge(&call, order, amount).await
+    }
+
+    #[idempotent(key = "order", runtime = &self.rt, timeout = "1s", on_unknown = "rerun")]
+    async fn rerun(&self, order: &str, amount: u64) -> Result<u64, TestError> {
+        let call = self.note_attempt();
+        self.remote.charge(&call, order, amount).await
+    }
+
+    #[idempotent(key = "order", runtime = &self.rt, on_busy = "reject")]
+    async fn reject_busy(&self, order: &str, amount: u64) -> Result<u64, TestError> {
+        let call = self.note_attempt();
+        self.remote.charge(&call, order, amount).await
+    }
+
+    #[idempotent(key = "order", verify = "amount", runtime = &self.rt)]
+    async fn verified(&self, order: &str, amount: u64) -> Result<u64, TestError> {
+        let call = self.note_attempt();
+        self.remote.charge(&call, order, amount).await
+    }
+
+    /// A key held by a call that crashed: claimed under `call_id`, lease ended, never finished.
+    async fn abandoned_claim(&self, scope: &str, order: &str) -> CallId {
+        let call_id = CallId::new("crash", "gone").unwrap();
+        let now = self.rt.now_ms();
+        let claimed = self
+            .rt
+            .store()
+            .claim(Claim {
+                key: samekey::Key::build(scope, &order),
+                call_id: call_id.clone(),
+                fingerprint: None,
+                lease_until_ms: now + 10,
+                now_ms: now,
+            })
+            .await
+            .unwrap();
+        assert!(matches!(claimed, Claimed::Acquired(_)));
+        tokio::time::advance(Duration::from_millis(20)).await;
+        call_id
+    }
+}
+
+fn scope_of(name: &str) -> String {
+    format!("decision_table::{name}")
+}
+
+async fn state_of(p: &Payments, call_id: &CallId) -> Option<ReceiptState> {
+    p.rt.receipt(call_id).await.unwrap().map(|r| r.state)
+}
+
+async fn queued(p: &Payments) -> Vec<CallId> {
+    p.rt.compensations()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.call_id)
+        .collect()
+}
+
+// Row 1: claim — the winner records PROCESSING, then SUCCESS with the encoded result.
+#[tokio::test(start_paused = true)]
+async fn claim_then_success_records_the_receipt() {
+    let p = Payments::new();
+    assert_eq!(p.plain("o-1", 500).await, Ok(500));
+    let (call_id, attempt, _) = p.attempts()[0].clone();
+    assert_eq!(attempt, 1);
+    let receipt = p.rt.receipt(&call_id).await.unwrap().unwrap();
+    assert_eq!(receipt.state, ReceiptState::Success);
+    assert_eq!(receipt.outcome.as_deref(), Some(&b"500"[..]));
+    assert_eq!(receipt.key, samekey::Key::build(&scope_of("plain"), &"o-1"));
+    assert_eq!(p.remote.executions("o-1"), 1);
+}
+
+// Row 2a: a duplicate of a SUCCESS gets the stored first result; nothing runs again.
+#[tokio::test(start_paused = true)]
+async fn duplicate_replays_the_first_success() {
+    let p = Payments::new();
+    assert_eq!(p.plain("o-1", 500).await, Ok(500));
+    // Same key, different amount: without `verify`, the first outcome is the answer.
+    assert_eq!(p.plain("o-1", 999).await, Ok(500));
+    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.attempts().len(), 1);
+}
+
+// Row 2a: a stored permanent FAILED is replayed too.
+#[tokio::test(start_paused = true)]
+async fn duplicate_replays_a_permanent_failure() {
+    let p = Payments::new();
+    p.remote.script([Fault::Declined]);
+    assert_eq!(p.plain("o-1", 500).await, Err(TestError::Declined));
+    assert_eq!(p.plain("o-1", 500).await, Err(TestError::Declined));
+    assert_eq!(p.remote.seen().len(), 1);
+    let (call_id, _, _) = p.attempts()[0].clone();
+    assert_eq!(state_of(&p, &call_id).await, Some(ReceiptState::Failed));
+}
+
+// Row 2a: `verify` fingerprint mismatch → KeyReuse, nothing runs.
+#[tokio::test(start_paused = true)]
+async fn verify_mismatch_is_key_reuse() {
+    let p = Payments::new();
+    assert_eq!(p.verified("o-1", 500).await, Ok(500));
+    assert_eq!(p.verified("o-1", 500).await, Ok(500));
+    let first = p.attempts()[0].0.clone();
+    assert_eq!(
+        p.verified("o-1", 700).await,
+        Err(TestError::Samekey(Error::KeyReuse { call_id: first }))
+    );
+    assert_eq!(p.remote.executions("o-1"), 1);
+}
+
+// Row 2b: PROCESSING with a live lease, on_busy = wait → waits (notified) and answers with the outcome.
+#[tokio::test(start_paused = true)]
+async fn busy_duplicate_waits_for_the_outcome() {
+    let p = Arc::new(Payments::new());
+    p.remote.script([Fault::Slow(Duration::from_secs(5))]);
+    let started = Instant::now();
+    let first = tokio::spawn({
+        let p = p.clone();
+        async move { p.plain("o-1", 500).await }
+    });
+    tokio::task::yield_now().await;
+    let second = p.plain("o-1", 500).await;
+    assert_eq!(second, Ok(500));
+    assert_eq!(Instant::now() - started, Duration::from_secs(5));
+    assert_eq!(first.await.unwrap(), Ok(500));
+    assert_eq!(p.remote.executions("o-1"), 1);
+}
+
+// Row 2b: on_busy = reject → InProgress with the holder's callId.
+#[tokio::test(start_paused = true)]
+async fn busy_duplicate_rejected() {
+    let p = Arc::new(Payments::new());
+    p.remote.script([Fault::Slow(Duration::from_secs(5))]);
+    let first = tokio::spawn({
+        let p = p.clone();
+        async move { p.reject_busy("o-1", 500).await }
+    });
+    tokio::task::yield_now().await;
+    let holder = p.attempts()[0].0.clone();
+    assert_eq!(
+        p.reject_busy("o-1", 500).await,
+        Err(TestError::Samekey(Error::InProgress { call_id: holder }))
+    );
+    assert_eq!(first.await.unwrap(), Ok(500));
+    assert_eq!(p.remote.executions("o-1"), 1);
+}
+
+// Row 2b: the wait is bounded: past the runtime's busy_wait, InProgress.
+#[tokio::test(start_paused = true)]
+async fn busy_wait_is_bounded() {
+    let rt = Runtime::builder()
+        .busy_wait(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let p = Arc::new(Payments::on(rt));
+    p.remote.script([Fault::Slow(Duration::from_secs(5))]);
+    let first = tokio::spawn({
+        let p = p.clone();
+        async move { p.plain("o-1", 500).await }
+    });
+    tokio::task::yield_now().await;
+    let started = Instant::now();
+    let second = p.plain("o-1", 500).await;
+    assert!(matches!(
+        second,
+        Err(TestError::Samekey(Error::InProgress { .. }))
+    ));
+    assert_eq!(Instant::now() - started, Duration::from_secs(1));
+    assert_eq!(first.await.unwrap(), Ok(500));
+}
+
+// Row 2c: an expired lease is resolved through `lookup` with the recorded callId; "not received" allows
+// the execution, under that same callId.
+#[tokio::test(start_paused = true)]
+async fn expired_lease_not_received_runs_with_the_recorded_call_id() {
+    let p = Payments::new();
+    let crashed = p.abandoned_claim(&scope_of("with_lookup"), "o-1").await;
+    assert_eq!(p.with_lookup("o-1", 500).await, Ok(500));
+    assert_eq!(p.remote.lookups(), 1);
+    assert_eq!(p.remote.seen(), [crashed.to_string()]);
+    assert_eq!(state_of(&p, &crashed).await, Some(ReceiptState::Success));
+}
+
+// Row 2c: the lookup says it succeeded → record and return it, nothing runs.
+#[tokio::test(start_paused = true)]
+async fn expired_lease_already_succeeded_is_recorded_not_rerun() {
+    let p = Payments::new();
+    let crashed = p.abandoned_claim(&scope_of("with_lookup"), "o-1").await;
+    // The crashed owner's request did reach the remote.
+    p.remote.charge(&crashed, "o-1", 500).await.unwrap();
+    assert_eq!(p.with_lookup("o-1", 500).await, Ok(500));
+    assert_eq!(p.remote.executions("o-1"), 1);
+    assert!(p.attempts().is_empty(), "no attempt ran");
+    assert_eq!(state_of(&p, &crashed).await, Some(ReceiptState::Success));
+}
+
+// Row 2c: without lookup, `hold` answers Unknown and leaves the key to compensation.
+#[tokio::test(start_paused = true)]
+async fn expired_lease_without_lookup_holds() {
+    let p = Payments::new();
+    let crashed = p.abandoned_claim(&scope_of("hold"), "o-1").await;
+    assert_eq!(
+        p.hold("o-1", 500).await,
+        Err(TestError::Samekey(Error::Unknown {
+            call_id: crashed.clone()
+        }))
+    );
+    assert!(p.remote.seen().is_empty());
+    assert_eq!(state_of(&p, &crashed).await, Some(ReceiptState::Unknown));
+    assert_eq!(queued(&p).await, [crashed]);
+}
+
+// Row 2c: without lookup, `rerun` takes over with the recorded callId (the remote dedups by it).
+#[tokio::test(start_paused = true)]
+async fn expired_lease_rerun_keeps_the_recorded_call_id() {
+    let p = Payments::with(Runtime::new(), Remote::deduplicating());
+    let crashed = p.abandoned_claim(&scope_of("rerun"), "o-1").await;
+    assert_eq!(p.rerun("o-1", 500).await, Ok(500));
+    assert_eq!(p.remote.seen(), [crashed.to_string()]);
+}
+
+// Row 2c + fencing: an owner presumed gone that comes back late cannot overwrite the new owner's outcome.
+#[tokio::test(start_paused = true)]
+async fn stale_owner_completion_is_refused() {
+    let p = Payments::new();
+    let key = samekey::Key::build(&scope_of("with_lookup"), &"o-1");
+    let store = p.rt.store();
+    let crashed = p.abandoned_claim(&scope_of("with_lookup"), "o-1").await;
+    let old = store.get(&key, p.rt.now_ms()).await.unwrap().unwrap().fence;
+    assert_eq!(p.with_lookup("o-1", 500).await, Ok(500));
+    let late = samekey::store::Completion {
+        state: ReceiptState::Failed,
+        outcome: None,
+        expires_at_ms: p.rt.now_ms() + 1_000,
+    };
+    assert!(matches!(
+        store.complete(&key, old, late, p.rt.now_ms()).await,
+        Err(StoreError::Fenced { .. })
+    ));
+    assert_eq!(state_of(&p, &crashed).await, Some(ReceiptState::Success));
+}
+
+// Row 2c: an UNKNOWN record whose lookup says it succeeded is resolved, and its compensation entry
+// cleared.
+#[tokio::test(start_paused = true)]
+async fn unknown_record_resolved_by_lookup_clears_compensation() {
+    let p = Payments::new();
+    p.remote.script([Fault::ReplyLost]);
+    p.remote.script_lookups([Err("lookup down".into())]);
+    let first = p.with_lookup("o-1", 500).await;
+    let call_id = p.attempts()[0].0.clone();
+    assert_eq!(
+        first,
+        Err(TestError::Samekey(Error::Unknown {
+            call_id: call_id.clone()
+        }))
+    );
+    assert_eq!(queued(&p).await, vec![call_id.clone()]);
+    assert_eq!(p.with_lookup("o-1", 500).await, Ok(500));
+    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(state_of(&p, &call_id).await, Some(ReceiptState::Success));
+    assert!(queued(&p).await.is_empty());
+}
+
+// Row 3: Ok → SUCCESS; the callId is the same on every attempt and the attempt number counts up.
+#[tokio::test(start_paused = true)]
+async fn call_id_is_the_same_on_every_attempt() {
+    let p = Payments::new();
+    p.remote.script([Fault::Unavailable, Fault::Unavailable]);
+    assert_eq!(p.plain("o-1", 500).await, Ok(500));
+    let attempts = p.attempts();
+    assert_eq!(attempts.len(), 3);
+    assert!(attempts.iter().all(|(id, _, _)| id == &attempts[0].0));
+    let numbers: Vec<u32> = attempts.iter().map(|a| a.1).collect();
+    assert_eq!(numbers, [1, 2, 3]);
+    let seen = p.remote.seen();
+    assert!(seen.iter().all(|s| s == &attempts[0].0.to_string()));
+}
+
+// Row 3: Permanent → no retry, FAILED.
+#[tokio::test(start_paused = true)]
+async fn permanent_error_is_not_retried() {
+    let p = Payments::new();
+    p.remote.script([Fault::Declined]);
+    assert_eq!(p.plain("o-1", 500).await, Err(TestError::Declined));
+    assert_eq!(p.attempts().len(), 1);
+}
+
+// Row 3: Retryable → exponential backoff with ±20 % jitter, same callId, then success.
+#[tokio::test(start_paused = true)]
+async fn retryable_error_backs_off_exponentially() {
+    let p = Payments::new();
+    p.remote
+        .script([Fault::Unavailable, Fault::Unavailable, Fault::Unavailable]);
+    assert_eq!(p.plain("o-1", 500).await, Ok(500));
+    let times: Vec<Instant> = p.attempts().iter().map(|a| a.2).collect();
+    assert_eq!(times.len(), 4);
+    for (n, nominal_ms) in [100u64, 200, 400].into_iter().enumerate() {
+        let gap = (times[n + 1] - times[n]).as_millis() as u64;
+        assert!(
+            gap >= nominal_ms * 8 / 10 && gap <= nominal_ms * 12 / 10,
+            "gap {n} = {gap} ms, nominal {nominal_ms} ms"
+        );
+    }
+    assert_eq!(p.remote.executions("o-1"), 1);
+}
+
+// Row 3: RateLimited → waits at least retry_after, and it counts as an attempt.
+#[tokio::test(start_paused = true)]
+async fn rate_limit_waits_at_least_retry_after() {
+    let p = Payments::new();
+    p.remote.script([Fault::RateLimited(5_000)]);
+    assert_eq!(p.plain("o-1", 500).await, Ok(500));
+    let times: Vec<Instant> = p.attempts().iter().map(|a| a.2).collect();
+    assert_eq!(times.len(), 2);
+    assert!(times[1] - times[0] >= Duration::from_secs(5));
+}
+
+// Row 3: Unknown (timeout) → lookup → succeeded: recorded and returned, no second execution.
+#[tokio::test(start_paused = true)]
+async fn timeout_then_lookup_succeeded() {
+    let p = Payments::new();
+    p.remote.script([Fault::Slow(Duration::from_millis(1_500))]);
+    // The remote finishes at 1.5 s; the attempt times out at 1 s; the first lookup says "processing",
+    // the next one (after a backoff) "succeeded".
+    assert_eq!(p.with_lookup("o-1", 500).await, Ok(500));
+    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.attempts().len(), 1);
+    assert!(p.remote.lookups() >= 2);
+}
+
+// Row 3: Unknown (reply lost) → lookup → succeeded.
+#[tokio::test(start_paused = true)]
+async fn lost_reply_is_found_by_lookup() {
+    let p = Payments::new();
+    p.remote.script([Fault::ReplyLost]);
+    assert_eq!(p.with_lookup("o-1", 500).await, Ok(500));
+    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.attempts().len(), 1);
+    assert_eq!(p.remote.lookups(), 1);
+}
+
+// Row 3: Unknown → lookup → not received → retry with the same callId.
+#[tokio::test(start_paused = true)]
+async fn lost_request_is_retried_after_lookup() {
+    let p = Payments::new();
+    p.remote.script([Fault::RequestLost, Fault::Hang]);
+    assert_eq!(p.with_lookup("o-1", 500).await, Ok(500));
+    let seen = p.remote.seen();
+    assert_eq!(seen.len(), 3);
+    assert!(seen.iter().all(|s| s == &seen[0]));
+    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.remote.lookups(), 2);
+}
+
+// Row 3: Unknown → the lookup itself fails → UNKNOWN, compensation, Error::Unknown.
+#[tokio::test(start_paused = true)]
+async fn failing_lookup_leaves_the_call_unknown() {
+    let p = Payments::new();
+    p.remote.script([Fault::ReplyLost]);
+    p.remote
+        .script_lookups([Err("receipt service down".into())]);
+    let out = p.with_lookup("o-1", 500).await;
+    let call_id = p.attempts()[0].0.clone();
+    assert_eq!(
+        out,
+        Err(TestError::Samekey(Error::Unknown {
+            call_id: call_id.clone()
+        }))
+    );
+    assert_eq!(state_of(&p, &call_id).await, Some(ReceiptState::Unknown));
+    let entries = p.rt.compensations().await.unwrap();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].call_id, call_id);
+    assert_eq!(entries[0].state, CompensationState::Pending);
+}
+
+// Row 3: Unknown without lookup, `hold` (the default) → no retry, UNKNOWN, compensation.
+#[tokio::test(start_paused = true)]
+async fn unknown_without_lookup_holds() {
+    let p = Payments::new();
+    p.remote.script([Fault::Hang]);
+    let out = p.hold("o-1", 500).await;
+    assert!(matches!(
+        out,
+        Err(TestError::Samekey(Error::Unknown { .. }))
+    ));
+    assert_eq!(p.attempts().len(), 1);
+    assert_eq!(queued(&p).await.len(), 1);
+}
+
+// Row 3: Unknown without lookup, `rerun` → retried with the same callId.
+#[tokio::test(start_paused = true)]
+async fn unknown_without_lookup_reruns_with_the_same_call_id() {
+    let p = Payments::with(Runtime::new(), Remote::deduplicating());
+    p.remote.script([Fault::Hang, Fault::RequestLost]);
+    assert_eq!(p.rerun("o-1", 500).await, Ok(500));
+    let seen = p.remote.seen();
+    assert_eq!(seen.len(), 3);
+    assert!(seen.iter().all(|s| s == &seen[0]));
+}
+
+// Row 4: exhausted and nothing ran → claim released, last error returned, the key is free again.
+#[tokio::test(start_paused = true)]
+async fn exhausted_with_nothing_run_releases_the_claim() {
+    let p = Payments::new();
+    p.remote.script([Fault::Unavailable; 4]);
+    assert_eq!(p.plain("o-1", 500).await, Err(TestError::Refused));
+    assert_eq!(p.attempts().len(), 4, "1 + 3 retries");
+    let call_id = p.attempts()[0].0.clone();
+    assert_eq!(state_of(&p, &call_id).await, None, "claim released");
+    assert!(queued(&p).await.is_empty());
+    assert_eq!(p.plain("o-1", 500).await, Ok(500));
+    assert_eq!(p.remote.executions("o-1"), 1);
+}
+
+// Row 4: exhausted with an uncertain outcome → UNKNOWN, compensation, Error::Unknown (never a plain
+// failure).
+#[tokio::test(start_paused = true)]
+async fn exhausted_with_uncertain_outcome_is_unknown() {
+    let p = Payments::new();
+    // The first attempt hangs (did it arrive?), then every retry is refused.
+    p.remote.script([
+        Fault::Hang,
+        Fault::Unavailable,
+        Fault::Unavailable,
+        Fault::Unavailable,
+    ]);
+    let out = p.rerun("o-1", 500).await;
+    let call_id = p.attempts()[0].0.clone();
+    assert_eq!(
+        out,
+        Err(TestError::Samekey(Error::Unknown {
+            call_id: call_id.clone()
+        }))
+    );
+    assert_eq!(state_of(&p, &call_id).await, Some(ReceiptState::Unknown));
+    assert_eq!(queued(&p).await, [call_id]);
+    // A duplicate takes over with the recorded callId (the function declared that the remote dedups
+    // by it) instead of running under a new one.
+    assert_eq!(p.rerun("o-1", 500).await, Ok(500));
+    let seen = p.remote.seen();
+    assert_eq!(seen.len(), 5);
+    assert!(seen.iter().all(|s| s == &seen[0]));
+    assert_eq!(p.remote.executions("o-1"), 1);
+}
+
+/// A store that is down.
+struct DownStore;
+
+#[samekey::store::async_trait]
+impl Store for DownStore {
+    async fn claim(&self, _: Claim) -> Result<Claimed, StoreError> {
+        Err(StoreError::Unavailable("connection refused".into()))
+    }
+    async fn take_over(
+        &self,
+        _: &samekey::Key,
+        _: samekey::Fence,
+        _: u64,
+        _: u64,
+    ) -> Result<Claimed, StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn extend_lease(
+        &self,
+        _: &samekey::Key,
+        _: samekey::Fence,
+        _: u64,
+    ) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn complete(
+        &self,
+        _: &samekey::Key,
+        _: samekey::Fence,
+        _: samekey::store::Completion,
+        _: u64,
+    ) -> Result<samekey::Transition, StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn mark_unknown(
+        &self,
+        _: &samekey::Key,
+        _: samekey::Fence,
+        _: u64,
+    ) -> Result<samekey::Transition, StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn release(&self, _: &samekey::Key, _: samekey::Fence) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn get(&self, _: &samekey::Key, _: u64) -> Result<Option<samekey::Receipt>, StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn get_by_call_id(&self, _: &CallId) -> Result<Option<samekey::Receipt>, StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn purge_expired(&self, _: u64) -> Result<usize, StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn enqueue_compensation(&self, _: samekey::CompensationEntry) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn take_due_compensations(
+        &self,
+        _: u64,
+        _: usize,
+        _: u64,
+    ) -> Result<Vec<samekey::CompensationEntry>, StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn reschedule_compensation(&self, _: &CallId, _: u32, _: u64) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn finish_compensation(&self, _: &CallId) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn escalate_compensation(&self, _: &CallId, _: u64) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn list_compensations(&self) -> Result<Vec<samekey::CompensationEntry>, StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+}
+
+// A store outage fails closed: a typed error, and nothing runs.
+#[tokio::test(start_paused = true)]
+async fn store_outage_fails_closed() {
+    let p = Payments::on(Runtime::builder().store(DownStore).build().unwrap());
+    let out = p.plain("o-1", 500).await;
+    assert!(matches!(
+        out,
+        Err(TestError::Samekey(Error::Store(StoreError::Unavailable(_))))
+    ));
+    assert!(p.remote.seen().is_empty());
+    assert!(p.attempts().is_empty());
+}
+
+// receipt(callId) is answered from the store alone: no lookup reaches the remote.
+#[tokio::test(start_paused = true)]
+async fn receipt_is_answered_from_the_store() {
+    let p = Payments::new();
+    assert_eq!(p.with_lookup("o-1", 500).await, Ok(500));
+    let call_id = p.attempts()[0].0.clone();
+    let receipt = p.rt.receipt(&call_id).await.unwrap().unwrap();
+    assert_eq!(receipt.state, ReceiptState::Success);
+    assert_eq!(p.remote.lookups(), 0);
+    let stranger = CallId::new("ord", "elsewhere").unwrap();
+    assert_eq!(p.rt.receipt(&stranger).await.unwrap(), None);
+}
+
+// A call cancelled during its attempt leaves UNKNOWN + compensation; a later call resolves it through
+// lookup instead of running it a second time.
+#[tokio::test(start_paused = true)]
+async fn cancelled_call_is_resolved_not_rerun() {
+    let p = Payments::new();
+    p.remote.script([Fault::Slow(Duration::from_secs(10))]);
+    let cancelled = tokio::time::timeout(Duration::from_millis(500), p.plain("o-1", 500)).await;
+    assert!(cancelled.is_err(), "the caller gave up");
+    tokio::task::yield_now().await; // the drop guard's task runs
+    let call_id = p.attempts()[0].0.clone();
+    assert_eq!(state_of(&p, &call_id).await, Some(ReceiptState::Unknown));
+    assert_eq!(queued(&p).await, vec![call_id.clone()]);
+    tokio::time::advance(Duration::from_secs(10)).await; // the remote executes the first request
+    tokio::task::yield_now().await;
+    assert_eq!(p.remote.executions("o-1"), 1);
+    // A duplicate (no lookup: hold) does not run it again.
+    let again = p.plain("o-1", 500).await;
+    assert!(matches!(
+        again,
+        Err(TestError::Samekey(Error::Unknown { .. }))
+    ));
+    assert_eq!(p.remote.executions("o-1"), 1);
+}
+
+// A call cancelled before anything could run releases its claim.
+#[tokio::test(start_paused = true)]
+async fn cancelled_during_backoff_releases_the_claim() {
+    let p = Payments::new();
+    p.remote.script([Fault::Unavailable]);
+    let cancelled = tokio::time::timeout(Duration::from_millis(50), p.plain("o-1", 500)).await;
+    assert!(cancelled.is_err());
+    tokio::task::yield_now().await;
+    let call_id = p.attempts()[0].0.clone();
+    assert_eq!(state_of(&p, &call_id).await, None);
+    assert_eq!(p.plain("o-1", 500).await, Ok(500));
+    assert_eq!(p.remote.executions("o-1"), 1);
+}
+
+// An inbound callId (from X-Call-Id) is adopted by the first call in its scope, and its traceId by all.
+#[tokio::test(start_paused = true)]
+async fn inbound_call_id_is_adopted_once() {
+    let p = Payments::new();
+    let inbound = CallId::new("gw", "edge").unwrap();
+    let trace = samekey::TraceId::new();
+    let (a, b) = Inbound::new()
+        .call_id(inbound.clone())
+        .trace_id(trace)
+        .scope(async { (p.plain("o-1", 1).await, p.plain("o-2", 2).await) })
+        .await;
+    assert_eq!((a, b), (Ok(1), Ok(2)));
+    let attempts = p.attempts();
+    assert_eq!(attempts[0].0, inbound);
+    assert_ne!(attempts[1].0, inbound);
+}
+
+// Time windows: the same key in another day is another operation.
+#[tokio::test(start_paused = true)]
+async fn window_buckets_split_days() {
+    struct SignIn {
+        rt: Runtime,
+        count: Mutex<u32>,
+    }
+    impl SignIn {
+        #[idempotent(key = "user", window = "1d", runtime = &self.rt)]
+        async fn sign_in(&self, user: u64) -> Result<u32, TestError> {
+            let mut c = self.count.lock().unwrap();
+            *c += 1;
+            Ok(*c)
+        }
+    }
+    let s = SignIn {
+        rt: Runtime::new(),
+        count: Mutex::new(0),
+    };
+    let first = s.sign_in(7).await.unwrap();
+    assert_eq!(s.sign_in(7).await.unwrap(), first);
+    tokio::time::advance(Duration::from_secs(86_400)).await;
+    assert_eq!(s.sign_in(7).await.unwrap(), first + 1);
+}
+
+// The store can be shared, and keys expire after their ttl.
+#[tokio::test(start_paused = true)]
+async fn keys_expire_after_ttl() {
+    struct Once {
+        rt: Runtime,
+        count: Mutex<u32>,
+    }
+    impl Once {
+        #[idempotent(key = "id", ttl = "1h", runtime = &self.rt)]
+        async fn run(&self, id: u64) -> Result<u32, TestError> {
+            let mut c = self.count.lock().unwrap();
+            *c += 1;
+            Ok(*c)
+        }
+    }
+    let store = Arc::new(MemoryStore::new());
+    let rt = Runtime::builder()
+        .shared_store(store.clone())
+        .build()
+        .unwrap();
+    let o = Once {
+        rt,
+        count: Mutex::new(0),
+    };
+    assert_eq!(o.run(1).await, Ok(1));
+    assert_eq!(o.run(1).await, Ok(1));
+    tokio::time::advance(Duration::from_secs(3_600)).await;
+    assert_eq!(o.run(1).await, Ok(2));
+    tokio::time::advance(Duration::from_secs(7_200)).await;
+    assert_eq!(store.purge_expired(o.rt.now_ms()).await.unwrap(), 1);
+    assert!(store.is_empty());
+}
