@@ -190,9 +190,36 @@ async fn busy_duplicate_waits_for_the_outcome() {
     tokio::task::yield_now().await;
     let second = p.plain("o-1", 500).await;
     assert_eq!(second, Ok(500));
+    // Exactly when the first finished: a notification, not a poll (polling at growing intervals would
+    // notice it at one of its own ticks, later).
     assert_eq!(Instant::now() - started, Duration::from_secs(5));
+    assert_eq!(p.rt.stats().waits, 1);
+    assert_eq!(p.rt.stats().replays, 1);
     assert_eq!(first.await.unwrap(), Ok(500));
     assert_eq!(p.remote.executions("o-1"), 1);
+}
+
+// Row 2b + leases: a body slower than the lease keeps its claim (the lease is renewed while it runs), so
+// a duplicate keeps waiting instead of taking over.
+#[tokio::test(start_paused = true)]
+async fn slow_body_keeps_its_lease() {
+    let rt = Runtime::builder()
+        .lease(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let p = Arc::new(Payments::on(rt));
+    p.remote.script([Fault::Slow(Duration::from_secs(10))]);
+    let first = tokio::spawn({
+        let p = p.clone();
+        async move { p.plain("o-1", 500).await }
+    });
+    tokio::task::yield_now().await;
+    let started = Instant::now();
+    assert_eq!(p.plain("o-1", 500).await, Ok(500));
+    assert_eq!(Instant::now() - started, Duration::from_secs(10));
+    assert_eq!(first.await.unwrap(), Ok(500));
+    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.attempts().len(), 1, "the duplicate never took over");
 }
 
 // Row 2b: on_busy = reject → InProgress with the holder's callId.
@@ -374,15 +401,35 @@ async fn retryable_error_backs_off_exponentially() {
     assert_eq!(p.remote.executions("o-1"), 1);
 }
 
-// Row 3: RateLimited → waits at least retry_after, and it counts as an attempt.
+// Row 3: RateLimited → waits at least retry_after (here longer than the backoff), and it counts as an
+// attempt.
 #[tokio::test(start_paused = true)]
 async fn rate_limit_waits_at_least_retry_after() {
     let p = Payments::new();
-    p.remote.script([Fault::RateLimited(5_000)]);
+    p.remote.script([Fault::RateLimited(800)]);
     assert_eq!(p.plain("o-1", 500).await, Ok(500));
     let times: Vec<Instant> = p.attempts().iter().map(|a| a.2).collect();
     assert_eq!(times.len(), 2);
-    assert!(times[1] - times[0] >= Duration::from_secs(5));
+    assert!(times[1] - times[0] >= Duration::from_millis(800));
+    assert_eq!(p.rt.stats().attempts, 2);
+}
+
+// Row 3: a retry-after beyond the backoff cap is not slept on: the caller gets the rate limit (nothing
+// ran, the claim is released).
+#[tokio::test(start_paused = true)]
+async fn rate_limit_beyond_the_cap_returns_at_once() {
+    let p = Payments::new();
+    p.remote.script([Fault::RateLimited(60_000)]);
+    let started = Instant::now();
+    assert_eq!(
+        p.plain("o-1", 500).await,
+        Err(TestError::RateLimited {
+            retry_after_ms: 60_000
+        })
+    );
+    assert_eq!(Instant::now(), started);
+    let call_id = p.attempts()[0].0.clone();
+    assert_eq!(state_of(&p, &call_id).await, None);
 }
 
 // Row 3: Unknown (timeout) → lookup → succeeded: recorded and returned, no second execution.
@@ -420,6 +467,68 @@ async fn lost_request_is_retried_after_lookup() {
     assert!(seen.iter().all(|s| s == &seen[0]));
     assert_eq!(p.remote.executions("o-1"), 1);
     assert_eq!(p.remote.lookups(), 2);
+}
+
+// Row 3: Unknown → lookup → "processing" every time → after the poll limit, UNKNOWN; once the remote
+// finishes, a duplicate resolves it through lookup.
+#[tokio::test(start_paused = true)]
+async fn lookup_processing_too_long_leaves_the_call_unknown() {
+    let p = Payments::new();
+    p.remote.script([Fault::Slow(Duration::from_secs(120))]);
+    let out = p.with_lookup("o-1", 500).await;
+    let call_id = p.attempts()[0].0.clone();
+    assert_eq!(
+        out,
+        Err(TestError::Samekey(Error::Unknown {
+            call_id: call_id.clone()
+        }))
+    );
+    assert_eq!(p.remote.lookups(), 1 + samekey::DEFAULT_LOOKUP_POLLS);
+    assert_eq!(queued(&p).await, vec![call_id.clone()]);
+    tokio::time::advance(Duration::from_secs(120)).await;
+    tokio::task::yield_now().await;
+    assert_eq!(p.with_lookup("o-1", 500).await, Ok(500));
+    assert_eq!(p.remote.executions("o-1"), 1);
+    assert!(queued(&p).await.is_empty());
+}
+
+// Row 4 + late arrivals: after an uncertain attempt, "not received" allows retrying with the same
+// callId, but not releasing the key when the retries run out (the first request may still arrive):
+// the call ends UNKNOWN.
+#[tokio::test(start_paused = true)]
+async fn not_received_then_exhausted_is_unknown_not_released() {
+    let p = Payments::new();
+    p.remote.script([
+        Fault::RequestLost,
+        Fault::Unavailable,
+        Fault::Unavailable,
+        Fault::Unavailable,
+    ]);
+    let out = p.with_lookup("o-1", 500).await;
+    assert!(matches!(
+        out,
+        Err(TestError::Samekey(Error::Unknown { .. }))
+    ));
+    let call_id = p.attempts()[0].0.clone();
+    assert_eq!(state_of(&p, &call_id).await, Some(ReceiptState::Unknown));
+    assert_eq!(queued(&p).await, vec![call_id]);
+}
+
+// Row 3: after an uncertain attempt, a permanent error is not recorded as FAILED: the receipt is asked.
+#[tokio::test(start_paused = true)]
+async fn permanent_after_uncertain_asks_the_receipt() {
+    let p = Payments::new();
+    // Attempt 1 is lost (uncertain; the lookup says "not received"), attempt 2 is refused with a 4xx:
+    // the refusal is checked against the receipt before anything is recorded.
+    p.remote.script([Fault::RequestLost, Fault::Declined]);
+    let out = p.with_lookup("o-1", 500).await;
+    // The remote recorded attempt 2 as declined: that is the call's receipt, and it is what is stored.
+    assert_eq!(out, Err(TestError::Declined));
+    assert_eq!(
+        p.remote.lookups(),
+        2,
+        "the refusal was checked against the receipt"
+    );
 }
 
 // Row 3: Unknown → the lookup itself fails → UNKNOWN, compensation, Error::Unknown.

@@ -356,7 +356,7 @@ fn generate(
             quote! {
                 ::samekey::__private::Step::Lookup(#call) => {
                     let #lookup_var = #lookup;
-                    #run.resolve(#ask.await).await
+                    #run.resolve(#ask).await
                 }
             }
         }

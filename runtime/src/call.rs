@@ -17,8 +17,10 @@
 //!   next call resolves the key through `lookup`.
 
 use std::fmt::Display;
-use std::future::Future;
+use std::future::{poll_fn, Future};
+use std::pin::pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -198,14 +200,11 @@ pub enum Step<T, E> {
     Lookup(CallId),
 }
 
-/// Whether an attempt of this call may have taken effect.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Effect {
-    /// Nothing ran, as far as anything shows.
-    None,
-    /// Something may have run.
-    Maybe,
-}
+/// How long a `lookup` may take when the function has no `timeout`; past it, the lookup has failed.
+const LOOKUP_LIMIT: Duration = Duration::from_secs(10);
+/// How many times a call looks at a record held by others (waits, take-overs lost to someone else)
+/// before it answers `InProgress`: a bound against a store that keeps answering the same record.
+const MAX_LOOKS: u32 = 64;
 
 /// One call in progress. Made by [`begin`]; driven by the generated code.
 pub struct Run<T, E> {
@@ -220,7 +219,12 @@ pub struct Run<T, E> {
     /// Whether this run took the key over from an earlier, uncertain owner.
     took_over: bool,
     attempts: u32,
-    effect: Effect,
+    /// Some attempt may have reached the remote side with an outcome nobody established (a timeout, a
+    /// reset, a take-over of an uncertain call). Sticky: a later "not received" allows a retry with the
+    /// same callId, but not a release of the key, since the first request may still arrive.
+    uncertain: bool,
+    /// An attempt is running (for the drop guard).
+    in_flight: bool,
     last_error: Option<E>,
     lookups_processing: u32,
     waited: Duration,
@@ -260,7 +264,8 @@ where
         fence: None,
         took_over: false,
         attempts: 0,
-        effect: Effect::None,
+        uncertain: false,
+        in_flight: false,
         last_error: None,
         lookups_processing: 0,
         waited: Duration::ZERO,
@@ -322,7 +327,7 @@ impl<T, E> Run<T, E> {
                 lease_until_ms: now.saturating_add(Self::ms(self.lease())),
                 now_ms: now,
             };
-            match self.rt.store().claim(claim).await {
+            match self.rt.claim(claim).await {
                 Err(e) => return self.store_failed(e),
                 Ok(Claimed::Acquired(fence)) => {
                     self.fence = Some(fence);
@@ -348,7 +353,7 @@ impl<T, E> Run<T, E> {
 
     /// Acts on a record of this key that another call holds.
     async fn held(&mut self, mut record: Receipt) -> Held<T, E> {
-        loop {
+        for _ in 0..MAX_LOOKS {
             if let (Some(ours), Some(theirs)) = (self.fingerprint, record.fingerprint) {
                 if ours != theirs {
                     tracing::warn!(target: "samekey", call_id = %record.call_id, key = %self.key.short(),
@@ -357,9 +362,6 @@ impl<T, E> Run<T, E> {
                         call_id: record.call_id,
                     }));
                 }
-            }
-            if record.state.is_terminal() {
-                return Held::Step(self.replay(&record));
             }
             let now = self.rt.now_ms();
             match record.state {
@@ -406,57 +408,47 @@ impl<T, E> Run<T, E> {
                 }
             }
         }
+        Held::Step(self.fail_with(Error::InProgress {
+            call_id: record.call_id,
+        }))
     }
 
     /// Resolves a key whose owner's outcome is uncertain (`UNKNOWN`, or `PROCESSING` past its lease):
     /// continue under the recorded callId, and only after asking (`lookup`) or when the remote dedups
     /// (`on_unknown = "rerun"`). `Err` hands back a newer record (or `None`: gone) to look at again.
     async fn take_over(&mut self, record: Receipt) -> Result<Step<T, E>, Option<Receipt>> {
-        self.call_id = record.call_id.clone();
         let now = self.rt.now_ms();
-        if !self.spec.has_lookup && self.spec.on_unknown == OnUnknown::Hold {
-            if record.state != ReceiptState::Unknown {
-                // The owner is gone: record what is known, with its own fence. Should it come back and
-                // finish, its completion still moves UNKNOWN forward.
-                if let Err(e) = self
-                    .rt
-                    .store()
-                    .mark_unknown(&self.key, record.fence, now)
-                    .await
-                {
-                    tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                        attempt = 0u32, error = %e, "could not mark an abandoned claim unknown");
-                }
-            }
-            self.enqueue("owner's lease ran out; no lookup to ask", now)
-                .await;
-            return Ok(self.fail_with(Error::Unknown {
-                call_id: self.call_id.clone(),
-            }));
-        }
         let lease_until = now.saturating_add(Self::ms(self.lease()));
-        match self
+        // The store checks, atomically, that the lease really ended (or the record is UNKNOWN) and
+        // that nobody took over first; only then does this call own the key, under a new fence.
+        let fence = match self
             .rt
             .store()
             .take_over(&self.key, record.fence, lease_until, now)
             .await
         {
-            Err(StoreError::NotFound) => Err(None),
-            Err(e) => Ok(self.store_failed(e)),
-            Ok(Claimed::Existing(newer)) => Err(Some(newer)),
-            Ok(Claimed::Acquired(fence)) => {
-                tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = 0u32, from = %record.state, fence = fence.0, "took over an uncertain call");
-                self.fence = Some(fence);
-                self.took_over = true;
-                self.rt.count(Counter::Claims);
-                self.effect = Effect::Maybe;
-                Ok(if self.spec.has_lookup {
-                    Step::Lookup(self.call_id.clone())
-                } else {
-                    Step::Attempt
-                })
-            }
+            Err(StoreError::NotFound) => return Err(None),
+            Err(e) => return Ok(self.store_failed(e)),
+            Ok(Claimed::Existing(newer)) => return Err(Some(newer)),
+            Ok(Claimed::Acquired(fence)) => fence,
+        };
+        tracing::info!(target: "samekey", call_id = %record.call_id, key = %self.key.short(),
+            attempt = 0u32, from = %record.state, fence = fence.0, "took over an uncertain call");
+        self.call_id = record.call_id;
+        self.fence = Some(fence);
+        self.took_over = true;
+        self.uncertain = true;
+        self.rt.count(Counter::Claims);
+        if self.spec.has_lookup {
+            return Ok(Step::Lookup(self.call_id.clone()));
+        }
+        match self.spec.on_unknown {
+            OnUnknown::Rerun => Ok(Step::Attempt),
+            // Nothing to ask and no permission to re-run: record what is known (an owner that comes
+            // back is fenced out) and leave it to compensation.
+            OnUnknown::Hold => Ok(self
+                .give_up_unknown("owner's outcome unknown; no lookup to ask", now)
+                .await),
         }
     }
 
@@ -493,8 +485,7 @@ impl<T, E> Run<T, E> {
     {
         self.attempts += 1;
         self.rt.count(Counter::Attempts);
-        let before = self.effect;
-        self.effect = Effect::Maybe;
+        self.in_flight = true;
         tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = self.attempts, "attempt");
         let context = Context::new(
@@ -503,11 +494,14 @@ impl<T, E> Run<T, E> {
             self.key.clone(),
             self.attempts,
         );
+        let body = context.scope(body);
         let outcome = match self.spec.timeout {
-            Some(limit) => tokio::time::timeout(limit, context.scope(body)).await.ok(),
-            None => Some(context.scope(body).await),
+            // The lease already covers the whole timeout.
+            Some(limit) => tokio::time::timeout(limit, body).await.ok(),
+            None => Some(self.heartbeat(body).await),
         }
         .map(CallResult::into_result);
+        self.in_flight = false;
         match outcome {
             None => {
                 tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
@@ -520,14 +514,18 @@ impl<T, E> Run<T, E> {
                 tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                     attempt = self.attempts, class = ?class, "attempt failed");
                 match class {
+                    // After an uncertain attempt, a refusal may only mean "you already did that": the
+                    // call's outcome is the earlier attempt's, so ask the receipt instead of recording
+                    // FAILED. (With `rerun` the remote dedups by callId, so its answer is the call's.)
+                    ErrorClass::Permanent if self.uncertain && self.spec.has_lookup => {
+                        self.unknown_outcome(Some(error)).await
+                    }
                     ErrorClass::Permanent => self.fail(error).await,
                     ErrorClass::Retryable => {
-                        self.effect = before;
                         self.last_error = Some(error);
                         self.retry(Duration::ZERO).await
                     }
                     ErrorClass::RateLimited { retry_after } => {
-                        self.effect = before;
                         self.last_error = Some(error);
                         self.retry(retry_after.unwrap_or(Duration::ZERO)).await
                     }
@@ -537,7 +535,39 @@ impl<T, E> Run<T, E> {
         }
     }
 
+    /// Awaits an attempt that has no timeout, extending the claim's lease every third of it for as long
+    /// as the attempt runs, so that a slow body is never taken for a dead one. The first poll takes no
+    /// timer: a body that finishes at once costs nothing more.
+    async fn heartbeat<F: Future>(&mut self, body: F) -> F::Output {
+        let mut body = pin!(body);
+        if let Poll::Ready(out) = poll_fn(|cx| Poll::Ready(body.as_mut().poll(cx))).await {
+            return out;
+        }
+        let beat = self.lease() / 3;
+        loop {
+            tokio::select! {
+                out = &mut body => return out,
+                () = tokio::time::sleep(beat) => self.renew_lease().await,
+            }
+        }
+    }
+
+    /// Extends the lease over the next stretch of a running attempt or lookup. A refusal is logged: the
+    /// attempt goes on (stopping it would not undo what it already sent), and its completion will be
+    /// fenced out if another owner took over.
+    async fn renew_lease(&mut self) {
+        let Some(fence) = self.fence else {
+            return;
+        };
+        let until = self.rt.now_ms().saturating_add(Self::ms(self.lease()));
+        if let Err(e) = self.rt.store().extend_lease(&self.key, fence, until).await {
+            tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                attempt = self.attempts, error = %e, "could not renew the lease of a running attempt");
+        }
+    }
+
     async fn unknown_outcome(&mut self, error: Option<E>) -> Step<T, E> {
+        self.uncertain = true;
         if error.is_some() {
             self.last_error = error;
         }
@@ -557,12 +587,22 @@ impl<T, E> Run<T, E> {
         }
     }
 
-    /// Acts on the answer of `lookup(callId)`.
-    pub async fn resolve<LE: Display>(
-        &mut self,
-        answer: Result<RemoteStatus<T, E>, LE>,
-    ) -> Step<T, E> {
+    /// Asks `lookup(callId)` (under the function's `timeout`, or 10 s, with the lease extended over it)
+    /// and acts on the answer.
+    pub async fn resolve<F, LE>(&mut self, lookup: F) -> Step<T, E>
+    where
+        F: Future<Output = Result<RemoteStatus<T, E>, LE>>,
+        LE: Display,
+    {
         self.rt.count(Counter::Lookups);
+        let limit = self.spec.timeout.unwrap_or(LOOKUP_LIMIT);
+        if let Err(step) = self.hold_lease(limit).await {
+            return step;
+        }
+        let answer = match tokio::time::timeout(limit, lookup).await {
+            Ok(answer) => answer.map_err(|e| e.to_string()),
+            Err(_) => Err(format!("no answer within {limit:?}")),
+        };
         let now = self.rt.now_ms();
         match answer {
             Ok(RemoteStatus::Succeeded(value)) => {
@@ -578,8 +618,8 @@ impl<T, E> Run<T, E> {
             Ok(RemoteStatus::NotReceived) => {
                 tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                     attempt = self.attempts, "lookup: not received");
-                // The receipt covers the callId, so every attempt so far: none of them arrived.
-                self.effect = Effect::None;
+                // The receipt covers the callId, so every attempt so far: none of them arrived (yet):
+                // a retry with the same callId is safe, the remote dedups a late arrival by it.
                 if self.attempts == 0 {
                     Step::Attempt
                 } else {
@@ -626,6 +666,13 @@ impl<T, E> Run<T, E> {
         if self.attempts > self.spec.retries {
             return self.exhausted().await;
         }
+        if at_least > self.spec.backoff_cap {
+            // The remote asks for a longer wait than the function would ever back off: give the
+            // caller its answer (with the retry-after it carries) instead of sleeping on it.
+            tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                attempt = self.attempts, retry_after_ms = Self::ms(at_least), "retry-after beyond the backoff cap; stopping");
+            return self.exhausted().await;
+        }
         let delay = self
             .spec
             .backoff()
@@ -649,7 +696,7 @@ impl<T, E> Run<T, E> {
         let until = self
             .rt
             .now_ms()
-            .saturating_add(Self::ms(wait + self.lease()));
+            .saturating_add(Self::ms(wait.saturating_add(self.lease())));
         match self.rt.store().extend_lease(&self.key, fence, until).await {
             Ok(()) => Ok(()),
             Err(e) => {
@@ -660,10 +707,10 @@ impl<T, E> Run<T, E> {
         }
     }
 
-    /// No attempt left: release the claim if nothing ran, else leave the call `UNKNOWN`.
+    /// No attempt left: release the claim if nothing can have run, else leave the call `UNKNOWN`.
     async fn exhausted(&mut self) -> Step<T, E> {
         let now = self.rt.now_ms();
-        if self.effect == Effect::Maybe {
+        if self.uncertain {
             return self
                 .give_up_unknown("retries exhausted with an uncertain outcome", now)
                 .await;
@@ -749,12 +796,7 @@ impl<T, E> Run<T, E> {
             outcome,
             expires_at_ms: now.saturating_add(Self::ms(self.spec.ttl)),
         };
-        match self
-            .rt
-            .store()
-            .complete(&self.key, fence, completion, now)
-            .await
-        {
+        match self.rt.complete(&self.key, fence, completion, now).await {
             Ok(transition) => {
                 tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                     attempt = self.attempts, state = %state, transition = ?transition, "recorded");
@@ -784,11 +826,11 @@ impl<T, E> Drop for Run<T, E> {
         let rt = self.rt.clone();
         let key = self.key.clone();
         let call_id = self.call_id.clone();
-        let effect = self.effect;
+        let release = !self.uncertain && !self.in_flight;
         handle.spawn(async move {
             let now = rt.now_ms();
             let store = rt.store();
-            let result = if effect == Effect::None {
+            let result = if release {
                 store.release(&key, fence).await
             } else {
                 let marked = store.mark_unknown(&key, fence, now).await.map(drop);
@@ -797,7 +839,7 @@ impl<T, E> Drop for Run<T, E> {
                 marked.and(store.enqueue_compensation(entry).await)
             };
             tracing::warn!(target: "samekey", call_id = %call_id, key = %key.short(), attempt = 0u32,
-                released = effect == Effect::None, ok = result.is_ok(), "call dropped before it finished");
+                released = release, ok = result.is_ok(), "call dropped before it finished");
         });
     }
 }

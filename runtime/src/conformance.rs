@@ -99,19 +99,20 @@ pub async fn claim_records_processing(store: Arc<dyn Store>) {
     assert_eq!(store.get_by_call_id(&call()).await.expect("get"), None);
 }
 
-/// Fences grow across claims and take-overs of any key.
+/// A key's fences grow across its claims and take-overs, even after a release.
 pub async fn fences_grow(store: Arc<dyn Store>) {
-    let (a, b) = (fresh_key("fence-a"), fresh_key("fence-b"));
-    let fa = acquire(&*store, &a, &call(), T0).await;
-    let fb = acquire(&*store, &b, &call(), T0).await;
-    assert!(fb > fa);
-    store.mark_unknown(&a, fa, T0).await.expect("mark");
+    let key = fresh_key("fence");
+    let first = acquire(&*store, &key, &call(), T0).await;
+    store.release(&key, first).await.expect("release");
+    let second = acquire(&*store, &key, &call(), T0).await;
+    assert!(second > first);
+    store.mark_unknown(&key, second, T0).await.expect("mark");
     match store
-        .take_over(&a, fa, T0 + 500, T0)
+        .take_over(&key, second, T0 + 500, T0)
         .await
         .expect("take over")
     {
-        Claimed::Acquired(fc) => assert!(fc > fb),
+        Claimed::Acquired(third) => assert!(third > second),
         other => panic!("an UNKNOWN record must be taken over, got {other:?}"),
     }
 }
@@ -441,6 +442,82 @@ pub async fn compensation_queue(store: Arc<dyn Store>) {
     ));
 }
 
+/// Of many concurrent take-overs of one uncertain record, exactly one wins; the stale owner's writes
+/// are all refused afterwards.
+pub async fn take_over_is_exclusive_and_fences_out(store: Arc<dyn Store>) {
+    let key = fresh_key("takeover-race");
+    let owner = call();
+    let old = acquire(&*store, &key, &owner, T0).await;
+    store.mark_unknown(&key, old, T0 + 1).await.expect("mark");
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..32 {
+        let (store, key) = (store.clone(), key.clone());
+        set.spawn(async move { store.take_over(&key, old, T0 + 10_000, T0 + 2).await });
+    }
+    let mut winners = Vec::new();
+    while let Some(joined) = set.join_next().await {
+        if let Claimed::Acquired(f) = joined.expect("task").expect("take over") {
+            winners.push(f);
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one take-over wins");
+    assert!(matches!(
+        store.mark_unknown(&key, old, T0 + 3).await,
+        Err(StoreError::Fenced { .. })
+    ));
+    assert!(matches!(
+        store.release(&key, old).await,
+        Err(StoreError::Fenced { .. })
+    ));
+    assert!(matches!(
+        store.extend_lease(&key, old, T0 + 20_000).await,
+        Err(StoreError::Fenced { .. })
+    ));
+    let record = store
+        .get_by_call_id(&owner)
+        .await
+        .expect("get")
+        .expect("record");
+    assert_eq!(
+        record.fence, winners[0],
+        "the receipt follows the take-over"
+    );
+    assert_eq!(record.state, ReceiptState::Processing);
+}
+
+/// A waiter wakes when the claim is released (and then finds no record).
+pub async fn wait_settled_wakes_on_release(store: Arc<dyn Store>) {
+    let key = fresh_key("wait-release");
+    let fence = acquire(&*store, &key, &call(), T0).await;
+    let releaser = {
+        let (store, key) = (store.clone(), key.clone());
+        tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            store.release(&key, fence).await
+        })
+    };
+    let after = store
+        .wait_settled(&key, Duration::from_secs(10), T0)
+        .await
+        .expect("wait");
+    assert_eq!(after, None);
+    releaser.await.expect("join").expect("release");
+}
+
+/// Receipts by callId disappear with their record when it expires and is purged.
+pub async fn receipts_expire_with_their_record(store: Arc<dyn Store>) {
+    let key = fresh_key("receipt-ttl");
+    let me = call();
+    let fence = acquire(&*store, &key, &me, T0).await;
+    store
+        .complete(&key, fence, success(b"8", T0 + 100), T0)
+        .await
+        .expect("complete");
+    assert!(store.get_by_call_id(&me).await.expect("get").is_some());
+    store.purge_expired(T0 + 1_000).await.expect("purge");
+    assert_eq!(store.get_by_call_id(&me).await.expect("get"), None);
+}
+
 /// Generates one `#[tokio::test]` per conformance check, each on a store made by `$make`
 /// (an expression of type `Arc<dyn Store>` or `Arc<S>`).
 #[macro_export]
@@ -449,7 +526,8 @@ macro_rules! store_conformance_tests {
         $crate::store_conformance_tests!(@tests $make;
             claim_is_exclusive claim_records_processing fences_grow complete_is_fenced_and_reentrant
             unknown_moves_forward release_frees_the_key take_over_rules extend_lease_is_fenced
-            ttl_expiry wait_settled_wakes compensation_queue);
+            ttl_expiry wait_settled_wakes compensation_queue take_over_is_exclusive_and_fences_out
+            wait_settled_wakes_on_release receipts_expire_with_their_record);
     };
     (@tests $make:expr; $($check:ident)+) => {
         $(

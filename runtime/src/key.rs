@@ -246,8 +246,9 @@ pub struct Key {
 }
 
 impl Key {
-    /// A key from its parts, as `#[idempotent]` computes it: `Key::build("orders.charge", &(order_id, op))`
-    /// equals the key of a function with that scope whose key parts are `order_id` and `op`.
+    /// The key of a function in `scope` whose key is the single part `part`. A key of several parts
+    /// (`key = "order_id + op"`) is rebuilt part by part with [`KeyBuilder`], as the macro does: a tuple
+    /// is one part, with a header of its own, so `Key::build(scope, &(order_id, op))` differs.
     pub fn build<P: KeyPart + ?Sized>(scope: &str, part: &P) -> Key {
         let mut builder = KeyBuilder::new(scope);
         part.encode_key(&mut builder.encoder);

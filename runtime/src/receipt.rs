@@ -157,9 +157,12 @@ pub struct Receipt {
 }
 
 impl Receipt {
-    /// Whether the owner's lease is still running at `now_ms`.
+    /// Whether the owner's lease is still running at `now_ms` (`RECEIVED` or `PROCESSING` only).
     pub fn lease_alive(&self, now_ms: u64) -> bool {
-        self.state == ReceiptState::Processing && self.lease_until_ms.is_some_and(|t| t > now_ms)
+        matches!(
+            self.state,
+            ReceiptState::Received | ReceiptState::Processing
+        ) && self.lease_until_ms.is_some_and(|t| t > now_ms)
     }
 
     /// Whether the record may be evicted at `now_ms`.

@@ -1,14 +1,17 @@
 //! [`Runtime`]: the store, the node name and the clock that `#[idempotent]` calls use.
 
+use std::any::Any;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::call_id::{unix_ms_now, validate_label, CallId, Label, ParseCallIdError};
 use crate::compensation::CompensationEntry;
-use crate::error::Error;
+use crate::error::{Error, StoreError};
+use crate::key::Key;
 use crate::receipt::Receipt;
+use crate::receipt::{Fence, Transition};
 use crate::stats::{Counter, Counters, Stats};
-use crate::store::{MemoryStore, Store};
+use crate::store::{Claim, Claimed, Completion, MemoryStore, Store};
 
 /// Default lease of a claim when the function has no `timeout`.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -55,6 +58,9 @@ pub struct Runtime {
 
 struct Inner {
     store: Arc<dyn Store>,
+    /// The same store when it is the in-memory one: its claim and completion are then called directly,
+    /// without a boxed future.
+    memory: Option<Arc<MemoryStore>>,
     node: Label,
     clock: Clock,
     lease: Duration,
@@ -84,7 +90,7 @@ impl Runtime {
     /// A runtime on a new in-memory store, with the default settings and node name.
     pub fn new() -> Runtime {
         Runtime::from_parts(
-            Arc::new(MemoryStore::new()),
+            StoreHandle::new(MemoryStore::new()),
             default_node(),
             Settings::default(),
         )
@@ -95,10 +101,12 @@ impl Runtime {
         Builder::default()
     }
 
-    fn from_parts(store: Arc<dyn Store>, node: Label, b: Settings) -> Runtime {
+    fn from_parts(store: StoreHandle, node: Label, b: Settings) -> Runtime {
+        let StoreHandle { store, memory } = store;
         Runtime {
             inner: Arc::new(Inner {
                 store,
+                memory,
                 node,
                 clock: Clock::new(),
                 lease: b.lease,
@@ -112,6 +120,31 @@ impl Runtime {
     /// The store.
     pub fn store(&self) -> &dyn Store {
         &*self.inner.store
+    }
+
+    pub(crate) async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError> {
+        match &self.inner.memory {
+            Some(memory) => memory.claim_now(claim),
+            None => self.inner.store.claim(claim).await,
+        }
+    }
+
+    pub(crate) async fn complete(
+        &self,
+        key: &Key,
+        fence: Fence,
+        completion: Completion,
+        now_ms: u64,
+    ) -> Result<Transition, StoreError> {
+        match &self.inner.memory {
+            Some(memory) => memory.complete_now(key, fence, completion, now_ms),
+            None => {
+                self.inner
+                    .store
+                    .complete(key, fence, completion, now_ms)
+                    .await
+            }
+        }
     }
 
     /// The node name written into callIds.
@@ -213,10 +246,34 @@ impl Default for Settings {
     }
 }
 
+/// A store, and the same store as the in-memory one when it is.
+struct StoreHandle {
+    store: Arc<dyn Store>,
+    memory: Option<Arc<MemoryStore>>,
+}
+
+impl StoreHandle {
+    fn new<S: Store>(store: S) -> StoreHandle {
+        let store = Arc::new(store);
+        let any: Arc<dyn Any + Send + Sync> = store.clone();
+        StoreHandle {
+            memory: any.downcast::<MemoryStore>().ok(),
+            store,
+        }
+    }
+
+    fn shared(store: Arc<dyn Store>) -> StoreHandle {
+        StoreHandle {
+            store,
+            memory: None,
+        }
+    }
+}
+
 /// Configures a [`Runtime`].
 #[derive(Default)]
 pub struct Builder {
-    store: Option<Arc<dyn Store>>,
+    store: Option<StoreHandle>,
     node: Option<String>,
     settings: Settings,
 }
@@ -224,13 +281,13 @@ pub struct Builder {
 impl Builder {
     /// The store (default: a new [`MemoryStore`]).
     pub fn store(mut self, store: impl Store) -> Builder {
-        self.store = Some(Arc::new(store));
+        self.store = Some(StoreHandle::new(store));
         self
     }
 
     /// A store shared with other code.
     pub fn shared_store(mut self, store: Arc<dyn Store>) -> Builder {
-        self.store = Some(store);
+        self.store = Some(StoreHandle::shared(store));
         self
     }
 
@@ -272,7 +329,7 @@ impl Builder {
         };
         let store = self
             .store
-            .unwrap_or_else(|| Arc::new(MemoryStore::new()) as Arc<dyn Store>);
+            .unwrap_or_else(|| StoreHandle::new(MemoryStore::new()));
         Ok(Runtime::from_parts(store, node, self.settings))
     }
 }

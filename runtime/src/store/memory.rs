@@ -73,7 +73,9 @@ impl Entry {
 
 #[derive(Default)]
 struct Shard {
-    records: FastMap<Digest, Entry>,
+    /// Entries are boxed: a probe then touches small buckets, and a growing table moves pointers, not
+    /// receipts.
+    records: FastMap<Digest, Box<Entry>>,
     expiry: BinaryHeap<Reverse<(u64, Digest)>>,
 }
 
@@ -126,12 +128,14 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    // Shards are chosen from other bits than the ones the shard's table hashes by (the first digest
+    // bytes, the entropy's low bits), so that the keys of one shard still spread over its whole table.
     fn shard(&self, digest: &Digest) -> MutexGuard<'_, Shard> {
-        lock(&self.shards[usize::from(digest[0]) % SHARDS])
+        lock(&self.shards[usize::from(digest[31]) % SHARDS])
     }
 
     fn calls_of(&self, call_id: &CallId) -> MutexGuard<'_, FastMap<CallId, Digest>> {
-        lock(&self.calls[(call_id.entropy() % SHARDS as u64) as usize])
+        lock(&self.calls[((call_id.entropy() >> 40) % SHARDS as u64) as usize])
     }
 
     fn next_fence(&self) -> Fence {
@@ -205,18 +209,9 @@ impl MemoryStore {
             _ => Ok(None),
         }
     }
-}
 
-fn check(from: ReceiptState, to: ReceiptState) -> Result<Transition, StoreError> {
-    from.advance(to).map_err(|e| StoreError::InvalidTransition {
-        from: e.from,
-        to: e.to,
-    })
-}
-
-#[async_trait]
-impl Store for MemoryStore {
-    async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError> {
+    /// [`Store::claim`], without the future: the runtime calls it directly on its default store.
+    pub(crate) fn claim_now(&self, claim: Claim) -> Result<Claimed, StoreError> {
         let digest = *claim.key.digest();
         let mut shard = self.shard(&digest);
         self.evict(&mut shard, claim.now_ms, EVICT_PER_CLAIM);
@@ -231,7 +226,7 @@ impl Store for MemoryStore {
             .insert(claim.call_id.clone(), digest);
         shard.records.insert(
             digest,
-            Entry {
+            Box::new(Entry {
                 receipt: Receipt {
                     key: claim.key,
                     call_id: claim.call_id,
@@ -245,9 +240,49 @@ impl Store for MemoryStore {
                     updated_ms: claim.now_ms,
                 },
                 waiters: None,
-            },
+            }),
         );
         Ok(Claimed::Acquired(fence))
+    }
+
+    /// [`Store::complete`], without the future.
+    pub(crate) fn complete_now(
+        &self,
+        key: &Key,
+        fence: Fence,
+        completion: Completion,
+        now_ms: u64,
+    ) -> Result<Transition, StoreError> {
+        let mut shard = self.shard(key.digest());
+        let entry = Self::owned(&mut shard, key, fence)?;
+        let transition = check(entry.receipt.state, completion.state)?;
+        if transition == Transition::Applied {
+            let r = &mut entry.receipt;
+            r.state = completion.state;
+            r.outcome = completion.outcome;
+            r.lease_until_ms = None;
+            r.expires_at_ms = Some(completion.expires_at_ms);
+            r.updated_ms = now_ms;
+            entry.wake();
+            shard
+                .expiry
+                .push(Reverse((completion.expires_at_ms, *key.digest())));
+        }
+        Ok(transition)
+    }
+}
+
+fn check(from: ReceiptState, to: ReceiptState) -> Result<Transition, StoreError> {
+    from.advance(to).map_err(|e| StoreError::InvalidTransition {
+        from: e.from,
+        to: e.to,
+    })
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError> {
+        self.claim_now(claim)
     }
 
     async fn take_over(
@@ -263,8 +298,11 @@ impl Store for MemoryStore {
             .get_mut(key.digest())
             .ok_or(StoreError::NotFound)?;
         let r = &mut entry.receipt;
-        let open = r.state == ReceiptState::Unknown
-            || (r.state == ReceiptState::Processing && !r.lease_alive(now_ms));
+        let open = match r.state {
+            ReceiptState::Unknown => true,
+            ReceiptState::Received | ReceiptState::Processing => !r.lease_alive(now_ms),
+            ReceiptState::Success | ReceiptState::Failed => false,
+        };
         if r.fence != expected || !open {
             return Ok(Claimed::Existing(r.clone()));
         }
@@ -302,22 +340,7 @@ impl Store for MemoryStore {
         completion: Completion,
         now_ms: u64,
     ) -> Result<Transition, StoreError> {
-        let mut shard = self.shard(key.digest());
-        let entry = Self::owned(&mut shard, key, fence)?;
-        let transition = check(entry.receipt.state, completion.state)?;
-        if transition == Transition::Applied {
-            let r = &mut entry.receipt;
-            r.state = completion.state;
-            r.outcome = completion.outcome;
-            r.lease_until_ms = None;
-            r.expires_at_ms = Some(completion.expires_at_ms);
-            r.updated_ms = now_ms;
-            entry.wake();
-            shard
-                .expiry
-                .push(Reverse((completion.expires_at_ms, *key.digest())));
-        }
-        Ok(transition)
+        self.complete_now(key, fence, completion, now_ms)
     }
 
     async fn mark_unknown(

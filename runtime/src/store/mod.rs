@@ -7,7 +7,8 @@
 //!   one there has expired, in one atomic step (an entry API, a unique index, `SET NX`). Exactly one of any
 //!   number of concurrent claims of one key gets [`Claimed::Acquired`]; the others get the record.
 //! * **Fencing.** Every claim and take-over hands out a [`Fence`] larger than any the store handed out
-//!   before for any key. Every write of an owner ([`Store::complete`], [`Store::mark_unknown`],
+//!   before for that key (the in-memory store uses one counter for all keys; a backend may count per
+//!   key, as long as a key's fences never repeat, even after its record expired). Every write of an owner ([`Store::complete`], [`Store::mark_unknown`],
 //!   [`Store::release`], [`Store::extend_lease`]) presents its fence and is refused with
 //!   [`StoreError::Fenced`] if the record now carries another one.
 //! * **Forward only.** Writes follow [`ReceiptState::advance`]: the same transition again reports
@@ -84,8 +85,8 @@ pub trait Store: Send + Sync + 'static {
     /// key had no live record, else [`Claimed::Existing`] with that record.
     async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError>;
 
-    /// Takes over a key whose record carries `expected` and is `UNKNOWN` or `PROCESSING` with a lease
-    /// that ended before `now_ms`: the record becomes `PROCESSING` under a new fence and lease, with its
+    /// Takes over a key whose record carries `expected` and is `UNKNOWN`, or `RECEIVED`/`PROCESSING`
+    /// with a lease that ended before `now_ms`: the record becomes `PROCESSING` under a new fence and lease, with its
     /// callId unchanged. Otherwise answers [`Claimed::Existing`] with the current record (someone else
     /// took over, or the owner finished). [`StoreError::NotFound`] if there is no record.
     async fn take_over(
