@@ -509,7 +509,7 @@ mod tests {
         );
         assert!(out.contains("has_lookup : true"), "{out}");
         assert!(
-            out.contains("let __samekey_lookup = | c | self . gw . status (c) ; __samekey_run . resolve (__samekey_lookup (& __samekey_call) . await) . await"),
+            out.contains("let __samekey_lookup = | c | self . gw . status (c) ; __samekey_run . resolve (__samekey_lookup (& __samekey_call)) . await"),
             "{out}"
         );
         assert!(
