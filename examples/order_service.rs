@@ -403,7 +403,7 @@ async fn compare(seed: u64) -> Result<(), Box<dyn std::error::Error>> {
     let samekey_gateway = Gateway::new(seed);
     let service = OrderService {
         gateway: samekey_gateway.clone(),
-        samekey: Runtime::builder().node("demo").build()?,
+        samekey: Runtime::builder().node("demo").jitter_seed(seed).build()?,
     };
     let (mut told, told_failed) = run(|order| service.charge(order)).await;
     let stats = service.samekey.stats();

@@ -252,7 +252,7 @@ where
         key.window(u64::try_from(window.as_millis()).unwrap_or(u64::MAX), now);
     }
     let (call_id, trace_id) = context::identify(spec.prefix, rt.node_label(), now);
-    let rng = call_id.entropy() ^ 0x5851_f42d_4c95_7f2d;
+    let rng = rt.jitter_seed(&call_id);
     rt.count(Counter::Calls);
     Run {
         rt: rt.clone(),
@@ -363,12 +363,15 @@ impl<T, E> Run<T, E> {
                     }));
                 }
             }
-            let now = self.rt.now_ms();
+            // The clock is read only where a lease matters: a replay needs none.
             match record.state {
                 ReceiptState::Success | ReceiptState::Failed => {
                     return Held::Step(self.replay(&record));
                 }
-                ReceiptState::Processing | ReceiptState::Received if record.lease_alive(now) => {
+                ReceiptState::Processing | ReceiptState::Received
+                    if record.lease_alive(self.rt.now_ms()) =>
+                {
+                    let now = self.rt.now_ms();
                     if self.spec.on_busy == OnBusy::Reject {
                         return Held::Step(self.fail_with(Error::InProgress {
                             call_id: record.call_id,

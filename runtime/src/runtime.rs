@@ -1,6 +1,7 @@
 //! [`Runtime`]: the store, the node name and the clock that `#[idempotent]` calls use.
 
 use std::any::Any;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -66,6 +67,8 @@ struct Inner {
     lease: Duration,
     busy_wait: Duration,
     lookup_polls: u32,
+    jitter_seed: Option<u64>,
+    calls_begun: AtomicU64,
     counters: Counters,
 }
 
@@ -112,6 +115,8 @@ impl Runtime {
                 lease: b.lease,
                 busy_wait: b.busy_wait,
                 lookup_polls: b.lookup_polls,
+                jitter_seed: b.jitter_seed,
+                calls_begun: AtomicU64::new(0),
                 counters: Counters::default(),
             }),
         }
@@ -171,6 +176,18 @@ impl Runtime {
 
     pub(crate) fn lookup_polls(&self) -> u32 {
         self.inner.lookup_polls
+    }
+
+    /// The seed of a new call's jitter: from the configured seed and the call's rank when there is one
+    /// (reproducible runs), else from the callId's random entropy.
+    pub(crate) fn jitter_seed(&self, call_id: &CallId) -> u64 {
+        match self.inner.jitter_seed {
+            Some(seed) => {
+                let rank = self.inner.calls_begun.fetch_add(1, Ordering::Relaxed);
+                seed ^ rank.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            }
+            None => call_id.entropy() ^ 0x5851_f42d_4c95_7f2d,
+        }
     }
 
     /// What this runtime (and its clones) did so far.
@@ -234,6 +251,7 @@ struct Settings {
     lease: Duration,
     busy_wait: Duration,
     lookup_polls: u32,
+    jitter_seed: Option<u64>,
 }
 
 impl Default for Settings {
@@ -242,6 +260,7 @@ impl Default for Settings {
             lease: DEFAULT_LEASE,
             busy_wait: DEFAULT_BUSY_WAIT,
             lookup_polls: DEFAULT_LOOKUP_POLLS,
+            jitter_seed: None,
         }
     }
 }
@@ -315,6 +334,14 @@ impl Builder {
     /// (default 5).
     pub fn lookup_polls(mut self, polls: u32) -> Builder {
         self.settings.lookup_polls = polls;
+        self
+    }
+
+    /// Draws backoff jitter from this seed instead of from each callId's random entropy, so that a
+    /// simulation or a test with the same inputs waits the same delays (default: random). Production
+    /// code leaves it unset: jitter exists to spread clients apart.
+    pub fn jitter_seed(mut self, seed: u64) -> Builder {
+        self.settings.jitter_seed = Some(seed);
         self
     }
 
