@@ -109,6 +109,16 @@ impl Payments {
     }
 }
 
+/// Starts `plain("o-1", 500)` in the background and lets it claim the key.
+async fn first_call_holding(p: &Arc<Payments>) -> tokio::task::JoinHandle<Result<u64, TestError>> {
+    let first = tokio::spawn({
+        let p = p.clone();
+        async move { p.plain("o-1", 500).await }
+    });
+    tokio::task::yield_now().await;
+    first
+}
+
 fn scope_of(name: &str) -> String {
     format!("decision_table::{name}")
 }
@@ -183,11 +193,7 @@ async fn busy_duplicate_waits_for_the_outcome() {
     let p = Arc::new(Payments::new());
     p.remote.script([Fault::Slow(Duration::from_secs(5))]);
     let started = Instant::now();
-    let first = tokio::spawn({
-        let p = p.clone();
-        async move { p.plain("o-1", 500).await }
-    });
-    tokio::task::yield_now().await;
+    let first = first_call_holding(&p).await;
     let second = p.plain("o-1", 500).await;
     assert_eq!(second, Ok(500));
     // Exactly when the first finished: a notification, not a poll (polling at growing intervals would
@@ -209,11 +215,7 @@ async fn slow_body_keeps_its_lease() {
         .unwrap();
     let p = Arc::new(Payments::on(rt));
     p.remote.script([Fault::Slow(Duration::from_secs(10))]);
-    let first = tokio::spawn({
-        let p = p.clone();
-        async move { p.plain("o-1", 500).await }
-    });
-    tokio::task::yield_now().await;
+    let first = first_call_holding(&p).await;
     let started = Instant::now();
     assert_eq!(p.plain("o-1", 500).await, Ok(500));
     assert_eq!(Instant::now() - started, Duration::from_secs(10));
@@ -250,11 +252,7 @@ async fn busy_wait_is_bounded() {
         .unwrap();
     let p = Arc::new(Payments::on(rt));
     p.remote.script([Fault::Slow(Duration::from_secs(5))]);
-    let first = tokio::spawn({
-        let p = p.clone();
-        async move { p.plain("o-1", 500).await }
-    });
-    tokio::task::yield_now().await;
+    let first = first_call_holding(&p).await;
     let started = Instant::now();
     let second = p.plain("o-1", 500).await;
     assert!(matches!(

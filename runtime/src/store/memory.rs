@@ -498,3 +498,53 @@ impl Store for MemoryStore {
         Ok(all)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::call_id::Label;
+    use crate::store::Store;
+
+    /// With a steady stream of new keys and a short TTL, claims alone (no purge) keep the store small:
+    /// memory is bounded by the keys made within one TTL, not by all keys ever made.
+    #[tokio::test]
+    async fn eviction_on_claim_bounds_memory() {
+        let store = MemoryStore::new();
+        let node = Label::from_static("test");
+        for i in 0..20_000u64 {
+            let now = 1_000_000 + i;
+            let key = Key::build("bounded", &i);
+            let call_id = CallId::generate_at(Label::from_static("b"), node.clone(), now);
+            let fence = match store.claim_now(Claim {
+                key: key.clone(),
+                call_id,
+                fingerprint: None,
+                lease_until_ms: now + 10,
+                now_ms: now,
+            }) {
+                Ok(Claimed::Acquired(fence)) => fence,
+                other => panic!("fresh key: {other:?}"),
+            };
+            let completion = Completion {
+                state: ReceiptState::Success,
+                outcome: None,
+                expires_at_ms: now + 100,
+            };
+            store.complete_now(&key, fence, completion, now).unwrap();
+        }
+        // 100 keys are live; a few more per shard wait for that shard's next claim.
+        assert!(
+            store.len() < 100 + SHARDS * EVICT_PER_CLAIM,
+            "{} records",
+            store.len()
+        );
+        let calls: usize = store.calls.iter().map(|c| lock(c).len()).sum();
+        assert_eq!(
+            calls,
+            store.len(),
+            "the callId index shrinks with the records"
+        );
+        assert!(store.purge_expired(u64::MAX).await.unwrap() > 0);
+        assert!(store.is_empty());
+    }
+}
