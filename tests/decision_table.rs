@@ -838,3 +838,39 @@ async fn keys_expire_after_ttl() {
     assert_eq!(store.purge_expired(o.rt.now_ms()).await.unwrap(), 1);
     assert!(store.is_empty());
 }
+
+// The signature and the body keep their meaning: `&mut self` is lent to every attempt, `?` and an early
+// `return` end the attempt with their value, and the callId carries the `prefix`.
+#[tokio::test(start_paused = true)]
+async fn body_keeps_its_meaning_across_attempts() {
+    struct Counter {
+        rt: Runtime,
+        attempts_seen: Vec<u32>,
+        prefixes: Vec<String>,
+    }
+    impl Counter {
+        #[idempotent(key = "id", prefix = "cnt", runtime = &self.rt, backoff = "10ms..100ms")]
+        async fn bump(&mut self, id: u64, fail_until: u32) -> Result<usize, TestError> {
+            let cx = samekey::current();
+            self.attempts_seen.push(cx.attempt());
+            self.prefixes.push(cx.call_id().prefix().to_owned());
+            if cx.attempt() <= fail_until {
+                Err(TestError::Refused)?;
+            }
+            if id == 0 {
+                return Ok(0);
+            }
+            Ok(self.attempts_seen.len())
+        }
+    }
+    let mut c = Counter {
+        rt: Runtime::new(),
+        attempts_seen: Vec::new(),
+        prefixes: Vec::new(),
+    };
+    assert_eq!(c.bump(7, 2).await, Ok(3));
+    assert_eq!(c.attempts_seen, [1, 2, 3]);
+    assert!(c.prefixes.iter().all(|p| p == "cnt"));
+    assert_eq!(c.bump(0, 0).await, Ok(0));
+    assert_eq!(c.bump(7, 0).await, Ok(3), "replayed");
+}

@@ -297,7 +297,7 @@ impl<T, E> Run<T, E> {
     /// runtime's lease without a timeout.
     fn lease(&self) -> Duration {
         match self.spec.timeout {
-            Some(t) => t + t.max(Duration::from_secs(1)),
+            Some(t) => t.saturating_add(t.max(Duration::from_secs(1))),
             None => self.rt.lease(),
         }
     }
@@ -555,18 +555,26 @@ impl<T, E> Run<T, E> {
         }
     }
 
-    /// Extends the lease over the next stretch of a running attempt or lookup. A refusal is logged: the
-    /// attempt goes on (stopping it would not undo what it already sent), and its completion will be
-    /// fenced out if another owner took over.
+    /// Extends the lease over the next stretch of a running attempt. A refusal is logged: the attempt
+    /// goes on (stopping it would not undo what it already sent), and its completion will be fenced out
+    /// if another owner took over.
     async fn renew_lease(&mut self) {
-        let Some(fence) = self.fence else {
-            return;
-        };
-        let until = self.rt.now_ms().saturating_add(Self::ms(self.lease()));
-        if let Err(e) = self.rt.store().extend_lease(&self.key, fence, until).await {
+        if let Err(e) = self.extend_lease(Duration::ZERO).await {
             tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                 attempt = self.attempts, error = %e, "could not renew the lease of a running attempt");
         }
+    }
+
+    /// Extends this call's claim to cover `wait` and then one more lease.
+    async fn extend_lease(&self, wait: Duration) -> Result<(), StoreError> {
+        let Some(fence) = self.fence else {
+            return Ok(());
+        };
+        let until = self
+            .rt
+            .now_ms()
+            .saturating_add(Self::ms(wait.saturating_add(self.lease())));
+        self.rt.store().extend_lease(&self.key, fence, until).await
     }
 
     async fn unknown_outcome(&mut self, error: Option<E>) -> Step<T, E> {
@@ -693,14 +701,7 @@ impl<T, E> Run<T, E> {
 
     /// Extends the claim over a wait and the attempt after it; if that fails, the call stops here.
     async fn hold_lease(&mut self, wait: Duration) -> Result<(), Step<T, E>> {
-        let Some(fence) = self.fence else {
-            return Ok(());
-        };
-        let until = self
-            .rt
-            .now_ms()
-            .saturating_add(Self::ms(wait.saturating_add(self.lease())));
-        match self.rt.store().extend_lease(&self.key, fence, until).await {
+        match self.extend_lease(wait).await {
             Ok(()) => Ok(()),
             Err(e) => {
                 tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
