@@ -1,9 +1,17 @@
 //! The compile-time contract of `#[idempotent]` and `#[derive(KeyPart)]`: every rejected form in
 //! `tests/ui/fail` with the message a user reads (`.stderr`, regenerate with `TRYBUILD=overwrite`
 //! and read the diff), and in `tests/ui/pass` the forms that must keep compiling.
+//!
+//! The `.stderr` files are written for the default features: optional features add `KeyPart` impls
+//! (`uuid`, `chrono`) that rustc lists in its hints, so with them the suite is skipped (CI runs it in its
+//! default-feature pass).
 
 #[test]
 fn ui() {
+    if cfg!(any(feature = "uuid", feature = "chrono", feature = "sqlite", feature = "postgres")) {
+        println!("skipped: the ui suite's .stderr files are for the default features");
+        return;
+    }
     let t = trybuild::TestCases::new();
     t.compile_fail("tests/ui/fail/*.rs");
     t.pass("tests/ui/pass/*.rs");

@@ -26,8 +26,14 @@
 //! * **Failing closed.** An unreachable store answers [`StoreError::Unavailable`]; callers run nothing.
 
 mod memory;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod sql;
+#[cfg(feature = "sqlite")]
+mod sqlite;
 
 pub use memory::MemoryStore;
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteStore;
 
 use std::time::Duration;
 

@@ -1,0 +1,466 @@
+//! The SQLite store (feature `sqlite`): embedded and durable across restarts, one file, the key's digest
+//! as primary key (the unique index). The natural choice for one machine; several processes may share
+//! the file (WAL mode, a busy timeout, and every operation one atomic statement).
+//!
+//! A claim is one `INSERT … ON CONFLICT DO UPDATE … WHERE <free> RETURNING` statement: it creates the
+//! row, or reuses a released or expired one, or changes nothing and the record is read back. Waiting for
+//! a busy key polls (the trait's default), as SQLite has no notifications across processes.
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+
+use super::sql::{
+    self, driver, fresh_fence, int, COMPLETABLE, RECEIPT_COLUMNS, RELEASED, UNDECIDED,
+};
+use super::{Claim, Claimed, Completion, Store};
+use crate::call_id::CallId;
+use crate::compensation::CompensationEntry;
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::receipt::{Fence, Receipt, ReceiptState, Transition};
+
+/// The schema, idempotent: run by [`SqliteStore::open`] and [`SqliteStore::migrate`].
+pub const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS samekey_receipts (
+    key         BLOB PRIMARY KEY NOT NULL,  -- SHA-256 of scope and key parts: the unique index
+    scope       TEXT NOT NULL,
+    call_id     TEXT NOT NULL,
+    state       TEXT NOT NULL,              -- RECEIVED PROCESSING UNKNOWN SUCCESS FAILED, or RELEASED
+    fence       INTEGER NOT NULL,
+    lease_until INTEGER,
+    expires_at  INTEGER,
+    fingerprint BLOB,
+    outcome     BLOB,
+    created     INTEGER NOT NULL,
+    updated     INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS samekey_receipts_call_id ON samekey_receipts (call_id);
+CREATE INDEX IF NOT EXISTS samekey_receipts_expires_at ON samekey_receipts (expires_at)
+    WHERE expires_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS samekey_compensation (
+    call_id     TEXT PRIMARY KEY NOT NULL,
+    key         BLOB NOT NULL,
+    scope       TEXT NOT NULL,
+    reason      TEXT NOT NULL,
+    round       INTEGER NOT NULL,
+    next_at     INTEGER NOT NULL,
+    state       TEXT NOT NULL,              -- PENDING TAKEN MANUAL
+    lease_until INTEGER,
+    enqueued    INTEGER NOT NULL
+) WITHOUT ROWID;
+";
+
+/// A [`Store`] in an SQLite file.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database file at `path`, in WAL mode with a 5 s busy timeout, and
+    /// creates the schema.
+    pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(Duration::from_secs(5));
+        SqliteStore::with_options(options).await
+    }
+
+    /// Opens a database from a URL (`sqlite:PATH` or `sqlite://PATH`), creating it if needed, and creates
+    /// the schema.
+    pub async fn connect(url: &str) -> Result<SqliteStore, StoreError> {
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(|e| StoreError::Unavailable(format!("invalid SQLite URL `{url}`: {e}")))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(Duration::from_secs(5));
+        SqliteStore::with_options(options).await
+    }
+
+    async fn with_options(options: SqliteConnectOptions) -> Result<SqliteStore, StoreError> {
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_with(options)
+            .await
+            .map_err(driver)?;
+        let store = SqliteStore { pool };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// A store on a pool the caller made; call [`SqliteStore::migrate`] once before use.
+    pub fn from_pool(pool: SqlitePool) -> SqliteStore {
+        SqliteStore { pool }
+    }
+
+    /// Creates the tables and indexes if they are missing. Idempotent.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        sqlx::raw_sql(SCHEMA)
+            .execute(&self.pool)
+            .await
+            .map_err(driver)?;
+        Ok(())
+    }
+
+    /// The connection pool.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// The live row of `key`, whatever its expiry (for explaining a refused write).
+    async fn row(&self, key: &Key) -> Result<Option<Receipt>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {RECEIPT_COLUMNS} FROM samekey_receipts WHERE key = ?1"
+        ))
+        .bind(key.digest().as_slice())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(driver)?;
+        match row {
+            Some(row) => sql::receipt(&row),
+            None => Ok(None),
+        }
+    }
+
+    /// A fenced write that changed no row: says why.
+    async fn refused(
+        &self,
+        key: &Key,
+        fence: Fence,
+        target: ReceiptState,
+    ) -> Result<Transition, StoreError> {
+        let current = self.row(key).await?;
+        sql::refusal(current.as_ref(), fence, target)
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError> {
+        let now = int(claim.now_ms)?;
+        let fence = fresh_fence(claim.now_ms)?;
+        // A row that vanishes between the two statements (released, purged) is claimed again.
+        for _ in 0..3 {
+            let acquired: Option<i64> = sqlx::query_scalar(
+                "INSERT INTO samekey_receipts
+                     (key, scope, call_id, state, fence, lease_until, expires_at, fingerprint,
+                      outcome, created, updated)
+                 VALUES (?1, ?2, ?3, 'PROCESSING', ?4, ?5, NULL, ?6, NULL, ?7, ?7)
+                 ON CONFLICT (key) DO UPDATE SET
+                     scope = excluded.scope, call_id = excluded.call_id, state = 'PROCESSING',
+                     fence = samekey_receipts.fence + 1, lease_until = excluded.lease_until,
+                     expires_at = NULL, fingerprint = excluded.fingerprint, outcome = NULL,
+                     created = excluded.created, updated = excluded.updated
+                 WHERE samekey_receipts.state = 'RELEASED' OR samekey_receipts.expires_at <= ?7
+                 RETURNING fence",
+            )
+            .bind(claim.key.digest().as_slice())
+            .bind(claim.key.scope())
+            .bind(claim.call_id.to_string())
+            .bind(fence)
+            .bind(int(claim.lease_until_ms)?)
+            .bind(claim.fingerprint.as_ref().map(|f| f.0.as_slice()))
+            .bind(now)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(driver)?;
+            if let Some(fence) = acquired {
+                return Ok(Claimed::Acquired(Fence(sql_fence(fence)?)));
+            }
+            if let Some(existing) = self.row(&claim.key).await? {
+                return Ok(Claimed::Existing(existing));
+            }
+        }
+        Err(StoreError::Unavailable(
+            "the key's row kept changing during the claim".into(),
+        ))
+    }
+
+    async fn take_over(
+        &self,
+        key: &Key,
+        expected: Fence,
+        lease_until_ms: u64,
+        now_ms: u64,
+    ) -> Result<Claimed, StoreError> {
+        let taken: Option<i64> = sqlx::query_scalar(
+            "UPDATE samekey_receipts
+             SET state = 'PROCESSING', fence = fence + 1, lease_until = ?1, updated = ?2
+             WHERE key = ?3 AND fence = ?4
+               AND (state = 'UNKNOWN'
+                    OR (state IN ('RECEIVED', 'PROCESSING')
+                        AND (lease_until IS NULL OR lease_until <= ?2)))
+             RETURNING fence",
+        )
+        .bind(int(lease_until_ms)?)
+        .bind(int(now_ms)?)
+        .bind(key.digest().as_slice())
+        .bind(int(expected.0)?)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(driver)?;
+        match taken {
+            Some(fence) => Ok(Claimed::Acquired(Fence(sql_fence(fence)?))),
+            None => match self.row(key).await? {
+                Some(record) => Ok(Claimed::Existing(record)),
+                None => Err(StoreError::NotFound),
+            },
+        }
+    }
+
+    async fn extend_lease(
+        &self,
+        key: &Key,
+        fence: Fence,
+        lease_until_ms: u64,
+    ) -> Result<(), StoreError> {
+        let done = sqlx::query(
+            "UPDATE samekey_receipts SET lease_until = ?1
+             WHERE key = ?2 AND fence = ?3 AND state = 'PROCESSING'",
+        )
+        .bind(int(lease_until_ms)?)
+        .bind(key.digest().as_slice())
+        .bind(int(fence.0)?)
+        .execute(&self.pool)
+        .await
+        .map_err(driver)?;
+        if done.rows_affected() == 1 {
+            return Ok(());
+        }
+        Err(sql::not_owned(
+            self.row(key).await?.as_ref(),
+            fence,
+            ReceiptState::Processing,
+        ))
+    }
+
+    async fn complete(
+        &self,
+        key: &Key,
+        fence: Fence,
+        completion: Completion,
+        now_ms: u64,
+    ) -> Result<Transition, StoreError> {
+        let done = sqlx::query(&format!(
+            "UPDATE samekey_receipts
+             SET state = ?1, outcome = ?2, lease_until = NULL, expires_at = ?3, updated = ?4
+             WHERE key = ?5 AND fence = ?6 AND state IN {COMPLETABLE}"
+        ))
+        .bind(completion.state.as_str())
+        .bind(completion.outcome.as_deref())
+        .bind(int(completion.expires_at_ms)?)
+        .bind(int(now_ms)?)
+        .bind(key.digest().as_slice())
+        .bind(int(fence.0)?)
+        .execute(&self.pool)
+        .await
+        .map_err(driver)?;
+        if done.rows_affected() == 1 {
+            return Ok(Transition::Applied);
+        }
+        self.refused(key, fence, completion.state).await
+    }
+
+    async fn mark_unknown(
+        &self,
+        key: &Key,
+        fence: Fence,
+        now_ms: u64,
+    ) -> Result<Transition, StoreError> {
+        let done = sqlx::query(&format!(
+            "UPDATE samekey_receipts
+             SET state = 'UNKNOWN', lease_until = NULL, expires_at = NULL, updated = ?1
+             WHERE key = ?2 AND fence = ?3 AND state IN {UNDECIDED}"
+        ))
+        .bind(int(now_ms)?)
+        .bind(key.digest().as_slice())
+        .bind(int(fence.0)?)
+        .execute(&self.pool)
+        .await
+        .map_err(driver)?;
+        if done.rows_affected() == 1 {
+            return Ok(Transition::Applied);
+        }
+        self.refused(key, fence, ReceiptState::Unknown).await
+    }
+
+    async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
+        let done = sqlx::query(&format!(
+            "UPDATE samekey_receipts
+             SET state = '{RELEASED}', lease_until = NULL, outcome = NULL, expires_at = updated
+             WHERE key = ?1 AND fence = ?2 AND state = 'PROCESSING'"
+        ))
+        .bind(key.digest().as_slice())
+        .bind(int(fence.0)?)
+        .execute(&self.pool)
+        .await
+        .map_err(driver)?;
+        if done.rows_affected() == 1 {
+            return Ok(());
+        }
+        match self.row(key).await? {
+            None => Ok(()),
+            Some(current) => Err(sql::not_owned(
+                Some(&current),
+                fence,
+                ReceiptState::Received,
+            )),
+        }
+    }
+
+    async fn get(&self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, StoreError> {
+        Ok(self.row(key).await?.filter(|r| !r.expired(now_ms)))
+    }
+
+    async fn get_by_call_id(&self, call_id: &CallId) -> Result<Option<Receipt>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {RECEIPT_COLUMNS} FROM samekey_receipts
+             WHERE call_id = ?1 AND state <> '{RELEASED}' LIMIT 1"
+        ))
+        .bind(call_id.to_string())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(driver)?;
+        match row {
+            Some(row) => sql::receipt(&row),
+            None => Ok(None),
+        }
+    }
+
+    async fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM samekey_receipts WHERE expires_at IS NOT NULL AND expires_at <= ?1",
+        )
+        .bind(int(now_ms)?)
+        .execute(&self.pool)
+        .await
+        .map_err(driver)?;
+        Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+    }
+
+    async fn enqueue_compensation(&self, entry: CompensationEntry) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO samekey_compensation
+                 (call_id, key, scope, reason, round, next_at, state, lease_until, enqueued)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'PENDING', NULL, ?7)
+             ON CONFLICT (call_id) DO NOTHING",
+        )
+        .bind(entry.call_id.to_string())
+        .bind(entry.key.digest().as_slice())
+        .bind(entry.key.scope())
+        .bind(&entry.reason)
+        .bind(i64::from(entry.round))
+        .bind(int(entry.next_at_ms)?)
+        .bind(int(entry.enqueued_ms)?)
+        .execute(&self.pool)
+        .await
+        .map_err(driver)?;
+        Ok(())
+    }
+
+    async fn take_due_compensations(
+        &self,
+        now_ms: u64,
+        limit: usize,
+        lease_until_ms: u64,
+    ) -> Result<Vec<CompensationEntry>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "UPDATE samekey_compensation SET state = 'TAKEN', lease_until = ?1
+             WHERE call_id IN (
+                 SELECT call_id FROM samekey_compensation
+                 WHERE (state = 'PENDING' AND next_at <= ?2)
+                    OR (state = 'TAKEN' AND lease_until <= ?2)
+                 ORDER BY next_at, enqueued LIMIT ?3)
+             RETURNING {}",
+            sql::COMPENSATION_COLUMNS
+        ))
+        .bind(int(lease_until_ms)?)
+        .bind(int(now_ms)?)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(driver)?;
+        let mut taken = rows
+            .iter()
+            .map(sql::compensation)
+            .collect::<Result<Vec<_>, _>>()?;
+        taken.sort_by_key(|e| (e.next_at_ms, e.enqueued_ms));
+        Ok(taken)
+    }
+
+    async fn reschedule_compensation(
+        &self,
+        call_id: &CallId,
+        round: u32,
+        next_at_ms: u64,
+    ) -> Result<(), StoreError> {
+        let done = sqlx::query(
+            "UPDATE samekey_compensation
+             SET round = ?1, next_at = ?2, state = 'PENDING', lease_until = NULL
+             WHERE call_id = ?3",
+        )
+        .bind(i64::from(round))
+        .bind(int(next_at_ms)?)
+        .bind(call_id.to_string())
+        .execute(&self.pool)
+        .await
+        .map_err(driver)?;
+        found(done.rows_affected())
+    }
+
+    async fn finish_compensation(&self, call_id: &CallId) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM samekey_compensation WHERE call_id = ?1")
+            .bind(call_id.to_string())
+            .execute(&self.pool)
+            .await
+            .map_err(driver)?;
+        Ok(())
+    }
+
+    async fn escalate_compensation(&self, call_id: &CallId, now_ms: u64) -> Result<(), StoreError> {
+        let done = sqlx::query(
+            "UPDATE samekey_compensation SET state = 'MANUAL', next_at = ?1, lease_until = NULL
+             WHERE call_id = ?2",
+        )
+        .bind(int(now_ms)?)
+        .bind(call_id.to_string())
+        .execute(&self.pool)
+        .await
+        .map_err(driver)?;
+        found(done.rows_affected())
+    }
+
+    async fn list_compensations(&self) -> Result<Vec<CompensationEntry>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {} FROM samekey_compensation ORDER BY enqueued, call_id",
+            sql::COMPENSATION_COLUMNS
+        ))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(driver)?;
+        rows.iter().map(sql::compensation).collect()
+    }
+}
+
+fn sql_fence(v: i64) -> Result<u64, StoreError> {
+    u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("negative fence {v}")))
+}
+
+fn found(rows: u64) -> Result<(), StoreError> {
+    if rows == 0 {
+        Err(StoreError::NotFound)
+    } else {
+        Ok(())
+    }
+}
