@@ -8,7 +8,12 @@
 
 #[test]
 fn ui() {
-    if cfg!(any(feature = "uuid", feature = "chrono", feature = "sqlite", feature = "postgres")) {
+    if cfg!(any(
+        feature = "uuid",
+        feature = "chrono",
+        feature = "sqlite",
+        feature = "postgres"
+    )) {
         println!("skipped: the ui suite's .stderr files are for the default features");
         return;
     }

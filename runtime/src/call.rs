@@ -491,11 +491,15 @@ impl<T, E> Run<T, E> {
         self.in_flight = true;
         tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = self.attempts, "attempt");
+        let started = self.rt.now_ms();
         let context = Context::new(
             self.call_id.clone(),
             self.trace_id,
             self.key.clone(),
             self.attempts,
+            self.fence.unwrap_or(Fence(0)),
+            started,
+            started.saturating_add(Self::ms(self.spec.ttl)),
         );
         let body = context.scope(body);
         let outcome = match self.spec.timeout {

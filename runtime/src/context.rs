@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use crate::call_id::{CallId, Label, TraceId};
 use crate::key::Key;
+use crate::receipt::Fence;
 
 tokio::task_local! {
     static SCOPE: Scope;
@@ -34,15 +35,29 @@ pub struct Context {
     trace_id: TraceId,
     key: Key,
     attempt: u32,
+    fence: Fence,
+    started_ms: u64,
+    expires_at_ms: u64,
 }
 
 impl Context {
-    pub(crate) fn new(call_id: CallId, trace_id: TraceId, key: Key, attempt: u32) -> Context {
+    pub(crate) fn new(
+        call_id: CallId,
+        trace_id: TraceId,
+        key: Key,
+        attempt: u32,
+        fence: Fence,
+        started_ms: u64,
+        expires_at_ms: u64,
+    ) -> Context {
         Context {
             call_id,
             trace_id,
             key,
             attempt,
+            fence,
+            started_ms,
+            expires_at_ms,
         }
     }
 
@@ -65,6 +80,22 @@ impl Context {
     /// The attempt number, from 1.
     pub fn attempt(&self) -> u32 {
         self.attempt
+    }
+
+    /// The fencing token under which this attempt owns the key: a store write made by the body in its
+    /// own transaction (`PgStore::complete_in`) presents it.
+    pub fn fence(&self) -> Fence {
+        self.fence
+    }
+
+    /// When this attempt started, in the runtime's Unix milliseconds.
+    pub fn started_ms(&self) -> u64 {
+        self.started_ms
+    }
+
+    /// When a receipt written now would expire: the attempt's start plus the function's `ttl`.
+    pub fn expires_at_ms(&self) -> u64 {
+        self.expires_at_ms
     }
 
     pub(crate) async fn scope<F: Future>(self, f: F) -> F::Output {

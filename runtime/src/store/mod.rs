@@ -26,12 +26,16 @@
 //! * **Failing closed.** An unreachable store answers [`StoreError::Unavailable`]; callers run nothing.
 
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
 pub use memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use postgres::PgStore;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 

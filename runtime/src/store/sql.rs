@@ -105,7 +105,7 @@ where
         key: key_of(&digest, scope)?,
         call_id: call_id_of(&call_id)?,
         state,
-        fence: Fence(uint(row.try_get("fence").map_err(driver)?, "fence")?),
+        fence: fence_of(row.try_get("fence").map_err(driver)?)?,
         lease_until_ms: opt_uint(row.try_get("lease_until").map_err(driver)?, "lease")?,
         expires_at_ms: opt_uint(row.try_get("expires_at").map_err(driver)?, "expiry")?,
         fingerprint,
@@ -152,6 +152,22 @@ where
         state,
         enqueued_ms: uint(row.try_get("enqueued").map_err(driver)?, "enqueue time")?,
     })
+}
+
+/// A fence read back from a `BIGINT`.
+pub(crate) fn fence_of(v: i64) -> Result<Fence, StoreError> {
+    u64::try_from(v)
+        .map(Fence)
+        .map_err(|_| StoreError::Corrupt(format!("negative fence {v}")))
+}
+
+/// `NotFound` when an update of a compensation entry changed no row.
+pub(crate) fn found(rows: u64) -> Result<(), StoreError> {
+    if rows == 0 {
+        Err(StoreError::NotFound)
+    } else {
+        Ok(())
+    }
 }
 
 /// Why a write that needs `PROCESSING` under `fence` changed no row: no record, another fence, or

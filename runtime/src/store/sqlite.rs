@@ -176,7 +176,7 @@ impl Store for SqliteStore {
             .await
             .map_err(driver)?;
             if let Some(fence) = acquired {
-                return Ok(Claimed::Acquired(Fence(sql_fence(fence)?)));
+                return Ok(Claimed::Acquired(sql::fence_of(fence)?));
             }
             if let Some(existing) = self.row(&claim.key).await? {
                 return Ok(Claimed::Existing(existing));
@@ -211,7 +211,7 @@ impl Store for SqliteStore {
         .await
         .map_err(driver)?;
         match taken {
-            Some(fence) => Ok(Claimed::Acquired(Fence(sql_fence(fence)?))),
+            Some(fence) => Ok(Claimed::Acquired(sql::fence_of(fence)?)),
             None => match self.row(key).await? {
                 Some(record) => Ok(Claimed::Existing(record)),
                 None => Err(StoreError::NotFound),
@@ -416,7 +416,7 @@ impl Store for SqliteStore {
         .execute(&self.pool)
         .await
         .map_err(driver)?;
-        found(done.rows_affected())
+        sql::found(done.rows_affected())
     }
 
     async fn finish_compensation(&self, call_id: &CallId) -> Result<(), StoreError> {
@@ -438,7 +438,7 @@ impl Store for SqliteStore {
         .execute(&self.pool)
         .await
         .map_err(driver)?;
-        found(done.rows_affected())
+        sql::found(done.rows_affected())
     }
 
     async fn list_compensations(&self) -> Result<Vec<CompensationEntry>, StoreError> {
@@ -450,17 +450,5 @@ impl Store for SqliteStore {
         .await
         .map_err(driver)?;
         rows.iter().map(sql::compensation).collect()
-    }
-}
-
-fn sql_fence(v: i64) -> Result<u64, StoreError> {
-    u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("negative fence {v}")))
-}
-
-fn found(rows: u64) -> Result<(), StoreError> {
-    if rows == 0 {
-        Err(StoreError::NotFound)
-    } else {
-        Ok(())
     }
 }

@@ -1,0 +1,485 @@
+//! The PostgreSQL store (feature `postgres`): one database shared by many instances, the key's digest as
+//! primary key (the unique index is the last line of defence), fences from a sequence, compensation
+//! entries taken with `FOR UPDATE SKIP LOCKED`.
+//!
+//! # Round trips
+//!
+//! A fresh call costs two statements (claim, complete) and a replay one: the claim is a single statement
+//! that inserts the row (or reuses a released or expired one) and, when the key is held, returns the
+//! existing record in the same answer.
+//!
+//! # Receipts in your own transaction
+//!
+//! [`PgStore::complete_in`] writes the call's outcome inside a transaction of yours, so the business row
+//! and the receipt commit or roll back together (seed 000 §5.3). The runtime's own completion afterwards
+//! finds the receipt written and changes nothing.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Serialize;
+use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
+
+use super::sql::{self, driver, int, COMPLETABLE, RECEIPT_COLUMNS, RELEASED, UNDECIDED};
+use super::{Claim, Claimed, Completion, Store};
+use crate::call_id::CallId;
+use crate::compensation::CompensationEntry;
+use crate::context::Context;
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::receipt::{Fence, Receipt, ReceiptState, Transition};
+
+/// The schema, idempotent: run by [`PgStore::migrate`] under an advisory lock, so that instances starting
+/// together do not race.
+pub const SCHEMA: &str = "
+CREATE SEQUENCE IF NOT EXISTS samekey_fence;
+CREATE TABLE IF NOT EXISTS samekey_receipts (
+    key         BYTEA PRIMARY KEY,          -- SHA-256 of scope and key parts: the unique index
+    scope       TEXT NOT NULL,
+    call_id     TEXT NOT NULL,
+    state       TEXT NOT NULL,              -- RECEIVED PROCESSING UNKNOWN SUCCESS FAILED, or RELEASED
+    fence       BIGINT NOT NULL,
+    lease_until BIGINT,
+    expires_at  BIGINT,
+    fingerprint BYTEA,
+    outcome     BYTEA,
+    created     BIGINT NOT NULL,
+    updated     BIGINT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS samekey_receipts_call_id ON samekey_receipts (call_id);
+CREATE INDEX IF NOT EXISTS samekey_receipts_expires_at ON samekey_receipts (expires_at)
+    WHERE expires_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS samekey_compensation (
+    call_id     TEXT PRIMARY KEY,
+    key         BYTEA NOT NULL,
+    scope       TEXT NOT NULL,
+    reason      TEXT NOT NULL,
+    round       BIGINT NOT NULL,
+    next_at     BIGINT NOT NULL,
+    state       TEXT NOT NULL,              -- PENDING TAKEN MANUAL
+    lease_until BIGINT,
+    enqueued    BIGINT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS samekey_compensation_due ON samekey_compensation (next_at)
+    WHERE state <> 'MANUAL';
+";
+
+/// A [`Store`] in a PostgreSQL database.
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+}
+
+impl PgStore {
+    /// Connects to `url` (`postgres://user@host:port/db`) with a pool of up to 16 connections, and runs
+    /// the migration.
+    pub async fn connect(url: &str) -> Result<PgStore, StoreError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(url)
+            .await
+            .map_err(driver)?;
+        let store = PgStore { pool };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// A store on a pool the caller made; call [`PgStore::migrate`] once before use.
+    pub fn from_pool(pool: PgPool) -> PgStore {
+        PgStore { pool }
+    }
+
+    /// Creates the sequence, tables and indexes if they are missing. Idempotent, and safe to run from
+    /// several instances at once (a transaction-scoped advisory lock serializes them).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await.map_err(driver)?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('samekey.migrate'))")
+            .execute(&mut *tx)
+            .await
+            .map_err(driver)?;
+        sqlx::raw_sql(SCHEMA)
+            .execute(&mut *tx)
+            .await
+            .map_err(driver)?;
+        tx.commit().await.map_err(driver)?;
+        Ok(())
+    }
+
+    /// The connection pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Records the running call's success inside the caller's transaction (`&mut *tx`), so that the
+    /// business rows written in it and the receipt commit or roll back together. Call it in the body of
+    /// an `#[idempotent]` function, with `samekey::current()`, just before committing, and return the
+    /// same value from the body.
+    ///
+    /// Refused with [`StoreError::Fenced`] when another owner took the key over: then roll back.
+    pub async fn complete_in<T: Serialize>(
+        conn: &mut PgConnection,
+        call: &Context,
+        value: &T,
+    ) -> Result<Transition, StoreError> {
+        let outcome = serde_json::to_vec(value)
+            .map_err(|e| StoreError::Corrupt(format!("the outcome cannot be encoded: {e}")))?;
+        let now = call.started_ms();
+        let completion = Completion {
+            state: ReceiptState::Success,
+            outcome: Some(outcome.into()),
+            expires_at_ms: call.expires_at_ms(),
+        };
+        complete_on(conn, call.key(), call.fence(), completion, now).await
+    }
+
+    async fn row(&self, key: &Key) -> Result<Option<Receipt>, StoreError> {
+        let mut conn = self.pool.acquire().await.map_err(driver)?;
+        row_on(&mut conn, key).await
+    }
+}
+
+async fn row_on(conn: &mut PgConnection, key: &Key) -> Result<Option<Receipt>, StoreError> {
+    let row = sqlx::query(&format!(
+        "SELECT {RECEIPT_COLUMNS} FROM samekey_receipts WHERE key = $1"
+    ))
+    .bind(key.digest().as_slice())
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(driver)?;
+    match row {
+        Some(row) => sql::receipt(&row),
+        None => Ok(None),
+    }
+}
+
+async fn complete_on(
+    conn: &mut PgConnection,
+    key: &Key,
+    fence: Fence,
+    completion: Completion,
+    now_ms: u64,
+) -> Result<Transition, StoreError> {
+    let done = sqlx::query(&format!(
+        "UPDATE samekey_receipts
+         SET state = $1, outcome = $2, lease_until = NULL, expires_at = $3, updated = $4
+         WHERE key = $5 AND fence = $6 AND state IN {COMPLETABLE}"
+    ))
+    .bind(completion.state.as_str())
+    .bind(completion.outcome.as_deref())
+    .bind(int(completion.expires_at_ms)?)
+    .bind(int(now_ms)?)
+    .bind(key.digest().as_slice())
+    .bind(int(fence.0)?)
+    .execute(&mut *conn)
+    .await
+    .map_err(driver)?;
+    if done.rows_affected() == 1 {
+        return Ok(Transition::Applied);
+    }
+    let current = row_on(conn, key).await?;
+    sql::refusal(current.as_ref(), fence, completion.state)
+}
+
+#[async_trait]
+impl Store for PgStore {
+    async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError> {
+        let now = int(claim.now_ms)?;
+        // One statement: take the key, or read the record that holds it. A row committed by another
+        // instance after this statement's snapshot can make both halves empty: then ask again.
+        for _ in 0..3 {
+            let row = sqlx::query(&format!(
+                "WITH taken AS (
+                     INSERT INTO samekey_receipts AS r
+                         (key, scope, call_id, state, fence, lease_until, expires_at, fingerprint,
+                          outcome, created, updated)
+                     VALUES ($1, $2, $3, 'PROCESSING', nextval('samekey_fence'), $4, NULL, $5, NULL,
+                             $6, $6)
+                     ON CONFLICT (key) DO UPDATE SET
+                         scope = EXCLUDED.scope, call_id = EXCLUDED.call_id, state = 'PROCESSING',
+                         fence = nextval('samekey_fence'), lease_until = EXCLUDED.lease_until,
+                         expires_at = NULL, fingerprint = EXCLUDED.fingerprint, outcome = NULL,
+                         created = EXCLUDED.created, updated = EXCLUDED.updated
+                     WHERE r.state = '{RELEASED}' OR r.expires_at <= $6
+                     RETURNING true AS acquired, {RECEIPT_COLUMNS})
+                 SELECT * FROM taken
+                 UNION ALL
+                 SELECT false AS acquired, {RECEIPT_COLUMNS} FROM samekey_receipts
+                 WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM taken)"
+            ))
+            .bind(claim.key.digest().as_slice())
+            .bind(claim.key.scope())
+            .bind(claim.call_id.to_string())
+            .bind(int(claim.lease_until_ms)?)
+            .bind(claim.fingerprint.as_ref().map(|f| f.0.as_slice()))
+            .bind(now)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(driver)?;
+            let Some(row) = row else { continue };
+            let acquired: bool = sqlx::Row::try_get(&row, "acquired").map_err(driver)?;
+            let record = sql::receipt(&row)?;
+            match (acquired, record) {
+                (true, Some(record)) => return Ok(Claimed::Acquired(record.fence)),
+                (false, Some(record)) => return Ok(Claimed::Existing(record)),
+                // A released tombstone read in the race above: claim again.
+                (_, None) => continue,
+            }
+        }
+        Err(StoreError::Unavailable(
+            "the key's row kept changing during the claim".into(),
+        ))
+    }
+
+    async fn take_over(
+        &self,
+        key: &Key,
+        expected: Fence,
+        lease_until_ms: u64,
+        now_ms: u64,
+    ) -> Result<Claimed, StoreError> {
+        let taken: Option<i64> = sqlx::query_scalar(
+            "UPDATE samekey_receipts
+             SET state = 'PROCESSING', fence = nextval('samekey_fence'), lease_until = $1,
+                 updated = $2
+             WHERE key = $3 AND fence = $4
+               AND (state = 'UNKNOWN'
+                    OR (state IN ('RECEIVED', 'PROCESSING')
+                        AND (lease_until IS NULL OR lease_until <= $2)))
+             RETURNING fence",
+        )
+        .bind(int(lease_until_ms)?)
+        .bind(int(now_ms)?)
+        .bind(key.digest().as_slice())
+        .bind(int(expected.0)?)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(driver)?;
+        match taken {
+            Some(fence) => Ok(Claimed::Acquired(sql::fence_of(fence)?)),
+            None => match self.row(key).await? {
+                Some(record) => Ok(Claimed::Existing(record)),
+                None => Err(StoreError::NotFound),
+            },
+        }
+    }
+
+    async fn extend_lease(
+        &self,
+        key: &Key,
+        fence: Fence,
+        lease_until_ms: u64,
+    ) -> Result<(), StoreError> {
+        let done = sqlx::query(
+            "UPDATE samekey_receipts SET lease_until = $1
+             WHERE key = $2 AND fence = $3 AND state = 'PROCESSING'",
+        )
+        .bind(int(lease_until_ms)?)
+        .bind(key.digest().as_slice())
+        .bind(int(fence.0)?)
+        .execute(&self.pool)
+        .await
+        .map_err(driver)?;
+        if done.rows_affected() == 1 {
+            return Ok(());
+        }
+        Err(sql::not_owned(
+            self.row(key).await?.as_ref(),
+            fence,
+            ReceiptState::Processing,
+        ))
+    }
+
+    async fn complete(
+        &self,
+        key: &Key,
+        fence: Fence,
+        completion: Completion,
+        now_ms: u64,
+    ) -> Result<Transition, StoreError> {
+        let mut conn = self.pool.acquire().await.map_err(driver)?;
+        complete_on(&mut conn, key, fence, completion, now_ms).await
+    }
+
+    async fn mark_unknown(
+        &self,
+        key: &Key,
+        fence: Fence,
+        now_ms: u64,
+    ) -> Result<Transition, StoreError> {
+        let done = sqlx::query(&format!(
+            "UPDATE samekey_receipts
+             SET state = 'UNKNOWN', lease_until = NULL, expires_at = NULL, updated = $1
+             WHERE key = $2 AND fence = $3 AND state IN {UNDECIDED}"
+        ))
+        .bind(int(now_ms)?)
+        .bind(key.digest().as_slice())
+        .bind(int(fence.0)?)
+        .execute(&self.pool)
+        .await
+        .map_err(driver)?;
+        if done.rows_affected() == 1 {
+            return Ok(Transition::Applied);
+        }
+        let current = self.row(key).await?;
+        sql::refusal(current.as_ref(), fence, ReceiptState::Unknown)
+    }
+
+    async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
+        let done = sqlx::query(&format!(
+            "UPDATE samekey_receipts
+             SET state = '{RELEASED}', lease_until = NULL, outcome = NULL, expires_at = updated
+             WHERE key = $1 AND fence = $2 AND state = 'PROCESSING'"
+        ))
+        .bind(key.digest().as_slice())
+        .bind(int(fence.0)?)
+        .execute(&self.pool)
+        .await
+        .map_err(driver)?;
+        if done.rows_affected() == 1 {
+            return Ok(());
+        }
+        match self.row(key).await? {
+            None => Ok(()),
+            Some(current) => Err(sql::not_owned(
+                Some(&current),
+                fence,
+                ReceiptState::Received,
+            )),
+        }
+    }
+
+    async fn get(&self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, StoreError> {
+        Ok(self.row(key).await?.filter(|r| !r.expired(now_ms)))
+    }
+
+    async fn get_by_call_id(&self, call_id: &CallId) -> Result<Option<Receipt>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {RECEIPT_COLUMNS} FROM samekey_receipts
+             WHERE call_id = $1 AND state <> '{RELEASED}' LIMIT 1"
+        ))
+        .bind(call_id.to_string())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(driver)?;
+        match row {
+            Some(row) => sql::receipt(&row),
+            None => Ok(None),
+        }
+    }
+
+    async fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM samekey_receipts WHERE expires_at IS NOT NULL AND expires_at <= $1",
+        )
+        .bind(int(now_ms)?)
+        .execute(&self.pool)
+        .await
+        .map_err(driver)?;
+        Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+    }
+
+    async fn enqueue_compensation(&self, entry: CompensationEntry) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO samekey_compensation
+                 (call_id, key, scope, reason, round, next_at, state, lease_until, enqueued)
+             VALUES ($1, $2, $3, $4, $5, $6, 'PENDING', NULL, $7)
+             ON CONFLICT (call_id) DO NOTHING",
+        )
+        .bind(entry.call_id.to_string())
+        .bind(entry.key.digest().as_slice())
+        .bind(entry.key.scope())
+        .bind(&entry.reason)
+        .bind(i64::from(entry.round))
+        .bind(int(entry.next_at_ms)?)
+        .bind(int(entry.enqueued_ms)?)
+        .execute(&self.pool)
+        .await
+        .map_err(driver)?;
+        Ok(())
+    }
+
+    async fn take_due_compensations(
+        &self,
+        now_ms: u64,
+        limit: usize,
+        lease_until_ms: u64,
+    ) -> Result<Vec<CompensationEntry>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "UPDATE samekey_compensation SET state = 'TAKEN', lease_until = $1
+             WHERE call_id IN (
+                 SELECT call_id FROM samekey_compensation
+                 WHERE (state = 'PENDING' AND next_at <= $2)
+                    OR (state = 'TAKEN' AND lease_until <= $2)
+                 ORDER BY next_at, enqueued LIMIT $3
+                 FOR UPDATE SKIP LOCKED)
+             RETURNING {}",
+            sql::COMPENSATION_COLUMNS
+        ))
+        .bind(int(lease_until_ms)?)
+        .bind(int(now_ms)?)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(driver)?;
+        let mut taken = rows
+            .iter()
+            .map(sql::compensation)
+            .collect::<Result<Vec<_>, _>>()?;
+        taken.sort_by_key(|e| (e.next_at_ms, e.enqueued_ms));
+        Ok(taken)
+    }
+
+    async fn reschedule_compensation(
+        &self,
+        call_id: &CallId,
+        round: u32,
+        next_at_ms: u64,
+    ) -> Result<(), StoreError> {
+        let done = sqlx::query(
+            "UPDATE samekey_compensation
+             SET round = $1, next_at = $2, state = 'PENDING', lease_until = NULL
+             WHERE call_id = $3",
+        )
+        .bind(i64::from(round))
+        .bind(int(next_at_ms)?)
+        .bind(call_id.to_string())
+        .execute(&self.pool)
+        .await
+        .map_err(driver)?;
+        sql::found(done.rows_affected())
+    }
+
+    async fn finish_compensation(&self, call_id: &CallId) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM samekey_compensation WHERE call_id = $1")
+            .bind(call_id.to_string())
+            .execute(&self.pool)
+            .await
+            .map_err(driver)?;
+        Ok(())
+    }
+
+    async fn escalate_compensation(&self, call_id: &CallId, now_ms: u64) -> Result<(), StoreError> {
+        let done = sqlx::query(
+            "UPDATE samekey_compensation SET state = 'MANUAL', next_at = $1, lease_until = NULL
+             WHERE call_id = $2",
+        )
+        .bind(int(now_ms)?)
+        .bind(call_id.to_string())
+        .execute(&self.pool)
+        .await
+        .map_err(driver)?;
+        sql::found(done.rows_affected())
+    }
+
+    async fn list_compensations(&self) -> Result<Vec<CompensationEntry>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {} FROM samekey_compensation ORDER BY enqueued, call_id",
+            sql::COMPENSATION_COLUMNS
+        ))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(driver)?;
+        rows.iter().map(sql::compensation).collect()
+    }
+}
