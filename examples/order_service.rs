@@ -6,10 +6,13 @@
 //! ```text
 //! cargo run --example order_service            # seed 7
 //! cargo run --example order_service -- 42      # another seed
+//! cargo run --example order_service --features sqlite -- --store sqlite:/tmp/orders.db
 //! ```
 //!
 //! Time is simulated (tokio's paused clock), so the run is instant and the same seed prints the same
-//! table.
+//! table. With `--store`, only the samekey client runs, in real time, on a durable store (fewer orders,
+//! no slow replies, a status endpoint that always answers): run it twice and the second run replays every call from the store instead of
+//! charging again — a restart that does not double-charge.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -69,6 +72,8 @@ struct Ledger {
     requests: u64,
     status_queries: u64,
     rng: u64,
+    /// No slow replies, no failing status queries.
+    steady: bool,
 }
 
 #[derive(Clone)]
@@ -87,8 +92,20 @@ enum Fault {
 
 impl Gateway {
     fn new(seed: u64) -> Gateway {
+        Gateway::with(seed, false)
+    }
+
+    /// A gateway without slow replies and whose status endpoint always answers: what the real-time run
+    /// on a durable store uses (a simulated gateway forgets its charges between runs, so nothing may be
+    /// left for a second run to look up).
+    fn steady(seed: u64) -> Gateway {
+        Gateway::with(seed, true)
+    }
+
+    fn with(seed: u64, steady: bool) -> Gateway {
         let ledger = Ledger {
             rng: seed,
+            steady,
             ..Ledger::default()
         };
         Gateway {
@@ -109,7 +126,9 @@ impl Gateway {
         match z % 100 {
             0..=7 => Fault::RequestLost,
             8..=15 => Fault::ReplyLost,
-            16..=23 => Fault::Slow(Duration::from_millis(1_500 + (z >> 8) % 2_500)),
+            16..=23 if !ledger.steady => {
+                Fault::Slow(Duration::from_millis(1_500 + (z >> 8) % 2_500))
+            }
             24..=29 => Fault::Unavailable,
             30..=34 => Fault::RateLimited,
             _ => Fault::None,
@@ -182,7 +201,7 @@ impl Gateway {
         ledger.status_queries += 1;
         // The status endpoint itself fails now and then: the outcome then stays unknown.
         ledger.rng = ledger.rng.wrapping_add(0x2545_f491_4f6c_dd1d);
-        if (ledger.rng >> 17) % 100 < 4 {
+        if !ledger.steady && (ledger.rng >> 17) % 100 < 4 {
             return Err(PayError::Unavailable);
         }
         Ok(ledger
@@ -374,17 +393,90 @@ fn column(gateway: &Gateway, told: Told, told_failed: &HashMap<u64, bool>) -> Co
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let seed = match std::env::args().nth(1) {
-        Some(arg) => arg
-            .parse::<u64>()
-            .map_err(|e| format!("the seed must be a number, got {arg:?}: {e}"))?,
-        None => 7,
+    let mut seed = 7;
+    let mut store = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        if arg == "--store" {
+            store = Some(
+                args.next()
+                    .ok_or("--store needs a URL, e.g. sqlite:/tmp/orders.db")?,
+            );
+        } else {
+            seed = arg
+                .parse::<u64>()
+                .map_err(|e| format!("the seed must be a number, got {arg:?}: {e}"))?;
+        }
+    }
+    match store {
+        None => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()?;
+            runtime.block_on(compare(seed))
+        }
+        Some(url) => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(durable(seed, &url))
+        }
+    }
+}
+
+/// Orders run on a durable store.
+const DURABLE_ORDERS: u64 = 60;
+
+/// The samekey client alone, in real time, on the store at `url`.
+async fn durable(seed: u64, url: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let gateway = Gateway::steady(seed);
+    let service = OrderService {
+        gateway: gateway.clone(),
+        samekey: Runtime::builder()
+            .node("demo")
+            .jitter_seed(seed)
+            .shared_store(open_store(url).await?)
+            .build()?,
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()?;
-    runtime.block_on(compare(seed))
+    let started = std::time::Instant::now();
+    let mut told = Told::default();
+    for (order, _) in orders().take(DURABLE_ORDERS as usize) {
+        tally(&mut told, &service.charge(order).await);
+    }
+    let stats = service.samekey.stats();
+    let ledger = gateway.ledger();
+    let executed: u32 = ledger.charges_per_order.values().sum();
+    println!("samekey order_service on {url} — {DURABLE_ORDERS} orders, seed {seed}");
+    println!(
+        "calls {}, attempts {}, replays {}, lookups {}",
+        stats.calls, stats.attempts, stats.replays, ledger.status_queries
+    );
+    println!("charges executed in this run: {executed}");
+    println!(
+        "told: succeeded {}, declined {}, failed {}, unknown {}",
+        told.succeeded, told.declined, told.failed, told.unknown
+    );
+    println!("took {:.1} s", started.elapsed().as_secs_f64());
+    if stats.replays == stats.calls {
+        println!("every call was answered from the store: nothing was charged again");
+    }
+    Ok(())
+}
+
+async fn open_store(url: &str) -> Result<Arc<dyn samekey::Store>, Box<dyn std::error::Error>> {
+    #[cfg(feature = "sqlite")]
+    if url.starts_with("sqlite:") {
+        return Ok(Arc::new(samekey::store::SqliteStore::connect(url).await?));
+    }
+    #[cfg(feature = "postgres")]
+    if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+        return Ok(Arc::new(samekey::store::PgStore::connect(url).await?));
+    }
+    Err(format!(
+        "no store for `{url}`: use sqlite:PATH (with --features sqlite) or postgres://… (with --features postgres)"
+    )
+    .into())
 }
 
 async fn compare(seed: u64) -> Result<(), Box<dyn std::error::Error>> {

@@ -1,0 +1,1034 @@
+//! The Redis store (feature `redis`): a standalone [`Store`] whose every transition is one server-side
+//! script on one key, and [`CachedStore`], a front cache over a durable store.
+//!
+//! # Keys and Redis Cluster
+//!
+//! A record lives in the hash `samekey:r:{<digest>}`, the callId index in `samekey:c:{<callId>}`, the
+//! compensation queue in the hash `samekey:{queue}`. Every script touches exactly one key, and the part
+//! in braces is a hash tag, so every operation addresses one slot: the layout works on Redis Cluster as
+//! it does on one server. (The test suite runs against a single server; no cluster is started in CI.)
+//!
+//! # Durability
+//!
+//! Redis keeps what it acknowledged only as far as its persistence settings say: run it with
+//! `appendonly yes` and `appendfsync always` when it is the store of record (as `scripts/services` does),
+//! or use it as [`CachedStore`] in front of PostgreSQL, where the durable store decides every claim.
+//!
+//! # Fences and time
+//!
+//! A record's first fence is the claim's time in ms; a reused record's fence is its previous one plus
+//! one. Expiry follows the caller's clock (`now_ms`), as every store does: the record carries
+//! `expires_at`, and Redis removes it on its own a while after that (`PEXPIRE`, relative).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands, Script};
+use serde::{Deserialize, Serialize};
+
+use super::{Claim, Claimed, Completion, Store};
+use crate::call_id::CallId;
+use crate::compensation::{CompensationEntry, CompensationState};
+use crate::error::StoreError;
+use crate::key::{hex, Fingerprint, Key};
+use crate::receipt::{Fence, Receipt, ReceiptState, Transition};
+
+/// How long the callId index keeps an entry (a receipt older than this is found by key only).
+pub const DEFAULT_INDEX_TTL: Duration = Duration::from_secs(8 * 24 * 3600);
+
+/// How long after its `expires_at` Redis drops a finished record by itself.
+const EXPIRY_GRACE_MS: u64 = 60_000;
+
+const CLAIM: &str = r#"
+local r = KEYS[1]
+local now = tonumber(ARGV[5])
+local h = redis.call('HMGET', r, 'state', 'expires_at', 'fence')
+local state, exp, fence = h[1], h[2], h[3]
+local free = (not state) or state == 'RELEASED' or (exp and exp ~= '' and tonumber(exp) <= now)
+if not free then
+  return {0, redis.call('HGETALL', r)}
+end
+local f = now
+if fence then f = tonumber(fence) + 1 end
+f = string.format('%.0f', f)
+redis.call('DEL', r)
+redis.call('HSET', r, 'digest', ARGV[6], 'scope', ARGV[1], 'call_id', ARGV[2], 'state', 'PROCESSING',
+  'fence', f, 'lease_until', ARGV[3], 'fingerprint', ARGV[4], 'created', ARGV[5], 'updated', ARGV[5])
+return {1, f}
+"#;
+
+const TAKE_OVER: &str = r#"
+local r = KEYS[1]
+local now = tonumber(ARGV[3])
+local h = redis.call('HMGET', r, 'state', 'fence', 'lease_until')
+local state, fence, lease = h[1], h[2], h[3]
+if not state or state == 'RELEASED' then return {-1} end
+local open = state == 'UNKNOWN' or ((state == 'RECEIVED' or state == 'PROCESSING')
+  and (not lease or lease == '' or tonumber(lease) <= now))
+if fence ~= ARGV[1] or not open then
+  return {0, redis.call('HGETALL', r)}
+end
+local f = string.format('%.0f', tonumber(fence) + 1)
+redis.call('HSET', r, 'state', 'PROCESSING', 'fence', f, 'lease_until', ARGV[2], 'updated', ARGV[3])
+return {1, f}
+"#;
+
+/// ARGV: fence, allowed states (space-separated), then field/value pairs to set; a field whose value is
+/// the empty string is removed. Answers 1, or the record (0) / nothing (-1) to explain the refusal.
+/// `ARGV[3]` is a relative expiry in ms for the whole record ("" to keep it, "0" to persist).
+const WRITE: &str = r#"
+local r = KEYS[1]
+local h = redis.call('HMGET', r, 'state', 'fence')
+local state, fence = h[1], h[2]
+if not state or state == 'RELEASED' then return {-1} end
+if fence ~= ARGV[1] or not string.find(' ' .. ARGV[2] .. ' ', ' ' .. state .. ' ', 1, true) then
+  return {0, redis.call('HGETALL', r)}
+end
+for i = 4, #ARGV, 2 do
+  if ARGV[i + 1] == '' then redis.call('HDEL', r, ARGV[i]) else redis.call('HSET', r, ARGV[i], ARGV[i + 1]) end
+end
+if ARGV[3] == '0' then redis.call('PERSIST', r) elseif ARGV[3] ~= '' then redis.call('PEXPIRE', r, ARGV[3]) end
+return {1}
+"#;
+
+const PURGE_ONE: &str = r#"
+local exp = redis.call('HGET', KEYS[1], 'expires_at')
+if exp and exp ~= '' and tonumber(exp) <= tonumber(ARGV[1]) then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"#;
+
+const TAKE_DUE: &str = r#"
+local q = KEYS[1]
+local now = tonumber(ARGV[1])
+local limit = tonumber(ARGV[2])
+local all = redis.call('HGETALL', q)
+local due = {}
+for i = 1, #all, 2 do
+  local e = cjson.decode(all[i + 1])
+  if (e.state == 'PENDING' and tonumber(e.next_at) <= now)
+     or (e.state == 'TAKEN' and tonumber(e.lease_until) <= now) then
+    table.insert(due, {all[i], e})
+  end
+end
+table.sort(due, function(a, b)
+  if tonumber(a[2].next_at) ~= tonumber(b[2].next_at) then
+    return tonumber(a[2].next_at) < tonumber(b[2].next_at)
+  end
+  return tonumber(a[2].enqueued) < tonumber(b[2].enqueued)
+end)
+local out = {}
+for i = 1, math.min(limit, #due) do
+  local e = due[i][2]
+  e.state = 'TAKEN'
+  e.lease_until = ARGV[3]
+  local s = cjson.encode(e)
+  redis.call('HSET', q, due[i][1], s)
+  table.insert(out, s)
+end
+return out
+"#;
+
+/// ARGV: callId, then field/value pairs. Answers 0 when the entry is missing.
+const UPDATE_ENTRY: &str = r#"
+local s = redis.call('HGET', KEYS[1], ARGV[1])
+if not s then return 0 end
+local e = cjson.decode(s)
+for i = 2, #ARGV, 2 do e[ARGV[i]] = ARGV[i + 1] end
+redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(e))
+return 1
+"#;
+
+/// The JSON form of a queued entry (numbers as strings: Lua's numbers are doubles).
+#[derive(Serialize, Deserialize)]
+struct QueuedEntry {
+    call_id: String,
+    key: String,
+    scope: String,
+    reason: String,
+    round: String,
+    next_at: String,
+    state: String,
+    lease_until: String,
+    enqueued: String,
+}
+
+/// A standalone [`Store`] in Redis.
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: ConnectionManager,
+    prefix: String,
+    index_ttl: Duration,
+    scripts: Scripts,
+}
+
+#[derive(Clone)]
+struct Scripts {
+    claim: Script,
+    take_over: Script,
+    write: Script,
+    purge_one: Script,
+    take_due: Script,
+    update_entry: Script,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+fn unavailable(e: redis::RedisError) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+fn corrupt(what: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(what.to_string())
+}
+
+impl RedisStore {
+    /// Connects to `url` (`redis://host:port/`) with a reconnecting connection, keys prefixed
+    /// `samekey`.
+    pub async fn connect(url: &str) -> Result<RedisStore, StoreError> {
+        RedisStore::connect_with_prefix(url, "samekey").await
+    }
+
+    /// Connects with another key prefix (several applications on one Redis).
+    pub async fn connect_with_prefix(url: &str, prefix: &str) -> Result<RedisStore, StoreError> {
+        let client = redis::Client::open(url)
+            .map_err(|e| StoreError::Unavailable(format!("invalid Redis URL `{url}`: {e}")))?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Duration::from_secs(2))
+            .set_response_timeout(Duration::from_secs(2))
+            .set_number_of_retries(1);
+        let conn = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(unavailable)?;
+        Ok(RedisStore {
+            conn,
+            prefix: prefix.to_owned(),
+            index_ttl: DEFAULT_INDEX_TTL,
+            scripts: Scripts {
+                claim: Script::new(CLAIM),
+                take_over: Script::new(TAKE_OVER),
+                write: Script::new(WRITE),
+                purge_one: Script::new(PURGE_ONE),
+                take_due: Script::new(TAKE_DUE),
+                update_entry: Script::new(UPDATE_ENTRY),
+            },
+        })
+    }
+
+    /// How long the callId index keeps an entry (default 8 days).
+    pub fn with_index_ttl(mut self, ttl: Duration) -> RedisStore {
+        self.index_ttl = ttl;
+        self
+    }
+
+    fn record_key(&self, key: &Key) -> String {
+        format!("{}:r:{{{}}}", self.prefix, key.to_hex())
+    }
+
+    fn index_key(&self, call_id: &CallId) -> String {
+        format!("{}:c:{{{}}}", self.prefix, call_id)
+    }
+
+    fn queue_key(&self) -> String {
+        format!("{}:{{queue}}", self.prefix)
+    }
+
+    fn conn(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    async fn record(&self, key: &Key) -> Result<Option<Receipt>, StoreError> {
+        let fields: Vec<(String, Vec<u8>)> = self
+            .conn()
+            .hgetall(self.record_key(key))
+            .await
+            .map_err(unavailable)?;
+        parse_record(key.scope(), &fields)
+    }
+
+    /// A fenced write through the `WRITE` script: `Ok(true)` if applied, else the record (or `None`) as
+    /// it is, to explain the refusal.
+    async fn write(
+        &self,
+        key: &Key,
+        fence: Fence,
+        from: &str,
+        expiry: &str,
+        fields: &[(&str, Vec<u8>)],
+    ) -> Result<Result<(), Option<Receipt>>, StoreError> {
+        let mut invocation = self.scripts.write.key(self.record_key(key));
+        invocation.arg(fence.0.to_string()).arg(from).arg(expiry);
+        for (name, value) in fields {
+            invocation.arg(*name).arg(value.as_slice());
+        }
+        let answer: redis::Value = invocation
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        match answer_code(&answer)? {
+            1 => Ok(Ok(())),
+            -1 => Ok(Err(None)),
+            _ => Ok(Err(parse_record(key.scope(), &answer_fields(&answer)?)?)),
+        }
+    }
+}
+
+fn answer_items(answer: &redis::Value) -> Result<&[redis::Value], StoreError> {
+    match answer {
+        redis::Value::Array(items) => Ok(items),
+        other => Err(corrupt(format!("unexpected script answer {other:?}"))),
+    }
+}
+
+fn answer_code(answer: &redis::Value) -> Result<i64, StoreError> {
+    match answer_items(answer)?.first() {
+        Some(redis::Value::Int(code)) => Ok(*code),
+        other => Err(corrupt(format!("unexpected script answer {other:?}"))),
+    }
+}
+
+fn answer_fields(answer: &redis::Value) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+    let items = answer_items(answer)?;
+    let Some(redis::Value::Array(flat)) = items.get(1) else {
+        return Ok(Vec::new());
+    };
+    let mut fields = Vec::with_capacity(flat.len() / 2);
+    for pair in flat.chunks(2) {
+        match pair {
+            [redis::Value::BulkString(name), redis::Value::BulkString(value)] => fields.push((
+                String::from_utf8(name.clone()).map_err(corrupt)?,
+                value.clone(),
+            )),
+            other => return Err(corrupt(format!("unexpected record field {other:?}"))),
+        }
+    }
+    Ok(fields)
+}
+
+fn answer_fence(answer: &redis::Value) -> Result<Fence, StoreError> {
+    match answer_items(answer)?.get(1) {
+        Some(redis::Value::BulkString(text)) => std::str::from_utf8(text)
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .map(Fence)
+            .ok_or_else(|| corrupt("a fence is a decimal number")),
+        other => Err(corrupt(format!("unexpected fence {other:?}"))),
+    }
+}
+
+fn text(value: &[u8], what: &str) -> Result<String, StoreError> {
+    String::from_utf8(value.to_vec()).map_err(|_| corrupt(format!("{what} is not UTF-8")))
+}
+
+fn number(value: &[u8], what: &str) -> Result<u64, StoreError> {
+    text(value, what)?
+        .parse()
+        .map_err(|_| corrupt(format!("{what} is not a number")))
+}
+
+fn optional_number(value: Option<&Vec<u8>>, what: &str) -> Result<Option<u64>, StoreError> {
+    match value {
+        None => Ok(None),
+        Some(v) if v.is_empty() => Ok(None),
+        Some(v) => number(v, what).map(Some),
+    }
+}
+
+/// A record from its hash fields; `None` for no record or a released tombstone. A field that is
+/// missing or malformed is [`StoreError::Corrupt`].
+fn parse_record(
+    scope_hint: &str,
+    fields: &[(String, Vec<u8>)],
+) -> Result<Option<Receipt>, StoreError> {
+    if fields.is_empty() {
+        return Ok(None);
+    }
+    let get = |name: &str| fields.iter().find(|(n, _)| n == name).map(|(_, v)| v);
+    let need = |name: &str| get(name).ok_or_else(|| corrupt(format!("record without `{name}`")));
+    let state = text(need("state")?, "state")?;
+    if state == "RELEASED" {
+        return Ok(None);
+    }
+    let state: ReceiptState = state.parse().map_err(corrupt)?;
+    let scope = get("scope")
+        .map(|s| text(s, "scope"))
+        .transpose()?
+        .unwrap_or_else(|| scope_hint.to_owned());
+    let fingerprint = match get("fingerprint") {
+        Some(bytes) if !bytes.is_empty() => Some(Fingerprint(
+            bytes
+                .as_slice()
+                .try_into()
+                .map_err(|_| corrupt("a fingerprint is 32 bytes"))?,
+        )),
+        _ => None,
+    };
+    let key_digest: [u8; 32] = need("digest")?
+        .as_slice()
+        .try_into()
+        .map_err(|_| corrupt("a key is 32 bytes"))?;
+    Ok(Some(Receipt {
+        key: Key::from_digest(scope, key_digest),
+        call_id: text(need("call_id")?, "callId")?.parse().map_err(corrupt)?,
+        state,
+        fence: Fence(number(need("fence")?, "fence")?),
+        lease_until_ms: optional_number(get("lease_until"), "lease")?,
+        expires_at_ms: optional_number(get("expires_at"), "expiry")?,
+        fingerprint,
+        outcome: get("outcome")
+            .filter(|o| !o.is_empty())
+            .map(|o| o.as_slice().into()),
+        created_ms: number(need("created")?, "creation time")?,
+        updated_ms: number(need("updated")?, "update time")?,
+    }))
+}
+
+fn refusal(current: Option<Receipt>, fence: Fence, target: ReceiptState) -> StoreError {
+    match current {
+        None => StoreError::NotFound,
+        Some(c) if c.fence != fence => StoreError::Fenced {
+            presented: fence.0,
+            current: c.fence.0,
+        },
+        Some(c) => StoreError::InvalidTransition {
+            from: c.state,
+            to: target,
+        },
+    }
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError> {
+        let mut invocation = self.scripts.claim.key(self.record_key(&claim.key));
+        invocation
+            .arg(claim.key.scope())
+            .arg(claim.call_id.to_string())
+            .arg(claim.lease_until_ms)
+            .arg(
+                claim
+                    .fingerprint
+                    .as_ref()
+                    .map(|f| f.0.to_vec())
+                    .unwrap_or_default(),
+            )
+            .arg(claim.now_ms)
+            .arg(claim.key.digest().as_slice());
+        // The index entry (callId → key) goes in the same round trip: it is true whether or not this
+        // claim wins, and a reader checks the record's callId anyway.
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(&invocation)
+            .cmd("SET")
+            .arg(self.index_key(&claim.call_id))
+            .arg(claim.key.digest().as_slice())
+            .arg("PX")
+            .arg(u64::try_from(self.index_ttl.as_millis()).unwrap_or(u64::MAX))
+            .ignore();
+        // A pipeline cannot load a script on its own: after a server restart emptied the script
+        // cache, load it and send again.
+        let (answer,): (redis::Value,) = match pipe.query_async(&mut self.conn()).await {
+            Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+                invocation
+                    .load_async(&mut self.conn())
+                    .await
+                    .map_err(unavailable)?;
+                pipe.query_async(&mut self.conn())
+                    .await
+                    .map_err(unavailable)?
+            }
+            other => other.map_err(unavailable)?,
+        };
+        if answer_code(&answer)? == 1 {
+            return Ok(Claimed::Acquired(answer_fence(&answer)?));
+        }
+        match parse_record(claim.key.scope(), &answer_fields(&answer)?)? {
+            Some(record) => Ok(Claimed::Existing(record)),
+            None => Err(StoreError::Unavailable(
+                "the key's record changed during the claim".into(),
+            )),
+        }
+    }
+
+    async fn take_over(
+        &self,
+        key: &Key,
+        expected: Fence,
+        lease_until_ms: u64,
+        now_ms: u64,
+    ) -> Result<Claimed, StoreError> {
+        let answer: redis::Value = self
+            .scripts
+            .take_over
+            .key(self.record_key(key))
+            .arg(expected.0.to_string())
+            .arg(lease_until_ms)
+            .arg(now_ms)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        match answer_code(&answer)? {
+            1 => Ok(Claimed::Acquired(answer_fence(&answer)?)),
+            -1 => Err(StoreError::NotFound),
+            _ => match parse_record(key.scope(), &answer_fields(&answer)?)? {
+                Some(record) => Ok(Claimed::Existing(record)),
+                None => Err(StoreError::NotFound),
+            },
+        }
+    }
+
+    async fn extend_lease(
+        &self,
+        key: &Key,
+        fence: Fence,
+        lease_until_ms: u64,
+    ) -> Result<(), StoreError> {
+        let fields = [("lease_until", lease_until_ms.to_string().into_bytes())];
+        self.write(key, fence, "PROCESSING", "", &fields)
+            .await?
+            .map_err(|current| refusal(current, fence, ReceiptState::Processing))
+    }
+
+    async fn complete(
+        &self,
+        key: &Key,
+        fence: Fence,
+        completion: Completion,
+        now_ms: u64,
+    ) -> Result<Transition, StoreError> {
+        let keep = completion
+            .expires_at_ms
+            .saturating_sub(now_ms)
+            .saturating_add(EXPIRY_GRACE_MS)
+            .max(1);
+        let fields = [
+            ("state", completion.state.as_str().as_bytes().to_vec()),
+            (
+                "outcome",
+                completion.outcome.as_deref().unwrap_or_default().to_vec(),
+            ),
+            ("lease_until", Vec::new()),
+            (
+                "expires_at",
+                completion.expires_at_ms.to_string().into_bytes(),
+            ),
+            ("updated", now_ms.to_string().into_bytes()),
+        ];
+        match self
+            .write(
+                key,
+                fence,
+                "RECEIVED PROCESSING UNKNOWN",
+                &keep.to_string(),
+                &fields,
+            )
+            .await?
+        {
+            Ok(()) => Ok(Transition::Applied),
+            Err(current) => already_or_refused(current, fence, completion.state),
+        }
+    }
+
+    async fn mark_unknown(
+        &self,
+        key: &Key,
+        fence: Fence,
+        now_ms: u64,
+    ) -> Result<Transition, StoreError> {
+        let fields = [
+            ("state", b"UNKNOWN".to_vec()),
+            ("lease_until", Vec::new()),
+            ("expires_at", Vec::new()),
+            ("updated", now_ms.to_string().into_bytes()),
+        ];
+        match self
+            .write(key, fence, "RECEIVED PROCESSING", "0", &fields)
+            .await?
+        {
+            Ok(()) => Ok(Transition::Applied),
+            Err(current) => already_or_refused(current, fence, ReceiptState::Unknown),
+        }
+    }
+
+    async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
+        let fields = [
+            ("state", b"RELEASED".to_vec()),
+            ("lease_until", Vec::new()),
+            ("outcome", Vec::new()),
+        ];
+        let day = (24 * 3600 * 1000u64).to_string();
+        match self.write(key, fence, "PROCESSING", &day, &fields).await? {
+            Ok(()) | Err(None) => Ok(()),
+            Err(current) => Err(refusal(current, fence, ReceiptState::Received)),
+        }
+    }
+
+    async fn get(&self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, StoreError> {
+        Ok(self.record(key).await?.filter(|r| !r.expired(now_ms)))
+    }
+
+    async fn get_by_call_id(&self, call_id: &CallId) -> Result<Option<Receipt>, StoreError> {
+        let digest: Option<Vec<u8>> = self
+            .conn()
+            .get(self.index_key(call_id))
+            .await
+            .map_err(unavailable)?;
+        let Some(digest) = digest else {
+            return Ok(None);
+        };
+        let digest: [u8; 32] = digest
+            .as_slice()
+            .try_into()
+            .map_err(|_| corrupt("a key is 32 bytes"))?;
+        let key = Key::from_digest("", digest);
+        Ok(self.record(&key).await?.filter(|r| &r.call_id == call_id))
+    }
+
+    async fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
+        let pattern = format!("{}:r:*", self.prefix);
+        let mut names = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1_000)
+                .query_async(&mut self.conn())
+                .await
+                .map_err(unavailable)?;
+            names.extend(batch);
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        let mut purged = 0;
+        for name in names {
+            let gone: i64 = self
+                .scripts
+                .purge_one
+                .key(name)
+                .arg(now_ms)
+                .invoke_async(&mut self.conn())
+                .await
+                .map_err(unavailable)?;
+            purged += usize::from(gone == 1);
+        }
+        Ok(purged)
+    }
+
+    async fn enqueue_compensation(&self, entry: CompensationEntry) -> Result<(), StoreError> {
+        let queued = QueuedEntry {
+            call_id: entry.call_id.to_string(),
+            key: hex(entry.key.digest()),
+            scope: entry.key.scope().to_owned(),
+            reason: entry.reason,
+            round: entry.round.to_string(),
+            next_at: entry.next_at_ms.to_string(),
+            state: "PENDING".into(),
+            lease_until: "0".into(),
+            enqueued: entry.enqueued_ms.to_string(),
+        };
+        let json = serde_json::to_string(&queued).map_err(corrupt)?;
+        let _: bool = self
+            .conn()
+            .hset_nx(self.queue_key(), &queued.call_id, json)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn take_due_compensations(
+        &self,
+        now_ms: u64,
+        limit: usize,
+        lease_until_ms: u64,
+    ) -> Result<Vec<CompensationEntry>, StoreError> {
+        let taken: Vec<String> = self
+            .scripts
+            .take_due
+            .key(self.queue_key())
+            .arg(now_ms)
+            .arg(limit)
+            .arg(lease_until_ms.to_string())
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        taken.iter().map(|s| parse_entry(s)).collect()
+    }
+
+    async fn reschedule_compensation(
+        &self,
+        call_id: &CallId,
+        round: u32,
+        next_at_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.update_entry(
+            call_id,
+            &[
+                ("round", round.to_string()),
+                ("next_at", next_at_ms.to_string()),
+                ("state", "PENDING".into()),
+                ("lease_until", "0".into()),
+            ],
+        )
+        .await
+    }
+
+    async fn finish_compensation(&self, call_id: &CallId) -> Result<(), StoreError> {
+        let _: i64 = self
+            .conn()
+            .hdel(self.queue_key(), call_id.to_string())
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn escalate_compensation(&self, call_id: &CallId, now_ms: u64) -> Result<(), StoreError> {
+        self.update_entry(
+            call_id,
+            &[
+                ("state", "MANUAL".into()),
+                ("next_at", now_ms.to_string()),
+                ("lease_until", "0".into()),
+            ],
+        )
+        .await
+    }
+
+    async fn list_compensations(&self) -> Result<Vec<CompensationEntry>, StoreError> {
+        let all: Vec<String> = self
+            .conn()
+            .hvals(self.queue_key())
+            .await
+            .map_err(unavailable)?;
+        let mut entries = all
+            .iter()
+            .map(|s| parse_entry(s))
+            .collect::<Result<Vec<_>, _>>()?;
+        entries.sort_by(|a, b| {
+            (a.enqueued_ms, a.call_id.to_string()).cmp(&(b.enqueued_ms, b.call_id.to_string()))
+        });
+        Ok(entries)
+    }
+}
+
+impl RedisStore {
+    async fn update_entry(
+        &self,
+        call_id: &CallId,
+        fields: &[(&str, String)],
+    ) -> Result<(), StoreError> {
+        let mut invocation = self.scripts.update_entry.key(self.queue_key());
+        invocation.arg(call_id.to_string());
+        for (name, value) in fields {
+            invocation.arg(*name).arg(value);
+        }
+        let found: i64 = invocation
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        if found == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::NotFound)
+        }
+    }
+}
+
+fn already_or_refused(
+    current: Option<Receipt>,
+    fence: Fence,
+    target: ReceiptState,
+) -> Result<Transition, StoreError> {
+    match current {
+        Some(c) if c.fence == fence && c.state == target => Ok(Transition::AlreadyApplied),
+        other => Err(refusal(other, fence, target)),
+    }
+}
+
+fn parse_entry(json: &str) -> Result<CompensationEntry, StoreError> {
+    let q: QueuedEntry = serde_json::from_str(json).map_err(corrupt)?;
+    let num = |v: &str, what: &str| number(v.as_bytes(), what);
+    let digest = (0..q.key.len())
+        .step_by(2)
+        .map(|i| {
+            q.key
+                .get(i..i + 2)
+                .and_then(|b| u8::from_str_radix(b, 16).ok())
+        })
+        .collect::<Option<Vec<u8>>>()
+        .and_then(|d| <[u8; 32]>::try_from(d).ok())
+        .ok_or_else(|| corrupt("a queued key is 64 hex digits"))?;
+    let state = match q.state.as_str() {
+        "PENDING" => CompensationState::Pending,
+        "TAKEN" => CompensationState::Taken {
+            lease_until_ms: num(&q.lease_until, "lease")?,
+        },
+        "MANUAL" => CompensationState::Manual,
+        other => return Err(corrupt(format!("compensation state `{other}`"))),
+    };
+    Ok(CompensationEntry {
+        call_id: q.call_id.parse().map_err(corrupt)?,
+        key: Key::from_digest(q.scope, digest),
+        reason: q.reason,
+        round: u32::try_from(num(&q.round, "round")?).map_err(corrupt)?,
+        next_at_ms: num(&q.next_at, "due time")?,
+        state,
+        enqueued_ms: num(&q.enqueued, "enqueue time")?,
+    })
+}
+
+impl RedisStore {
+    /// Writes a finished receipt as a cache entry (record and callId index), expiring with it.
+    async fn cache_put(&self, receipt: &Receipt, now_ms: u64) -> Result<(), StoreError> {
+        let Some(expires_at) = receipt.expires_at_ms else {
+            return Ok(());
+        };
+        let keep = expires_at.saturating_sub(now_ms).max(1);
+        let record = self.record_key(&receipt.key);
+        let fields: Vec<(&str, Vec<u8>)> = vec![
+            ("digest", receipt.key.digest().to_vec()),
+            ("scope", receipt.key.scope().as_bytes().to_vec()),
+            ("call_id", receipt.call_id.to_string().into_bytes()),
+            ("state", receipt.state.as_str().as_bytes().to_vec()),
+            ("fence", receipt.fence.0.to_string().into_bytes()),
+            ("expires_at", expires_at.to_string().into_bytes()),
+            (
+                "fingerprint",
+                receipt
+                    .fingerprint
+                    .map(|f| f.0.to_vec())
+                    .unwrap_or_default(),
+            ),
+            (
+                "outcome",
+                receipt.outcome.as_deref().unwrap_or_default().to_vec(),
+            ),
+            ("created", receipt.created_ms.to_string().into_bytes()),
+            ("updated", receipt.updated_ms.to_string().into_bytes()),
+        ];
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .del(&record)
+            .ignore()
+            .hset_multiple(&record, &fields)
+            .ignore()
+            .pexpire(&record, i64::try_from(keep).unwrap_or(i64::MAX))
+            .ignore()
+            .cmd("SET")
+            .arg(self.index_key(&receipt.call_id))
+            .arg(receipt.key.digest().as_slice())
+            .arg("PX")
+            .arg(keep)
+            .ignore();
+        pipe.query_async::<()>(&mut self.conn())
+            .await
+            .map_err(unavailable)
+    }
+}
+
+/// A front cache over a durable store: replays and receipt queries are served from Redis once the
+/// durable store has answered them, and the durable store still decides every claim.
+///
+/// Only finished receipts (`SUCCESS`, `FAILED`) are cached: they never change again (transitions only
+/// move forward), so an entry is never stale; it expires with the receipt. Entries are written after the
+/// durable store answered with a committed receipt (read-through), never before. A cache that is down or
+/// answers nonsense is logged and bypassed: every operation then goes to the durable store.
+pub struct CachedStore<D> {
+    durable: D,
+    cache: RedisStore,
+}
+
+impl<D: Store> CachedStore<D> {
+    /// `durable` behind a cache at `redis_url`, with keys prefixed `samekey-cache`.
+    pub async fn connect(durable: D, redis_url: &str) -> Result<CachedStore<D>, StoreError> {
+        Ok(CachedStore {
+            durable,
+            cache: RedisStore::connect_with_prefix(redis_url, "samekey-cache").await?,
+        })
+    }
+
+    /// `durable` behind an already connected cache.
+    pub fn new(durable: D, cache: RedisStore) -> CachedStore<D> {
+        CachedStore { durable, cache }
+    }
+
+    /// The durable store.
+    pub fn durable(&self) -> &D {
+        &self.durable
+    }
+
+    fn bypass(e: &StoreError, what: &str) {
+        tracing::warn!(target: "samekey", error = %e, "receipt cache unavailable for {what}; using the durable store");
+    }
+
+    async fn remember(&self, receipt: &Receipt, now_ms: u64) {
+        if receipt.state.is_terminal() {
+            if let Err(e) = self.cache.cache_put(receipt, now_ms).await {
+                CachedStore::<D>::bypass(&e, "a write");
+            }
+        }
+    }
+}
+
+impl<D> std::fmt::Debug for CachedStore<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachedStore").finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl<D: Store> Store for CachedStore<D> {
+    async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError> {
+        match self.cache.record(&claim.key).await {
+            Ok(Some(hit)) if hit.state.is_terminal() && !hit.expired(claim.now_ms) => {
+                return Ok(Claimed::Existing(hit));
+            }
+            Ok(_) => {}
+            Err(e) => Self::bypass(&e, "a claim"),
+        }
+        let now = claim.now_ms;
+        let claimed = self.durable.claim(claim).await?;
+        if let Claimed::Existing(record) = &claimed {
+            self.remember(record, now).await;
+        }
+        Ok(claimed)
+    }
+
+    async fn take_over(
+        &self,
+        key: &Key,
+        expected: Fence,
+        lease_until_ms: u64,
+        now_ms: u64,
+    ) -> Result<Claimed, StoreError> {
+        self.durable
+            .take_over(key, expected, lease_until_ms, now_ms)
+            .await
+    }
+
+    async fn extend_lease(
+        &self,
+        key: &Key,
+        fence: Fence,
+        lease_until_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.durable.extend_lease(key, fence, lease_until_ms).await
+    }
+
+    async fn complete(
+        &self,
+        key: &Key,
+        fence: Fence,
+        completion: Completion,
+        now_ms: u64,
+    ) -> Result<Transition, StoreError> {
+        self.durable.complete(key, fence, completion, now_ms).await
+    }
+
+    async fn mark_unknown(
+        &self,
+        key: &Key,
+        fence: Fence,
+        now_ms: u64,
+    ) -> Result<Transition, StoreError> {
+        self.durable.mark_unknown(key, fence, now_ms).await
+    }
+
+    async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
+        self.durable.release(key, fence).await
+    }
+
+    async fn get(&self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, StoreError> {
+        match self.cache.record(key).await {
+            Ok(Some(hit)) if hit.state.is_terminal() && !hit.expired(now_ms) => {
+                return Ok(Some(hit));
+            }
+            Ok(_) => {}
+            Err(e) => Self::bypass(&e, "a read"),
+        }
+        let found = self.durable.get(key, now_ms).await?;
+        if let Some(record) = &found {
+            self.remember(record, now_ms).await;
+        }
+        Ok(found)
+    }
+
+    async fn get_by_call_id(&self, call_id: &CallId) -> Result<Option<Receipt>, StoreError> {
+        match self.cache.get_by_call_id(call_id).await {
+            Ok(Some(hit)) if hit.state.is_terminal() => return Ok(Some(hit)),
+            Ok(_) => {}
+            Err(e) => Self::bypass(&e, "a receipt query"),
+        }
+        let found = self.durable.get_by_call_id(call_id).await?;
+        if let Some(record) = &found {
+            self.remember(record, record.updated_ms).await;
+        }
+        Ok(found)
+    }
+
+    async fn wait_settled(
+        &self,
+        key: &Key,
+        timeout: Duration,
+        now_ms: u64,
+    ) -> Result<Option<Receipt>, StoreError> {
+        self.durable.wait_settled(key, timeout, now_ms).await
+    }
+
+    async fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
+        if let Err(e) = self.cache.purge_expired(now_ms).await {
+            Self::bypass(&e, "a purge");
+        }
+        self.durable.purge_expired(now_ms).await
+    }
+
+    async fn enqueue_compensation(&self, entry: CompensationEntry) -> Result<(), StoreError> {
+        self.durable.enqueue_compensation(entry).await
+    }
+
+    async fn take_due_compensations(
+        &self,
+        now_ms: u64,
+        limit: usize,
+        lease_until_ms: u64,
+    ) -> Result<Vec<CompensationEntry>, StoreError> {
+        self.durable
+            .take_due_compensations(now_ms, limit, lease_until_ms)
+            .await
+    }
+
+    async fn reschedule_compensation(
+        &self,
+        call_id: &CallId,
+        round: u32,
+        next_at_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.durable
+            .reschedule_compensation(call_id, round, next_at_ms)
+            .await
+    }
+
+    async fn finish_compensation(&self, call_id: &CallId) -> Result<(), StoreError> {
+        self.durable.finish_compensation(call_id).await
+    }
+
+    async fn escalate_compensation(&self, call_id: &CallId, now_ms: u64) -> Result<(), StoreError> {
+        self.durable.escalate_compensation(call_id, now_ms).await
+    }
+
+    async fn list_compensations(&self) -> Result<Vec<CompensationEntry>, StoreError> {
+        self.durable.list_compensations().await
+    }
+}

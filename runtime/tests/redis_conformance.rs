@@ -1,0 +1,77 @@
+//! The store conformance suite on Redis: the standalone store, and the front cache over the in-memory
+//! and the PostgreSQL store. Needs `SAMEKEY_REDIS_URL` (and `SAMEKEY_PG_URL` for the cache over
+//! PostgreSQL; see `scripts/services`); without them every test prints that it was skipped.
+#![cfg(feature = "redis")]
+
+use std::sync::Arc;
+
+use samekey_runtime::store::{CachedStore, RedisStore};
+use samekey_runtime::MemoryStore;
+
+fn redis_url() -> Option<String> {
+    let url = std::env::var("SAMEKEY_REDIS_URL").ok();
+    if url.is_none() {
+        println!("skipped: set SAMEKEY_REDIS_URL (scripts/services start) to run the Redis suite");
+    }
+    url
+}
+
+/// Each test on a key prefix of its own, so that tests never see each other's queue.
+fn prefix() -> String {
+    format!(
+        "samekey-test-{:x}",
+        samekey_runtime::TraceId::new().as_u128()
+    )
+}
+
+mod standalone {
+    use super::*;
+
+    async fn store() -> Option<Arc<RedisStore>> {
+        let url = redis_url()?;
+        Some(Arc::new(
+            RedisStore::connect_with_prefix(&url, &prefix())
+                .await
+                .expect("connect to SAMEKEY_REDIS_URL"),
+        ))
+    }
+
+    samekey_runtime::store_conformance_tests!(optional: store().await);
+}
+
+mod cache_over_memory {
+    use super::*;
+
+    async fn store() -> Option<Arc<CachedStore<MemoryStore>>> {
+        let url = redis_url()?;
+        let cache = RedisStore::connect_with_prefix(&url, &prefix())
+            .await
+            .expect("connect to SAMEKEY_REDIS_URL");
+        Some(Arc::new(CachedStore::new(MemoryStore::new(), cache)))
+    }
+
+    samekey_runtime::store_conformance_tests!(optional: store().await);
+}
+
+#[cfg(feature = "postgres")]
+mod cache_over_postgres {
+    use super::*;
+    use samekey_runtime::store::PgStore;
+
+    async fn store() -> Option<Arc<CachedStore<PgStore>>> {
+        let url = redis_url()?;
+        let Ok(pg) = std::env::var("SAMEKEY_PG_URL") else {
+            println!("skipped: set SAMEKEY_PG_URL to run the cache over PostgreSQL");
+            return None;
+        };
+        let cache = RedisStore::connect_with_prefix(&url, &prefix())
+            .await
+            .expect("connect to SAMEKEY_REDIS_URL");
+        let durable = PgStore::connect(&pg)
+            .await
+            .expect("connect to SAMEKEY_PG_URL");
+        Some(Arc::new(CachedStore::new(durable, cache)))
+    }
+
+    samekey_runtime::store_conformance_tests!(optional: store().await);
+}

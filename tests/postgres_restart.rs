@@ -1,0 +1,137 @@
+//! PostgreSQL restarting in the middle of a run: calls fail closed while it is down, no completed
+//! receipt is lost, and no key runs twice. Needs the server that `scripts/services start` runs
+//! (`SAMEKEY_PG_URL` and `SAMEKEY_SERVICES_DIR` set): it restarts it. A test binary of its own, so that
+//! no other test is running against the server at that moment.
+#![cfg(feature = "postgres")]
+
+mod support;
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use samekey::store::PgStore;
+use samekey::{idempotent, Error, Runtime};
+use support::TestError;
+
+struct Svc {
+    rt: Runtime,
+    effects: Mutex<HashMap<u64, u32>>,
+    tag: String,
+}
+
+impl Svc {
+    #[idempotent(key = "tag + id", runtime = &self.rt)]
+    async fn run(&self, tag: &str, id: u64) -> Result<u64, TestError> {
+        *self
+            .effects
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id)
+            .or_default() += 1;
+        Ok(id * 10)
+    }
+
+    fn effects(&self, id: u64) -> u32 {
+        self.effects
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+const KEYS: u64 = 150;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_loses_no_receipt_and_runs_nothing_twice() {
+    let (Ok(url), Ok(_)) = (
+        std::env::var("SAMEKEY_PG_URL"),
+        std::env::var("SAMEKEY_SERVICES_DIR"),
+    ) else {
+        println!("skipped: start the servers with `eval \"$(scripts/services start)\"` to run the PostgreSQL restart test");
+        return;
+    };
+    let store = PgStore::connect(&url).await.expect("connect");
+    let svc = Svc {
+        rt: Runtime::builder()
+            .store(store)
+            .lease(Duration::from_secs(2))
+            .busy_wait(Duration::from_secs(4))
+            .build()
+            .unwrap(),
+        effects: Mutex::new(HashMap::new()),
+        tag: format!("{:x}", samekey::TraceId::new().as_u128()),
+    };
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/services");
+
+    let mut first = Vec::new();
+    let mut restart = None;
+    let mut restarted_by = None;
+    for id in 0..KEYS {
+        if id == KEYS / 3 {
+            restart = Some(tokio::task::spawn_blocking(move || {
+                Command::new(script).arg("restart-pg").status()
+            }));
+        }
+        first.push(svc.run(&svc.tag, id).await);
+        if restarted_by.is_none() && restart.as_ref().is_some_and(|r| r.is_finished()) {
+            restarted_by = Some(id);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let restarted_by = restarted_by.expect("the restart finished before the last call");
+    println!(
+        "the server restarted between calls {} and {restarted_by}",
+        KEYS / 3
+    );
+    let restarted = restart.expect("restart started").await.expect("join");
+    assert!(
+        restarted.expect("scripts/services").success(),
+        "restart-pg failed"
+    );
+    let failed_closed = first
+        .iter()
+        .filter(|o| matches!(o, Err(TestError::Samekey(Error::Store(_)))))
+        .count();
+    println!("{failed_closed} of {KEYS} calls failed closed while the server restarted");
+
+    let mut replayed = 0;
+    for id in 0..KEYS {
+        let second = svc.run(&svc.tag, id).await;
+        assert!(
+            svc.effects(id) <= 1,
+            "key {id} ran {} times",
+            svc.effects(id)
+        );
+        match &first[id as usize] {
+            Ok(v) => {
+                assert_eq!(svc.effects(id), 1);
+                // Its receipt was written (a replay), or its completion fell into the outage: then the
+                // call is left UNKNOWN, never run again.
+                match second {
+                    Ok(again) => {
+                        assert_eq!(again, *v);
+                        replayed += 1;
+                    }
+                    Err(TestError::Samekey(Error::Unknown { .. })) => {}
+                    other => panic!("key {id}: {other:?} after a success"),
+                }
+            }
+            Err(TestError::Samekey(Error::Store(_))) => {
+                // Failed closed: nothing ran then; now it runs, once.
+                assert_eq!(second, Ok(id * 10), "key {id}");
+                assert_eq!(svc.effects(id), 1);
+            }
+            other => panic!("key {id}: unexpected first outcome {other:?}"),
+        }
+    }
+    let succeeded_first = first.iter().filter(|o| o.is_ok()).count();
+    println!("{replayed} of {succeeded_first} first successes replayed after the restart");
+    assert!(
+        replayed + 2 >= succeeded_first,
+        "completed receipts were lost"
+    );
+}
