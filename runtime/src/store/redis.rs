@@ -848,20 +848,39 @@ impl RedisStore {
 pub struct CachedStore<D> {
     durable: D,
     cache: RedisStore,
+    /// After a cache failure, the cache is bypassed until this many ms after `epoch`, so that a cache
+    /// that is down costs one failed request per cool-down, not one per call.
+    bypass_until: std::sync::atomic::AtomicU64,
+    epoch: std::time::Instant,
 }
+
+/// How long a failed cache is bypassed before it is tried again.
+const CACHE_COOL_DOWN: Duration = Duration::from_secs(5);
 
 impl<D: Store> CachedStore<D> {
     /// `durable` behind a cache at `redis_url`, with keys prefixed `samekey-cache`.
     pub async fn connect(durable: D, redis_url: &str) -> Result<CachedStore<D>, StoreError> {
-        Ok(CachedStore {
-            durable,
-            cache: RedisStore::connect_with_prefix(redis_url, "samekey-cache").await?,
-        })
+        let cache = RedisStore::connect_with_prefix(redis_url, "samekey-cache").await?;
+        Ok(CachedStore::new(durable, cache))
     }
 
     /// `durable` behind an already connected cache.
     pub fn new(durable: D, cache: RedisStore) -> CachedStore<D> {
-        CachedStore { durable, cache }
+        CachedStore {
+            durable,
+            cache,
+            bypass_until: std::sync::atomic::AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
+        }
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether the cache is worth asking (not in a cool-down after a failure).
+    fn usable(&self) -> bool {
+        self.elapsed_ms() >= self.bypass_until.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The durable store.
@@ -869,14 +888,35 @@ impl<D: Store> CachedStore<D> {
         &self.durable
     }
 
-    fn bypass(e: &StoreError, what: &str) {
-        tracing::warn!(target: "samekey", error = %e, "receipt cache unavailable for {what}; using the durable store");
+    fn bypass(&self, e: &StoreError, what: &str) {
+        let until = self
+            .elapsed_ms()
+            .saturating_add(CACHE_COOL_DOWN.as_millis() as u64);
+        self.bypass_until
+            .store(until, std::sync::atomic::Ordering::Relaxed);
+        tracing::warn!(target: "samekey", error = %e,
+            "receipt cache unavailable for {what}; using the durable store for {CACHE_COOL_DOWN:?}");
     }
 
     async fn remember(&self, receipt: &Receipt, now_ms: u64) {
-        if receipt.state.is_terminal() {
+        if receipt.state.is_terminal() && self.usable() {
             if let Err(e) = self.cache.cache_put(receipt, now_ms).await {
-                CachedStore::<D>::bypass(&e, "a write");
+                self.bypass(&e, "a write");
+            }
+        }
+    }
+
+    /// The cached finished receipt of `key`, if the cache is usable and has one live at `now_ms`.
+    async fn cached(&self, key: &Key, now_ms: u64, what: &str) -> Option<Receipt> {
+        if !self.usable() {
+            return None;
+        }
+        match self.cache.record(key).await {
+            Ok(Some(hit)) if hit.state.is_terminal() && !hit.expired(now_ms) => Some(hit),
+            Ok(_) => None,
+            Err(e) => {
+                self.bypass(&e, what);
+                None
             }
         }
     }
@@ -891,12 +931,8 @@ impl<D> std::fmt::Debug for CachedStore<D> {
 #[async_trait]
 impl<D: Store> Store for CachedStore<D> {
     async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError> {
-        match self.cache.record(&claim.key).await {
-            Ok(Some(hit)) if hit.state.is_terminal() && !hit.expired(claim.now_ms) => {
-                return Ok(Claimed::Existing(hit));
-            }
-            Ok(_) => {}
-            Err(e) => Self::bypass(&e, "a claim"),
+        if let Some(hit) = self.cached(&claim.key, claim.now_ms, "a claim").await {
+            return Ok(Claimed::Existing(hit));
         }
         let now = claim.now_ms;
         let claimed = self.durable.claim(claim).await?;
@@ -951,12 +987,8 @@ impl<D: Store> Store for CachedStore<D> {
     }
 
     async fn get(&self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, StoreError> {
-        match self.cache.record(key).await {
-            Ok(Some(hit)) if hit.state.is_terminal() && !hit.expired(now_ms) => {
-                return Ok(Some(hit));
-            }
-            Ok(_) => {}
-            Err(e) => Self::bypass(&e, "a read"),
+        if let Some(hit) = self.cached(key, now_ms, "a read").await {
+            return Ok(Some(hit));
         }
         let found = self.durable.get(key, now_ms).await?;
         if let Some(record) = &found {
@@ -966,10 +998,12 @@ impl<D: Store> Store for CachedStore<D> {
     }
 
     async fn get_by_call_id(&self, call_id: &CallId) -> Result<Option<Receipt>, StoreError> {
-        match self.cache.get_by_call_id(call_id).await {
-            Ok(Some(hit)) if hit.state.is_terminal() => return Ok(Some(hit)),
-            Ok(_) => {}
-            Err(e) => Self::bypass(&e, "a receipt query"),
+        if self.usable() {
+            match self.cache.get_by_call_id(call_id).await {
+                Ok(Some(hit)) if hit.state.is_terminal() => return Ok(Some(hit)),
+                Ok(_) => {}
+                Err(e) => self.bypass(&e, "a receipt query"),
+            }
         }
         let found = self.durable.get_by_call_id(call_id).await?;
         if let Some(record) = &found {
@@ -988,8 +1022,10 @@ impl<D: Store> Store for CachedStore<D> {
     }
 
     async fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
-        if let Err(e) = self.cache.purge_expired(now_ms).await {
-            Self::bypass(&e, "a purge");
+        if self.usable() {
+            if let Err(e) = self.cache.purge_expired(now_ms).await {
+                self.bypass(&e, "a purge");
+            }
         }
         self.durable.purge_expired(now_ms).await
     }
