@@ -20,7 +20,7 @@ use async_trait::async_trait;
 use serde::Serialize;
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 
-use super::sql::{self, driver, int, COMPLETABLE, RECEIPT_COLUMNS, RELEASED, UNDECIDED};
+use super::sql::{self, driver, int, RECEIPT_COLUMNS, RELEASED, UNDECIDED};
 use super::{Claim, Claimed, Completion, Store};
 use crate::call_id::CallId;
 use crate::compensation::CompensationEntry;
@@ -89,6 +89,33 @@ impl PgStore {
     pub fn from_pool(pool: PgPool) -> PgStore {
         PgStore { pool }
     }
+
+    /// The statement a claim sends: it takes the key (a new row, or a released or expired one), or
+    /// returns the record that holds it, in one round trip.
+    pub const CLAIM_SQL: &'static str = "WITH taken AS (
+    INSERT INTO samekey_receipts AS r
+        (key, scope, call_id, state, fence, lease_until, expires_at, fingerprint, outcome, created,
+         updated)
+    VALUES ($1, $2, $3, 'PROCESSING', nextval('samekey_fence'), $4, NULL, $5, NULL, $6, $6)
+    ON CONFLICT (key) DO UPDATE SET
+        scope = EXCLUDED.scope, call_id = EXCLUDED.call_id, state = 'PROCESSING',
+        fence = nextval('samekey_fence'), lease_until = EXCLUDED.lease_until, expires_at = NULL,
+        fingerprint = EXCLUDED.fingerprint, outcome = NULL, created = EXCLUDED.created,
+        updated = EXCLUDED.updated
+    WHERE r.state = 'RELEASED' OR r.expires_at <= $6
+    RETURNING true AS acquired, key, scope, call_id, state, fence, lease_until, expires_at,
+        fingerprint, outcome, created, updated)
+SELECT * FROM taken
+UNION ALL
+SELECT false AS acquired, key, scope, call_id, state, fence, lease_until, expires_at, fingerprint,
+    outcome, created, updated
+FROM samekey_receipts WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM taken)";
+
+    /// The statement a completion sends (`$1` state, `$2` outcome, `$3` expiry, `$4` now, `$5` key,
+    /// `$6` fence); it changes one row or none.
+    pub const COMPLETE_SQL: &'static str = "UPDATE samekey_receipts
+SET state = $1, outcome = $2, lease_until = NULL, expires_at = $3, updated = $4
+WHERE key = $5 AND fence = $6 AND state IN ('RECEIVED', 'PROCESSING', 'UNKNOWN')";
 
     /// Creates the sequence, tables and indexes if they are missing. Idempotent, and safe to run from
     /// several instances at once (a transaction-scoped advisory lock serializes them).
@@ -160,20 +187,16 @@ async fn complete_on(
     completion: Completion,
     now_ms: u64,
 ) -> Result<Transition, StoreError> {
-    let done = sqlx::query(&format!(
-        "UPDATE samekey_receipts
-         SET state = $1, outcome = $2, lease_until = NULL, expires_at = $3, updated = $4
-         WHERE key = $5 AND fence = $6 AND state IN {COMPLETABLE}"
-    ))
-    .bind(completion.state.as_str())
-    .bind(completion.outcome.as_deref())
-    .bind(int(completion.expires_at_ms)?)
-    .bind(int(now_ms)?)
-    .bind(key.digest().as_slice())
-    .bind(int(fence.0)?)
-    .execute(&mut *conn)
-    .await
-    .map_err(driver)?;
+    let done = sqlx::query(PgStore::COMPLETE_SQL)
+        .bind(completion.state.as_str())
+        .bind(completion.outcome.as_deref())
+        .bind(int(completion.expires_at_ms)?)
+        .bind(int(now_ms)?)
+        .bind(key.digest().as_slice())
+        .bind(int(fence.0)?)
+        .execute(&mut *conn)
+        .await
+        .map_err(driver)?;
     if done.rows_affected() == 1 {
         return Ok(Transition::Applied);
     }
@@ -188,34 +211,16 @@ impl Store for PgStore {
         // One statement: take the key, or read the record that holds it. A row committed by another
         // instance after this statement's snapshot can make both halves empty: then ask again.
         for _ in 0..3 {
-            let row = sqlx::query(&format!(
-                "WITH taken AS (
-                     INSERT INTO samekey_receipts AS r
-                         (key, scope, call_id, state, fence, lease_until, expires_at, fingerprint,
-                          outcome, created, updated)
-                     VALUES ($1, $2, $3, 'PROCESSING', nextval('samekey_fence'), $4, NULL, $5, NULL,
-                             $6, $6)
-                     ON CONFLICT (key) DO UPDATE SET
-                         scope = EXCLUDED.scope, call_id = EXCLUDED.call_id, state = 'PROCESSING',
-                         fence = nextval('samekey_fence'), lease_until = EXCLUDED.lease_until,
-                         expires_at = NULL, fingerprint = EXCLUDED.fingerprint, outcome = NULL,
-                         created = EXCLUDED.created, updated = EXCLUDED.updated
-                     WHERE r.state = '{RELEASED}' OR r.expires_at <= $6
-                     RETURNING true AS acquired, {RECEIPT_COLUMNS})
-                 SELECT * FROM taken
-                 UNION ALL
-                 SELECT false AS acquired, {RECEIPT_COLUMNS} FROM samekey_receipts
-                 WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM taken)"
-            ))
-            .bind(claim.key.digest().as_slice())
-            .bind(claim.key.scope())
-            .bind(claim.call_id.to_string())
-            .bind(int(claim.lease_until_ms)?)
-            .bind(claim.fingerprint.as_ref().map(|f| f.0.as_slice()))
-            .bind(now)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(driver)?;
+            let row = sqlx::query(PgStore::CLAIM_SQL)
+                .bind(claim.key.digest().as_slice())
+                .bind(claim.key.scope())
+                .bind(claim.call_id.to_string())
+                .bind(int(claim.lease_until_ms)?)
+                .bind(claim.fingerprint.as_ref().map(|f| f.0.as_slice()))
+                .bind(now)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(driver)?;
             let Some(row) = row else { continue };
             let acquired: bool = sqlx::Row::try_get(&row, "acquired").map_err(driver)?;
             let record = sql::receipt(&row)?;

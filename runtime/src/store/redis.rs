@@ -224,6 +224,12 @@ impl RedisStore {
         })
     }
 
+    /// The script a claim runs (in the same round trip as the callId index entry).
+    pub const CLAIM_SCRIPT: &'static str = CLAIM;
+
+    /// The script every fenced write (completion, lease, unknown, release) runs.
+    pub const WRITE_SCRIPT: &'static str = WRITE;
+
     /// How long the callId index keeps an entry (default 8 days).
     pub fn with_index_ttl(mut self, ttl: Duration) -> RedisStore {
         self.index_ttl = ttl;

@@ -217,8 +217,5 @@ pub(crate) fn refusal(
     }
 }
 
-/// The states a completion (`SUCCESS`/`FAILED`) may start from.
-pub(crate) const COMPLETABLE: &str = "('RECEIVED', 'PROCESSING', 'UNKNOWN')";
-
 /// The states `UNKNOWN` may be written over.
 pub(crate) const UNDECIDED: &str = "('RECEIVED', 'PROCESSING')";

@@ -15,9 +15,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use super::sql::{
-    self, driver, fresh_fence, int, COMPLETABLE, RECEIPT_COLUMNS, RELEASED, UNDECIDED,
-};
+use super::sql::{self, driver, fresh_fence, int, RECEIPT_COLUMNS, RELEASED, UNDECIDED};
 use super::{Claim, Claimed, Completion, Store};
 use crate::call_id::CallId;
 use crate::compensation::CompensationEntry;
@@ -104,6 +102,31 @@ impl SqliteStore {
         SqliteStore { pool }
     }
 
+    /// The statement a claim sends: it takes the key (a new row, or a released or expired one) and
+    /// answers its fence, or changes nothing (the key is held: its row is read next).
+    pub const CLAIM_SQL: &'static str = "INSERT INTO samekey_receipts
+    (key, scope, call_id, state, fence, lease_until, expires_at, fingerprint, outcome, created, updated)
+VALUES (?1, ?2, ?3, 'PROCESSING', ?4, ?5, NULL, ?6, NULL, ?7, ?7)
+ON CONFLICT (key) DO UPDATE SET
+    scope = excluded.scope, call_id = excluded.call_id, state = 'PROCESSING',
+    fence = samekey_receipts.fence + 1, lease_until = excluded.lease_until, expires_at = NULL,
+    fingerprint = excluded.fingerprint, outcome = NULL, created = excluded.created,
+    updated = excluded.updated
+WHERE samekey_receipts.state = 'RELEASED' OR samekey_receipts.expires_at <= ?7
+RETURNING fence";
+
+    /// The statement a completion sends (`?1` state, `?2` outcome, `?3` expiry, `?4` now, `?5` key,
+    /// `?6` fence).
+    pub const COMPLETE_SQL: &'static str = "UPDATE samekey_receipts
+SET state = ?1, outcome = ?2, lease_until = NULL, expires_at = ?3, updated = ?4
+WHERE key = ?5 AND fence = ?6 AND state IN ('RECEIVED', 'PROCESSING', 'UNKNOWN')";
+
+    /// The statement that reads a key's row.
+    pub const ROW_SQL: &'static str =
+        "SELECT key, scope, call_id, state, fence, lease_until, expires_at,
+    fingerprint, outcome, created, updated
+FROM samekey_receipts WHERE key = ?1";
+
     /// Creates the tables and indexes if they are missing. Idempotent.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         sqlx::raw_sql(SCHEMA)
@@ -120,13 +143,11 @@ impl SqliteStore {
 
     /// The live row of `key`, whatever its expiry (for explaining a refused write).
     async fn row(&self, key: &Key) -> Result<Option<Receipt>, StoreError> {
-        let row = sqlx::query(&format!(
-            "SELECT {RECEIPT_COLUMNS} FROM samekey_receipts WHERE key = ?1"
-        ))
-        .bind(key.digest().as_slice())
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(driver)?;
+        let row = sqlx::query(SqliteStore::ROW_SQL)
+            .bind(key.digest().as_slice())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(driver)?;
         match row {
             Some(row) => sql::receipt(&row),
             None => Ok(None),
@@ -152,29 +173,17 @@ impl Store for SqliteStore {
         let fence = fresh_fence(claim.now_ms)?;
         // A row that vanishes between the two statements (released, purged) is claimed again.
         for _ in 0..3 {
-            let acquired: Option<i64> = sqlx::query_scalar(
-                "INSERT INTO samekey_receipts
-                     (key, scope, call_id, state, fence, lease_until, expires_at, fingerprint,
-                      outcome, created, updated)
-                 VALUES (?1, ?2, ?3, 'PROCESSING', ?4, ?5, NULL, ?6, NULL, ?7, ?7)
-                 ON CONFLICT (key) DO UPDATE SET
-                     scope = excluded.scope, call_id = excluded.call_id, state = 'PROCESSING',
-                     fence = samekey_receipts.fence + 1, lease_until = excluded.lease_until,
-                     expires_at = NULL, fingerprint = excluded.fingerprint, outcome = NULL,
-                     created = excluded.created, updated = excluded.updated
-                 WHERE samekey_receipts.state = 'RELEASED' OR samekey_receipts.expires_at <= ?7
-                 RETURNING fence",
-            )
-            .bind(claim.key.digest().as_slice())
-            .bind(claim.key.scope())
-            .bind(claim.call_id.to_string())
-            .bind(fence)
-            .bind(int(claim.lease_until_ms)?)
-            .bind(claim.fingerprint.as_ref().map(|f| f.0.as_slice()))
-            .bind(now)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(driver)?;
+            let acquired: Option<i64> = sqlx::query_scalar(SqliteStore::CLAIM_SQL)
+                .bind(claim.key.digest().as_slice())
+                .bind(claim.key.scope())
+                .bind(claim.call_id.to_string())
+                .bind(fence)
+                .bind(int(claim.lease_until_ms)?)
+                .bind(claim.fingerprint.as_ref().map(|f| f.0.as_slice()))
+                .bind(now)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(driver)?;
             if let Some(fence) = acquired {
                 return Ok(Claimed::Acquired(sql::fence_of(fence)?));
             }
@@ -252,20 +261,16 @@ impl Store for SqliteStore {
         completion: Completion,
         now_ms: u64,
     ) -> Result<Transition, StoreError> {
-        let done = sqlx::query(&format!(
-            "UPDATE samekey_receipts
-             SET state = ?1, outcome = ?2, lease_until = NULL, expires_at = ?3, updated = ?4
-             WHERE key = ?5 AND fence = ?6 AND state IN {COMPLETABLE}"
-        ))
-        .bind(completion.state.as_str())
-        .bind(completion.outcome.as_deref())
-        .bind(int(completion.expires_at_ms)?)
-        .bind(int(now_ms)?)
-        .bind(key.digest().as_slice())
-        .bind(int(fence.0)?)
-        .execute(&self.pool)
-        .await
-        .map_err(driver)?;
+        let done = sqlx::query(SqliteStore::COMPLETE_SQL)
+            .bind(completion.state.as_str())
+            .bind(completion.outcome.as_deref())
+            .bind(int(completion.expires_at_ms)?)
+            .bind(int(now_ms)?)
+            .bind(key.digest().as_slice())
+            .bind(int(fence.0)?)
+            .execute(&self.pool)
+            .await
+            .map_err(driver)?;
         if done.rows_affected() == 1 {
             return Ok(Transition::Applied);
         }
