@@ -152,7 +152,11 @@ async fn worker_process() {
         .unwrap_or(0);
     let now = samekey::CallId::new("t", "t").expect("label").unix_ms();
     tokio::time::sleep(std::time::Duration::from_millis(start.saturating_sub(now))).await;
-    for key in 0..KEYS {
+    // One worker walks the keys up, the other down: they meet in the middle, where both reach the
+    // same keys at the same time.
+    let down = std::env::var("SAMEKEY_WORKER_DOWN").is_ok();
+    for n in 0..KEYS {
+        let key = if down { KEYS - 1 - n } else { n };
         worker.effect(&worker.scope_tag, key).await.expect("call");
     }
 }
@@ -169,15 +173,19 @@ async fn two_processes_race_and_each_key_runs_once() {
     .expect("effects table");
     let exe = std::env::current_exe().expect("test binary");
     let start = samekey::CallId::new("t", "t").expect("label").unix_ms() + 1_500;
-    let spawn = || {
-        Command::new(&exe)
+    let spawn = |down: bool| {
+        let mut command = Command::new(&exe);
+        if down {
+            command.env("SAMEKEY_WORKER_DOWN", "1");
+        }
+        command
             .args(["--exact", "worker_process", "--nocapture"])
             .env("SAMEKEY_WORKER_TABLE", &effects)
             .env("SAMEKEY_WORKER_START", start.to_string())
             .spawn()
             .expect("worker process")
     };
-    let (mut a, mut b) = (spawn(), spawn());
+    let (mut a, mut b) = (spawn(false), spawn(true));
     assert!(a.wait().expect("worker a").success());
     assert!(b.wait().expect("worker b").success());
     let rows: Vec<(i64, i64)> = sqlx::query_as(&format!(

@@ -124,6 +124,32 @@ async fn a_corrupted_postgres_row_is_a_typed_error_and_runs_nothing() {
     ));
 }
 
+#[tokio::test]
+async fn a_corrupted_redis_record_is_a_typed_error_and_runs_nothing() {
+    let Some(redis) = own_redis("corrupt") else {
+        return;
+    };
+    let client = ::redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let key = Key::build("faults", &7u64);
+    // A hash written by something else under samekey's key name: no fence, a state samekey never
+    // writes.
+    let name = format!("samekey:r:{{{}}}", key.to_hex());
+    let _: () = ::redis::cmd("HSET")
+        .arg(&name)
+        .arg("state")
+        .arg("DONE")
+        .arg("call_id")
+        .arg("x")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let svc = Svc::on(Arc::new(RedisStore::connect(&redis.url()).await.unwrap()));
+    let out = svc.run(7).await;
+    assert!(is_corrupt(&out), "{out:?}");
+    assert_eq!(svc.runs(), 0, "nothing ran");
+}
+
 /// A Redis server of the test's own, on a free loopback port, persisting to `dir` with an fsync per
 /// write.
 struct OwnRedis {

@@ -14,12 +14,21 @@
 //! `appendonly yes` and `appendfsync always` when it is the store of record (as `scripts/services` does),
 //! or use it as [`CachedStore`] in front of PostgreSQL, where the durable store decides every claim.
 //!
+//! # The callId index
+//!
+//! A claim is one read-only script when the key is held (a replay costs one round trip and writes
+//! nothing); when it takes the key, the callId index entry goes out with the call's next write (its
+//! completion, a lease renewal, `UNKNOWN`), in that write's round trip. Until then, a call in flight is
+//! found by callId from the process that owns it, and by key from anywhere.
+//!
 //! # Fences and time
 //!
 //! A record's first fence is the claim's time in ms; a reused record's fence is its previous one plus
 //! one. Expiry follows the caller's clock (`now_ms`), as every store does: the record carries
 //! `expires_at`, and Redis removes it on its own a while after that (`PEXPIRE`, relative).
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -71,7 +80,7 @@ if fence ~= ARGV[1] or not open then
 end
 local f = string.format('%.0f', tonumber(fence) + 1)
 redis.call('HSET', r, 'state', 'PROCESSING', 'fence', f, 'lease_until', ARGV[2], 'updated', ARGV[3])
-return {1, f}
+return {1, f, redis.call('HGET', r, 'call_id')}
 "#;
 
 /// ARGV: fence, allowed states (space-separated), then field/value pairs to set; a field whose value is
@@ -163,6 +172,10 @@ pub struct RedisStore {
     prefix: String,
     index_ttl: Duration,
     scripts: Scripts,
+    /// Keys this store claimed whose callId index entry is not written yet: it goes out with the next
+    /// write of that key (its completion, usually), in the same round trip, so that a replay stays one
+    /// read-only script and losing claims leave no index entries behind.
+    unindexed: Arc<Mutex<HashMap<[u8; 32], CallId>>>,
 }
 
 #[derive(Clone)]
@@ -213,6 +226,7 @@ impl RedisStore {
             conn,
             prefix: prefix.to_owned(),
             index_ttl: DEFAULT_INDEX_TTL,
+            unindexed: Arc::default(),
             scripts: Scripts {
                 claim: Script::new(CLAIM),
                 take_over: Script::new(TAKE_OVER),
@@ -276,15 +290,65 @@ impl RedisStore {
         for (name, value) in fields {
             invocation.arg(*name).arg(value.as_slice());
         }
-        let answer: redis::Value = invocation
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
+        let unindexed = self
+            .unindexed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key.digest());
+        let answer = match unindexed {
+            None => invocation
+                .invoke_async(&mut self.conn())
+                .await
+                .map_err(unavailable)?,
+            Some(call_id) => {
+                let mut pipe = redis::pipe();
+                pipe.cmd("SET")
+                    .arg(self.index_key(&call_id))
+                    .arg(key.digest().as_slice())
+                    .arg("PX")
+                    .arg(u64::try_from(self.index_ttl.as_millis()).unwrap_or(u64::MAX))
+                    .ignore()
+                    .invoke_script(&invocation);
+                self.pipelined(&pipe, &invocation).await?
+            }
+        };
         match answer_code(&answer)? {
             1 => Ok(Ok(())),
             -1 => Ok(Err(None)),
             _ => Ok(Err(parse_record(key.scope(), &answer_fields(&answer)?)?)),
         }
+    }
+}
+
+impl RedisStore {
+    /// Sends a pipeline whose one answer is `invocation`'s. A pipeline cannot load a script by itself:
+    /// after a server restart emptied the script cache, the script is loaded and the pipeline sent again.
+    async fn pipelined(
+        &self,
+        pipe: &redis::Pipeline,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<redis::Value, StoreError> {
+        let answer: Result<(redis::Value,), _> = pipe.query_async(&mut self.conn()).await;
+        let (answer,) = match answer {
+            Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+                invocation
+                    .load_async(&mut self.conn())
+                    .await
+                    .map_err(unavailable)?;
+                pipe.query_async(&mut self.conn())
+                    .await
+                    .map_err(unavailable)?
+            }
+            other => other.map_err(unavailable)?,
+        };
+        Ok(answer)
+    }
+
+    fn index_later(&self, key: &Key, call_id: CallId) {
+        self.unindexed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(*key.digest(), call_id);
     }
 }
 
@@ -429,32 +493,14 @@ impl Store for RedisStore {
             )
             .arg(claim.now_ms)
             .arg(claim.key.digest().as_slice());
-        // The index entry (callId → key) goes in the same round trip: it is true whether or not this
-        // claim wins, and a reader checks the record's callId anyway.
-        let mut pipe = redis::pipe();
-        pipe.invoke_script(&invocation)
-            .cmd("SET")
-            .arg(self.index_key(&claim.call_id))
-            .arg(claim.key.digest().as_slice())
-            .arg("PX")
-            .arg(u64::try_from(self.index_ttl.as_millis()).unwrap_or(u64::MAX))
-            .ignore();
-        // A pipeline cannot load a script on its own: after a server restart emptied the script
-        // cache, load it and send again.
-        let (answer,): (redis::Value,) = match pipe.query_async(&mut self.conn()).await {
-            Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
-                invocation
-                    .load_async(&mut self.conn())
-                    .await
-                    .map_err(unavailable)?;
-                pipe.query_async(&mut self.conn())
-                    .await
-                    .map_err(unavailable)?
-            }
-            other => other.map_err(unavailable)?,
-        };
+        let answer: redis::Value = invocation
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
         if answer_code(&answer)? == 1 {
-            return Ok(Claimed::Acquired(answer_fence(&answer)?));
+            let fence = answer_fence(&answer)?;
+            self.index_later(&claim.key, claim.call_id);
+            return Ok(Claimed::Acquired(fence));
         }
         match parse_record(claim.key.scope(), &answer_fields(&answer)?)? {
             Some(record) => Ok(Claimed::Existing(record)),
@@ -482,7 +528,15 @@ impl Store for RedisStore {
             .await
             .map_err(unavailable)?;
         match answer_code(&answer)? {
-            1 => Ok(Claimed::Acquired(answer_fence(&answer)?)),
+            1 => {
+                let fence = answer_fence(&answer)?;
+                // The record may never have been indexed (its owner died before its first write).
+                if let Some(redis::Value::BulkString(id)) = answer_items(&answer)?.get(2) {
+                    let call_id = text(id, "callId")?.parse().map_err(corrupt)?;
+                    self.index_later(key, call_id);
+                }
+                Ok(Claimed::Acquired(fence))
+            }
             -1 => Err(StoreError::NotFound),
             _ => match parse_record(key.scope(), &answer_fields(&answer)?)? {
                 Some(record) => Ok(Claimed::Existing(record)),
@@ -587,8 +641,19 @@ impl Store for RedisStore {
             .get(self.index_key(call_id))
             .await
             .map_err(unavailable)?;
-        let Some(digest) = digest else {
-            return Ok(None);
+        let digest = match digest {
+            Some(digest) => digest,
+            // Claimed here and not written since: the index entry is still waiting in this process.
+            None => match self
+                .unindexed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .find(|(_, owner)| *owner == call_id)
+            {
+                Some((digest, _)) => digest.to_vec(),
+                None => return Ok(None),
+            },
         };
         let digest: [u8; 32] = digest
             .as_slice()

@@ -1,0 +1,432 @@
+//! The durable backends, side by side in one run with their raw drivers sending the same statements:
+//! a fresh call (claim + complete) and a replay, at 1, 16 and 64 concurrent callers; and a
+//! PostgreSQL-backed replay with and without the Redis front cache.
+//!
+//! ```text
+//! eval "$(scripts/services start)"
+//! cargo bench --bench stores --features sqlite,postgres,redis
+//! ```
+//!
+//! Each iteration is one call; the callers run concurrently on a 2-thread tokio runtime, so criterion's
+//! time per iteration is the inverse of the throughput (its `elem/s`), and the latency one caller sees
+//! is that time multiplied by the number of callers. A backend whose URL is not set is skipped.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use samekey::store::{CachedStore, PgStore, RedisStore, SqliteStore};
+use samekey::{idempotent, Classify, ErrorClass, Runtime, Store};
+use serde::{Deserialize, Serialize};
+
+const CALLERS: [u64; 3] = [1, 16, 64];
+
+#[derive(Debug, Serialize, Deserialize)]
+struct BenchError;
+
+impl Classify for BenchError {
+    fn classify(&self) -> ErrorClass {
+        ErrorClass::Permanent
+    }
+}
+
+impl From<samekey::Error> for BenchError {
+    fn from(e: samekey::Error) -> BenchError {
+        panic!("store failed during the benchmark: {e}")
+    }
+}
+
+struct Service {
+    rt: Runtime,
+}
+
+impl Service {
+    fn on(store: Arc<dyn Store>) -> Arc<Service> {
+        Arc::new(Service {
+            rt: Runtime::builder()
+                .shared_store(store)
+                .build()
+                .expect("runtime"),
+        })
+    }
+
+    #[idempotent(key = "run + id", scope = "bench.stores", runtime = &self.rt)]
+    async fn call(&self, run: u64, id: u64) -> Result<u64, BenchError> {
+        Ok(id)
+    }
+}
+
+/// Runs `iters` calls of `f(caller, n)` spread over `callers` concurrent tasks; the time they took.
+async fn concurrently<F, Fut>(iters: u64, callers: u64, f: F) -> Duration
+where
+    F: Fn(u64, u64) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let per = iters.div_ceil(callers).max(1);
+    let start = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for caller in 0..callers {
+        let f = f.clone();
+        set.spawn(async move {
+            for n in 0..per {
+                f(caller, n).await;
+            }
+        });
+    }
+    while let Some(done) = set.join_next().await {
+        done.expect("caller task");
+    }
+    start
+        .elapsed()
+        .mul_f64(iters as f64 / (per * callers) as f64)
+}
+
+/// A key digest no other run or benchmark uses.
+fn digest(run: u64, n: u64) -> [u8; 32] {
+    let mut d = [0u8; 32];
+    d[..8].copy_from_slice(&run.to_le_bytes());
+    d[8..16].copy_from_slice(&n.to_le_bytes());
+    d[31] = (n % 251) as u8;
+    d
+}
+
+fn unique_run() -> u64 {
+    samekey::TraceId::new().as_u128() as u64
+}
+
+/// The statements a fresh call and a replay send, through the raw driver.
+#[derive(Clone)]
+enum Raw {
+    Sqlite(sqlx::SqlitePool),
+    Postgres(sqlx::PgPool),
+    Redis(redis::aio::ConnectionManager, redis::Script, redis::Script),
+}
+
+impl Raw {
+    /// Claim + complete on a new key.
+    async fn fresh(&self, key: [u8; 32]) {
+        let now = 1_700_000_000_000i64;
+        match self {
+            Raw::Sqlite(pool) => {
+                let fence: Option<i64> = sqlx::query_scalar(SqliteStore::CLAIM_SQL)
+                    .bind(key.as_slice())
+                    .bind("bench.raw")
+                    .bind("raw-1-00000000000000ff-n")
+                    .bind(now << 16)
+                    .bind(now + 30_000)
+                    .bind(None::<&[u8]>)
+                    .bind(now)
+                    .fetch_optional(pool)
+                    .await
+                    .expect("claim");
+                sqlx::query(SqliteStore::COMPLETE_SQL)
+                    .bind("SUCCESS")
+                    .bind(&b"42"[..])
+                    .bind(now + 86_400_000)
+                    .bind(now)
+                    .bind(key.as_slice())
+                    .bind(fence.expect("fresh key"))
+                    .execute(pool)
+                    .await
+                    .expect("complete");
+            }
+            Raw::Postgres(pool) => {
+                let row = sqlx::query(PgStore::CLAIM_SQL)
+                    .bind(key.as_slice())
+                    .bind("bench.raw")
+                    .bind("raw-1-00000000000000ff-n")
+                    .bind(now + 30_000)
+                    .bind(None::<&[u8]>)
+                    .bind(now)
+                    .fetch_one(pool)
+                    .await
+                    .expect("claim");
+                let fence: i64 = sqlx::Row::get(&row, "fence");
+                sqlx::query(PgStore::COMPLETE_SQL)
+                    .bind("SUCCESS")
+                    .bind(&b"42"[..])
+                    .bind(now + 86_400_000)
+                    .bind(now)
+                    .bind(key.as_slice())
+                    .bind(fence)
+                    .execute(pool)
+                    .await
+                    .expect("complete");
+            }
+            Raw::Redis(conn, claim, write) => {
+                let mut conn = conn.clone();
+                let name = format!("bench-raw:r:{{{}}}", hex(&key));
+                let answer: Vec<redis::Value> = claim
+                    .key(&name)
+                    .arg("bench.raw")
+                    .arg("raw-1-00000000000000ff-n")
+                    .arg(now + 30_000)
+                    .arg("")
+                    .arg(now)
+                    .arg(key.as_slice())
+                    .invoke_async(&mut conn)
+                    .await
+                    .expect("claim");
+                let fence: String = redis::from_redis_value(&answer[1]).expect("fence");
+                // The callId index entry goes out with the completion, as the store sends it.
+                let mut complete = write.key(&name);
+                complete
+                    .arg(fence)
+                    .arg("RECEIVED PROCESSING UNKNOWN")
+                    .arg(86_460_000)
+                    .arg("state")
+                    .arg("SUCCESS")
+                    .arg("outcome")
+                    .arg("42")
+                    .arg("lease_until")
+                    .arg("")
+                    .arg("expires_at")
+                    .arg(now + 86_400_000)
+                    .arg("updated")
+                    .arg(now);
+                let mut pipe = redis::pipe();
+                pipe.cmd("SET")
+                    .arg(format!("bench-raw:c:{{{}}}", hex(&key)))
+                    .arg(key.as_slice())
+                    .arg("PX")
+                    .arg(86_400_000)
+                    .ignore()
+                    .invoke_script(&complete);
+                let _: (redis::Value,) = pipe.query_async(&mut conn).await.expect("complete");
+            }
+        }
+    }
+
+    /// The claim of a finished key (what a replay sends).
+    async fn replay(&self, key: [u8; 32]) {
+        let now = 1_700_000_000_000i64;
+        match self {
+            Raw::Sqlite(pool) => {
+                let fence: Option<i64> = sqlx::query_scalar(SqliteStore::CLAIM_SQL)
+                    .bind(key.as_slice())
+                    .bind("bench.raw")
+                    .bind("raw-1-00000000000000ff-n")
+                    .bind(now << 16)
+                    .bind(now + 30_000)
+                    .bind(None::<&[u8]>)
+                    .bind(now)
+                    .fetch_optional(pool)
+                    .await
+                    .expect("claim");
+                assert!(fence.is_none(), "the key is held");
+                sqlx::query(SqliteStore::ROW_SQL)
+                    .bind(key.as_slice())
+                    .fetch_one(pool)
+                    .await
+                    .expect("row");
+            }
+            Raw::Postgres(pool) => {
+                sqlx::query(PgStore::CLAIM_SQL)
+                    .bind(key.as_slice())
+                    .bind("bench.raw")
+                    .bind("raw-1-00000000000000ff-n")
+                    .bind(now + 30_000)
+                    .bind(None::<&[u8]>)
+                    .bind(now)
+                    .fetch_one(pool)
+                    .await
+                    .expect("claim");
+            }
+            Raw::Redis(conn, claim, _) => {
+                let mut conn = conn.clone();
+                let _: redis::Value = claim
+                    .key(format!("bench-raw:r:{{{}}}", hex(&key)))
+                    .arg("bench.raw")
+                    .arg("raw-1-00000000000000ff-n")
+                    .arg(now + 30_000)
+                    .arg("")
+                    .arg(now)
+                    .arg(key.as_slice())
+                    .invoke_async(&mut conn)
+                    .await
+                    .expect("claim");
+            }
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn backend(
+    c: &mut Criterion,
+    rt: &tokio::runtime::Runtime,
+    name: &str,
+    store: Arc<dyn Store>,
+    raw: Raw,
+) {
+    let service = Service::on(store);
+    let run = unique_run();
+    let next = Arc::new(AtomicU64::new(0));
+
+    let mut group = c.benchmark_group(format!("{name}/fresh"));
+    group.throughput(Throughput::Elements(1));
+    for callers in CALLERS {
+        group.bench_function(BenchmarkId::new("samekey", format!("c{callers}")), |b| {
+            b.to_async(rt).iter_custom(|iters| {
+                let (service, next) = (service.clone(), next.clone());
+                concurrently(iters, callers, move |_, _| {
+                    let (service, next) = (service.clone(), next.clone());
+                    async move {
+                        let id = next.fetch_add(1, Ordering::Relaxed);
+                        service.call(run, id).await.expect("call");
+                    }
+                })
+            })
+        });
+        group.bench_function(BenchmarkId::new("raw", format!("c{callers}")), |b| {
+            b.to_async(rt).iter_custom(|iters| {
+                let (raw, next) = (raw.clone(), next.clone());
+                concurrently(iters, callers, move |_, _| {
+                    let (raw, next) = (raw.clone(), next.clone());
+                    async move {
+                        raw.fresh(digest(run, next.fetch_add(1, Ordering::Relaxed)))
+                            .await;
+                    }
+                })
+            })
+        });
+    }
+    group.finish();
+
+    // Replays: each caller replays a finished key of its own (one row per caller, as duplicates of
+    // different operations would).
+    let replay_run = unique_run();
+    rt.block_on(async {
+        for caller in 0..64 {
+            service.call(replay_run, caller).await.expect("prime");
+            raw.fresh(digest(replay_run, caller)).await;
+        }
+    });
+    let mut group = c.benchmark_group(format!("{name}/replay"));
+    group.throughput(Throughput::Elements(1));
+    for callers in CALLERS {
+        group.bench_function(BenchmarkId::new("samekey", format!("c{callers}")), |b| {
+            b.to_async(rt).iter_custom(|iters| {
+                let service = service.clone();
+                concurrently(iters, callers, move |caller, _| {
+                    let service = service.clone();
+                    async move {
+                        service.call(replay_run, caller).await.expect("replay");
+                    }
+                })
+            })
+        });
+        group.bench_function(BenchmarkId::new("raw", format!("c{callers}")), |b| {
+            b.to_async(rt).iter_custom(|iters| {
+                let raw = raw.clone();
+                concurrently(iters, callers, move |caller, _| {
+                    let raw = raw.clone();
+                    async move { raw.replay(digest(replay_run, caller)).await }
+                })
+            })
+        });
+    }
+    group.finish();
+}
+
+fn cache(c: &mut Criterion, rt: &tokio::runtime::Runtime, pg: &str, redis_url: &str) {
+    let (plain, cached) = rt.block_on(async {
+        let pg_store = PgStore::connect(pg).await.expect("postgres");
+        let cached = CachedStore::connect(pg_store.clone(), redis_url)
+            .await
+            .expect("redis");
+        (
+            Service::on(Arc::new(pg_store)),
+            Service::on(Arc::new(cached)),
+        )
+    });
+    let run = unique_run();
+    rt.block_on(async {
+        for caller in 0..64 {
+            plain.call(run, caller).await.expect("prime");
+            // The first replay through the cache fills it.
+            cached.call(run, caller).await.expect("fill the cache");
+        }
+    });
+    let mut group = c.benchmark_group("postgres/replay_cache");
+    group.throughput(Throughput::Elements(1));
+    for callers in CALLERS {
+        for (label, service) in [("postgres", &plain), ("redis_cache", &cached)] {
+            group.bench_function(BenchmarkId::new(label, format!("c{callers}")), |b| {
+                b.to_async(rt).iter_custom(|iters| {
+                    let service = service.clone();
+                    concurrently(iters, callers, move |caller, _| {
+                        let service = service.clone();
+                        async move {
+                            service.call(run, caller).await.expect("replay");
+                        }
+                    })
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let mut c = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(10)
+        .configure_from_args();
+
+    let dir = std::env::temp_dir().join(format!("samekey-bench-{}", unique_run()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let sqlite = rt
+        .block_on(SqliteStore::open(dir.join("bench.db")))
+        .expect("sqlite");
+    let raw = Raw::Sqlite(sqlite.pool().clone());
+    backend(&mut c, &rt, "sqlite", Arc::new(sqlite), raw);
+
+    match std::env::var("SAMEKEY_PG_URL") {
+        Ok(url) => {
+            let store = rt.block_on(PgStore::connect(&url)).expect("postgres");
+            let raw = Raw::Postgres(store.pool().clone());
+            backend(&mut c, &rt, "postgres", Arc::new(store), raw);
+        }
+        Err(_) => println!("skipped: set SAMEKEY_PG_URL to benchmark PostgreSQL"),
+    }
+    match std::env::var("SAMEKEY_REDIS_URL") {
+        Ok(url) => {
+            let store = rt
+                .block_on(RedisStore::connect_with_prefix(&url, "bench"))
+                .expect("redis");
+            let conn = rt
+                .block_on(async {
+                    redis::Client::open(url.as_str())
+                        .expect("url")
+                        .get_connection_manager()
+                        .await
+                })
+                .expect("redis connection");
+            let raw = Raw::Redis(
+                conn,
+                redis::Script::new(RedisStore::CLAIM_SCRIPT),
+                redis::Script::new(RedisStore::WRITE_SCRIPT),
+            );
+            backend(&mut c, &rt, "redis", Arc::new(store), raw);
+        }
+        Err(_) => println!("skipped: set SAMEKEY_REDIS_URL to benchmark Redis"),
+    }
+    if let (Ok(pg), Ok(redis_url)) = (
+        std::env::var("SAMEKEY_PG_URL"),
+        std::env::var("SAMEKEY_REDIS_URL"),
+    ) {
+        cache(&mut c, &rt, &pg, &redis_url);
+    }
+    c.final_summary();
+}
