@@ -5,8 +5,7 @@
 //! Both SQL backends keep one row per key in `samekey_receipts` (the key's digest is the primary key:
 //! the unique index that is the last line of defence) and one row per queued call in
 //! `samekey_compensation`. A released claim stays as a `RELEASED` tombstone until it is purged, so that
-//! the key's next claim continues its fence sequence; fences of a new row are `now_ms << 16`, larger than
-//! any fence the key had before (at most 65 535 take-overs per millisecond).
+//! the key's next claim continues its fence sequence.
 
 use std::sync::Arc;
 
@@ -28,14 +27,6 @@ pub(crate) const RECEIPT_COLUMNS: &str =
 /// The columns of a compensation row, in `SELECT` order.
 pub(crate) const COMPENSATION_COLUMNS: &str =
     "call_id, key, scope, reason, round, next_at, state, lease_until, enqueued";
-
-/// The fence of a key's new row: larger than any fence issued for it at an earlier millisecond.
-pub(crate) fn fresh_fence(now_ms: u64) -> Result<i64, StoreError> {
-    now_ms
-        .checked_mul(1 << 16)
-        .and_then(|f| i64::try_from(f).ok())
-        .ok_or_else(|| StoreError::Corrupt(format!("time {now_ms} ms is out of range")))
-}
 
 /// A `u64` as the `BIGINT` the databases store.
 pub(crate) fn int(v: u64) -> Result<i64, StoreError> {

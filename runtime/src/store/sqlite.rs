@@ -15,7 +15,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use super::sql::{self, driver, fresh_fence, int, RECEIPT_COLUMNS, RELEASED, UNDECIDED};
+use super::sql::{self, driver, int, RECEIPT_COLUMNS, RELEASED, UNDECIDED};
 use super::{Claim, Claimed, Completion, Store};
 use crate::call_id::CallId;
 use crate::compensation::CompensationEntry;
@@ -456,4 +456,13 @@ impl Store for SqliteStore {
         .map_err(driver)?;
         rows.iter().map(sql::compensation).collect()
     }
+}
+
+/// The fence of a key's new row: `now_ms << 16`, larger than any fence the key had at an earlier
+/// millisecond (at most 65 535 take-overs per millisecond).
+fn fresh_fence(now_ms: u64) -> Result<i64, StoreError> {
+    now_ms
+        .checked_mul(1 << 16)
+        .and_then(|f| i64::try_from(f).ok())
+        .ok_or_else(|| StoreError::Corrupt(format!("time {now_ms} ms is out of range")))
 }
