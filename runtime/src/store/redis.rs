@@ -4,9 +4,14 @@
 //! # Keys and Redis Cluster
 //!
 //! A record lives in the hash `samekey:r:{<digest>}`, the callId index in `samekey:c:{<callId>}`, the
-//! compensation queue in the hash `samekey:{queue}`. Every script touches exactly one key, and the part
-//! in braces is a hash tag, so every operation addresses one slot: the layout works on Redis Cluster as
-//! it does on one server. (The test suite runs against a single server; no cluster is started in CI.)
+//! compensation queue in the hash `samekey:{queue}`. The part in braces is a hash tag, and every script
+//! reads and writes only its one `KEYS[1]`, so every script runs within one slot; the other commands
+//! address one key each. That is what a Redis Cluster requires, and it is what was checked (by reading
+//! the scripts; the suites run against one server).
+//!
+//! What is **not** done yet: `RedisStore` connects to one server (or a proxy in front of a cluster)
+//! through redis-rs's `ConnectionManager`; it has no cluster-aware client, and
+//! [`Store::purge_expired`] scans that one server. Running directly on a cluster needs both.
 //!
 //! # Durability
 //!
@@ -889,11 +894,10 @@ impl RedisStore {
             ("created", receipt.created_ms.to_string().into_bytes()),
             ("updated", receipt.updated_ms.to_string().into_bytes()),
         ];
+        // Every field of a finished receipt is written at once (one HSET), so a reader sees the whole
+        // entry or none; concurrent writers write the same values.
         let mut pipe = redis::pipe();
-        pipe.atomic()
-            .del(&record)
-            .ignore()
-            .hset_multiple(&record, &fields)
+        pipe.hset_multiple(&record, &fields)
             .ignore()
             .pexpire(&record, i64::try_from(keep).unwrap_or(i64::MAX))
             .ignore()
