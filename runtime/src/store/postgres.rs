@@ -109,7 +109,8 @@ SELECT * FROM taken
 UNION ALL
 SELECT false AS acquired, key, scope, call_id, state, fence, lease_until, expires_at, fingerprint,
     outcome, created, updated
-FROM samekey_receipts WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM taken)";
+FROM samekey_receipts
+WHERE key = $1 AND (expires_at IS NULL OR expires_at > $6) AND NOT EXISTS (SELECT 1 FROM taken)";
 
     /// The statement a completion sends (`$1` state, `$2` outcome, `$3` expiry, `$4` now, `$5` key,
     /// `$6` fence); it changes one row or none.
@@ -120,7 +121,24 @@ WHERE key = $5 AND fence = $6 AND state IN ('RECEIVED', 'PROCESSING', 'UNKNOWN')
     /// Creates the sequence, tables and indexes if they are missing. Idempotent, and safe to run from
     /// several instances at once (a transaction-scoped advisory lock serializes them).
     pub async fn migrate(&self) -> Result<(), StoreError> {
+        // The usual case, an instance starting on a migrated database, takes no lock at all:
+        // `CREATE INDEX IF NOT EXISTS` would lock the table against writers before finding the index.
+        let present: bool = sqlx::query_scalar(
+            "SELECT to_regclass('samekey_compensation_due') IS NOT NULL
+                AND to_regclass('samekey_receipts_expires_at') IS NOT NULL
+                AND to_regclass('samekey_fence') IS NOT NULL",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .map_err(driver)?;
+        if present {
+            return Ok(());
+        }
         let mut tx = self.pool.begin().await.map_err(driver)?;
+        sqlx::query("SET LOCAL lock_timeout = '10s'")
+            .execute(&mut *tx)
+            .await
+            .map_err(driver)?;
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext('samekey.migrate'))")
             .execute(&mut *tx)
             .await
@@ -226,6 +244,9 @@ impl Store for PgStore {
             let record = sql::receipt(&row)?;
             match (acquired, record) {
                 (true, Some(record)) => return Ok(Claimed::Acquired(record.fence)),
+                // The statement's snapshot may show a row that another instance has since
+                // re-claimed: never answer with an expired record.
+                (false, Some(record)) if record.expired(claim.now_ms) => continue,
                 (false, Some(record)) => return Ok(Claimed::Existing(record)),
                 // A released tombstone read in the race above: claim again.
                 (_, None) => continue,

@@ -59,11 +59,16 @@ local r = KEYS[1]
 local now = tonumber(ARGV[5])
 local h = redis.call('HMGET', r, 'state', 'expires_at', 'fence')
 local state, exp, fence = h[1], h[2], h[3]
+if (exp and exp ~= '' and not tonumber(exp)) or (fence and not tonumber(fence)) then
+  return {-2, 'a stored expiry or fence is not a number'}
+end
 local free = (not state) or state == 'RELEASED' or (exp and exp ~= '' and tonumber(exp) <= now)
 if not free then
   return {0, redis.call('HGETALL', r)}
 end
-local f = now
+-- A new record's fence is the time in microseconds' worth of ms (exact in Lua's doubles): larger than
+-- any fence an earlier record of the key had, unless it was taken over a thousand times in one ms.
+local f = now * 1000
 if fence then f = tonumber(fence) + 1 end
 f = string.format('%.0f', f)
 redis.call('DEL', r)
@@ -78,6 +83,9 @@ local now = tonumber(ARGV[3])
 local h = redis.call('HMGET', r, 'state', 'fence', 'lease_until')
 local state, fence, lease = h[1], h[2], h[3]
 if not state or state == 'RELEASED' then return {-1} end
+if not tonumber(fence) or (lease and lease ~= '' and not tonumber(lease)) then
+  return {-2, 'a stored fence or lease is not a number'}
+end
 local open = state == 'UNKNOWN' or ((state == 'RECEIVED' or state == 'PROCESSING')
   and (not lease or lease == '' or tonumber(lease) <= now))
 if fence ~= ARGV[1] or not open then
@@ -122,10 +130,14 @@ local limit = tonumber(ARGV[2])
 local all = redis.call('HGETALL', q)
 local due = {}
 for i = 1, #all, 2 do
-  local e = cjson.decode(all[i + 1])
-  if (e.state == 'PENDING' and tonumber(e.next_at) <= now)
-     or (e.state == 'TAKEN' and tonumber(e.lease_until) <= now) then
-    table.insert(due, {all[i], e})
+  -- An entry that cannot be read is left where it is (listing the queue reports it), so that it
+  -- does not hold up the others.
+  local ok, e = pcall(cjson.decode, all[i + 1])
+  if ok and type(e) == 'table' and tonumber(e.next_at) and tonumber(e.enqueued) then
+    if (e.state == 'PENDING' and tonumber(e.next_at) <= now)
+       or (e.state == 'TAKEN' and tonumber(e.lease_until) and tonumber(e.lease_until) <= now) then
+      table.insert(due, {all[i], e})
+    end
   end
 end
 table.sort(due, function(a, b)
@@ -314,7 +326,14 @@ impl RedisStore {
                     .arg(u64::try_from(self.index_ttl.as_millis()).unwrap_or(u64::MAX))
                     .ignore()
                     .invoke_script(&invocation);
-                self.pipelined(&pipe, &invocation).await?
+                match self.pipelined(&pipe, &invocation).await {
+                    Ok(answer) => answer,
+                    Err(e) => {
+                        // Not sent, or not known to be: the next write of the key sends it again.
+                        self.index_later(key, call_id);
+                        return Err(e);
+                    }
+                }
             }
         };
         match answer_code(&answer)? {
@@ -364,8 +383,15 @@ fn answer_items(answer: &redis::Value) -> Result<&[redis::Value], StoreError> {
     }
 }
 
+/// The code a script answered with; `-2` (the script found a stored value it cannot read) is
+/// [`StoreError::Corrupt`].
 fn answer_code(answer: &redis::Value) -> Result<i64, StoreError> {
-    match answer_items(answer)?.first() {
+    let items = answer_items(answer)?;
+    match items.first() {
+        Some(redis::Value::Int(-2)) => Err(corrupt(match items.get(1) {
+            Some(redis::Value::BulkString(why)) => String::from_utf8_lossy(why).into_owned(),
+            _ => "unreadable record".to_owned(),
+        })),
         Some(redis::Value::Int(code)) => Ok(*code),
         other => Err(corrupt(format!("unexpected script answer {other:?}"))),
     }
@@ -894,20 +920,25 @@ impl RedisStore {
             ("created", receipt.created_ms.to_string().into_bytes()),
             ("updated", receipt.updated_ms.to_string().into_bytes()),
         ];
-        // Every field of a finished receipt is written at once (one HSET), so a reader sees the whole
-        // entry or none; concurrent writers write the same values.
-        let mut pipe = redis::pipe();
-        pipe.hset_multiple(&record, &fields)
+        // The entry and its expiry in one MULTI on the record's own key (one slot), so an entry never
+        // outlives its receipt; the callId index entry, on another key, expires with it.
+        let mut entry = redis::pipe();
+        entry
+            .atomic()
+            .hset_multiple(&record, &fields)
             .ignore()
             .pexpire(&record, i64::try_from(keep).unwrap_or(i64::MAX))
-            .ignore()
-            .cmd("SET")
+            .ignore();
+        entry
+            .query_async::<()>(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        redis::cmd("SET")
             .arg(self.index_key(&receipt.call_id))
             .arg(receipt.key.digest().as_slice())
             .arg("PX")
             .arg(keep)
-            .ignore();
-        pipe.query_async::<()>(&mut self.conn())
+            .query_async::<()>(&mut self.conn())
             .await
             .map_err(unavailable)
     }

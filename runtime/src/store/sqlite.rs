@@ -61,14 +61,14 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) the database file at `path`, in WAL mode with a 5 s busy timeout, and
-    /// creates the schema.
+    /// Opens (creating if needed) the database file at `path`, in WAL mode with a 5 s busy timeout and
+    /// `synchronous = FULL` (a receipt acknowledged survives a power loss), and creates the schema.
     pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal)
+            .synchronous(SqliteSynchronous::Full)
             .busy_timeout(Duration::from_secs(5));
         SqliteStore::with_options(options).await
     }
@@ -80,7 +80,7 @@ impl SqliteStore {
             .map_err(|e| StoreError::Unavailable(format!("invalid SQLite URL `{url}`: {e}")))?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal)
+            .synchronous(SqliteSynchronous::Full)
             .busy_timeout(Duration::from_secs(5));
         SqliteStore::with_options(options).await
     }
@@ -173,7 +173,9 @@ impl Store for SqliteStore {
         let fence = fresh_fence(claim.now_ms)?;
         // A row that vanishes between the two statements (released, purged) is claimed again.
         for _ in 0..3 {
-            let acquired: Option<i64> = sqlx::query_scalar(SqliteStore::CLAIM_SQL)
+            // `fetch_all`, not `fetch_optional`: the statement commits when it runs to its end, and only
+            // then is a failed commit (a full disk, an I/O error) reported.
+            let acquired: Vec<i64> = sqlx::query_scalar(SqliteStore::CLAIM_SQL)
                 .bind(claim.key.digest().as_slice())
                 .bind(claim.key.scope())
                 .bind(claim.call_id.to_string())
@@ -181,10 +183,10 @@ impl Store for SqliteStore {
                 .bind(int(claim.lease_until_ms)?)
                 .bind(claim.fingerprint.as_ref().map(|f| f.0.as_slice()))
                 .bind(now)
-                .fetch_optional(&self.pool)
+                .fetch_all(&self.pool)
                 .await
                 .map_err(driver)?;
-            if let Some(fence) = acquired {
+            if let Some(&fence) = acquired.first() {
                 return Ok(Claimed::Acquired(sql::fence_of(fence)?));
             }
             if let Some(existing) = self.row(&claim.key).await? {
@@ -203,7 +205,7 @@ impl Store for SqliteStore {
         lease_until_ms: u64,
         now_ms: u64,
     ) -> Result<Claimed, StoreError> {
-        let taken: Option<i64> = sqlx::query_scalar(
+        let taken: Vec<i64> = sqlx::query_scalar(
             "UPDATE samekey_receipts
              SET state = 'PROCESSING', fence = fence + 1, lease_until = ?1, updated = ?2
              WHERE key = ?3 AND fence = ?4
@@ -216,11 +218,11 @@ impl Store for SqliteStore {
         .bind(int(now_ms)?)
         .bind(key.digest().as_slice())
         .bind(int(expected.0)?)
-        .fetch_optional(&self.pool)
+        .fetch_all(&self.pool)
         .await
         .map_err(driver)?;
-        match taken {
-            Some(fence) => Ok(Claimed::Acquired(sql::fence_of(fence)?)),
+        match taken.first() {
+            Some(&fence) => Ok(Claimed::Acquired(sql::fence_of(fence)?)),
             None => match self.row(key).await? {
                 Some(record) => Ok(Claimed::Existing(record)),
                 None => Err(StoreError::NotFound),
