@@ -39,6 +39,67 @@ mod standalone {
     samekey_runtime::store_conformance_tests!(optional: store().await);
 }
 
+/// The standalone store on a three-primary Redis Cluster (`SAMEKEY_REDIS_CLUSTER_URLS`, comma-separated).
+mod cluster {
+    use super::*;
+
+    async fn store() -> Option<Arc<RedisStore>> {
+        let Ok(urls) = std::env::var("SAMEKEY_REDIS_CLUSTER_URLS") else {
+            println!("skipped: set SAMEKEY_REDIS_CLUSTER_URLS (scripts/services start) to run the Redis Cluster suite");
+            return None;
+        };
+        let nodes: Vec<&str> = urls.split(',').filter(|u| !u.is_empty()).collect();
+        Some(Arc::new(
+            RedisStore::connect_cluster_with_prefix(&nodes, &prefix())
+                .await
+                .expect("connect to SAMEKEY_REDIS_CLUSTER_URLS"),
+        ))
+    }
+
+    samekey_runtime::store_conformance_tests!(optional: store().await);
+
+    /// The keys of one store really are spread over the cluster's nodes (the suite would also pass if
+    /// everything landed on one).
+    #[tokio::test]
+    async fn keys_spread_over_the_nodes() {
+        let Ok(urls) = std::env::var("SAMEKEY_REDIS_CLUSTER_URLS") else {
+            println!("skipped: set SAMEKEY_REDIS_CLUSTER_URLS to run the Redis Cluster suite");
+            return;
+        };
+        let prefix = prefix();
+        let nodes: Vec<&str> = urls.split(',').filter(|u| !u.is_empty()).collect();
+        let store = RedisStore::connect_cluster_with_prefix(&nodes, &prefix)
+            .await
+            .expect("connect");
+        use samekey_runtime::Store;
+        for n in 0..64u64 {
+            let claim = samekey_runtime::store::Claim {
+                key: samekey_runtime::Key::build("spread", &n),
+                call_id: samekey_runtime::CallId::new("t", "t").unwrap(),
+                fingerprint: None,
+                lease_until_ms: 10,
+                now_ms: 1,
+            };
+            store.claim(claim).await.expect("claim");
+        }
+        // Ask each node what it holds (with redis-cli, which comes with the server).
+        let mut holding = 0;
+        for url in &nodes {
+            let port = url
+                .trim_end_matches('/')
+                .rsplit(':')
+                .next()
+                .expect("a port");
+            let out = std::process::Command::new("redis-cli")
+                .args(["-p", port, "--scan", "--pattern", &format!("{prefix}:r:*")])
+                .output()
+                .expect("redis-cli");
+            holding += usize::from(!out.stdout.is_empty());
+        }
+        assert!(holding >= 2, "64 keys landed on {holding} node(s)");
+    }
+}
+
 mod cache_over_memory {
     use super::*;
 

@@ -5,13 +5,11 @@
 //!
 //! A record lives in the hash `samekey:r:{<digest>}`, the callId index in `samekey:c:{<callId>}`, the
 //! compensation queue in the hash `samekey:{queue}`. The part in braces is a hash tag, and every script
-//! reads and writes only its one `KEYS[1]`, so every script runs within one slot; the other commands
-//! address one key each. That is what a Redis Cluster requires, and it is what was checked (by reading
-//! the scripts; the suites run against one server).
-//!
-//! What is **not** done yet: `RedisStore` connects to one server (or a proxy in front of a cluster)
-//! through redis-rs's `ConnectionManager`; it has no cluster-aware client, and
-//! [`Store::purge_expired`] scans that one server. Running directly on a cluster needs both.
+//! reads and writes only its one `KEYS[1]`, so every script runs within one slot; commands on two keys
+//! (a completion and its index entry) are sent side by side, not as one pipeline or transaction.
+//! [`RedisStore::connect_cluster`] uses redis-rs's cluster client, which routes each command to its
+//! slot's node, and [`Store::purge_expired`] scans every primary. The conformance suite runs against a
+//! three-primary cluster in CI (`scripts/services`), and a test checks that keys spread over its nodes.
 //!
 //! # Durability
 //!
@@ -37,8 +35,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::ConnectionManager;
-use redis::{AsyncCommands, Script};
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{AsyncCommands, RedisFuture, Script};
 use serde::{Deserialize, Serialize};
 
 use super::{Claim, Claimed, Completion, Store};
@@ -182,10 +182,45 @@ struct QueuedEntry {
     enqueued: String,
 }
 
+/// One server (reconnecting), or a Redis Cluster (routing each command to its slot's node).
+#[derive(Clone)]
+enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, redis::Value> {
+        match self {
+            Connection::Single(c) => c.req_packed_command(cmd),
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Connection::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Single(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
 /// A standalone [`Store`] in Redis.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Connection,
     prefix: String,
     index_ttl: Duration,
     scripts: Scripts,
@@ -239,7 +274,31 @@ impl RedisStore {
         let conn = ConnectionManager::new_with_config(client, config)
             .await
             .map_err(unavailable)?;
-        Ok(RedisStore {
+        Ok(RedisStore::on(Connection::Single(conn), prefix))
+    }
+
+    /// Connects to a Redis Cluster through any of its nodes (`redis://host:port/` each), keys prefixed
+    /// `samekey`; commands go to the node that serves their key's slot.
+    pub async fn connect_cluster(nodes: &[&str]) -> Result<RedisStore, StoreError> {
+        RedisStore::connect_cluster_with_prefix(nodes, "samekey").await
+    }
+
+    /// Connects to a Redis Cluster with another key prefix.
+    pub async fn connect_cluster_with_prefix(
+        nodes: &[&str],
+        prefix: &str,
+    ) -> Result<RedisStore, StoreError> {
+        let client = redis::cluster::ClusterClientBuilder::new(nodes.to_vec())
+            .connection_timeout(Duration::from_secs(2))
+            .response_timeout(Duration::from_secs(2))
+            .build()
+            .map_err(|e| StoreError::Unavailable(format!("invalid Redis Cluster nodes: {e}")))?;
+        let conn = client.get_async_connection().await.map_err(unavailable)?;
+        Ok(RedisStore::on(Connection::Cluster(conn), prefix))
+    }
+
+    fn on(conn: Connection, prefix: &str) -> RedisStore {
+        RedisStore {
             conn,
             prefix: prefix.to_owned(),
             index_ttl: DEFAULT_INDEX_TTL,
@@ -252,7 +311,7 @@ impl RedisStore {
                 take_due: Script::new(TAKE_DUE),
                 update_entry: Script::new(UPDATE_ENTRY),
             },
-        })
+        }
     }
 
     /// The script a claim runs (in the same round trip as the callId index entry).
@@ -279,7 +338,7 @@ impl RedisStore {
         format!("{}:{{queue}}", self.prefix)
     }
 
-    fn conn(&self) -> ConnectionManager {
+    fn conn(&self) -> Connection {
         self.conn.clone()
     }
 
@@ -318,20 +377,25 @@ impl RedisStore {
                 .await
                 .map_err(unavailable)?,
             Some(call_id) => {
-                let mut pipe = redis::pipe();
-                pipe.cmd("SET")
+                // Two keys, two slots: sent together, not as one pipeline, so that a cluster can
+                // route each; on one server they still share the round trip.
+                let mut conn = self.conn();
+                let index = redis::cmd("SET")
                     .arg(self.index_key(&call_id))
                     .arg(key.digest().as_slice())
                     .arg("PX")
                     .arg(u64::try_from(self.index_ttl.as_millis()).unwrap_or(u64::MAX))
-                    .ignore()
-                    .invoke_script(&invocation);
-                match self.pipelined(&pipe, &invocation).await {
-                    Ok(answer) => answer,
-                    Err(e) => {
+                    .clone();
+                let indexed = async move { index.query_async::<()>(&mut conn).await };
+                let mut conn = self.conn();
+                let written = invocation.invoke_async::<redis::Value>(&mut conn);
+                match tokio::join!(indexed, written) {
+                    (Ok(()), Ok(answer)) => answer,
+                    (indexed, written) => {
                         // Not sent, or not known to be: the next write of the key sends it again.
                         self.index_later(key, call_id);
-                        return Err(e);
+                        indexed.map_err(unavailable)?;
+                        written.map_err(unavailable)?
                     }
                 }
             }
@@ -345,29 +409,6 @@ impl RedisStore {
 }
 
 impl RedisStore {
-    /// Sends a pipeline whose one answer is `invocation`'s. A pipeline cannot load a script by itself:
-    /// after a server restart emptied the script cache, the script is loaded and the pipeline sent again.
-    async fn pipelined(
-        &self,
-        pipe: &redis::Pipeline,
-        invocation: &redis::ScriptInvocation<'_>,
-    ) -> Result<redis::Value, StoreError> {
-        let answer: Result<(redis::Value,), _> = pipe.query_async(&mut self.conn()).await;
-        let (answer,) = match answer {
-            Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
-                invocation
-                    .load_async(&mut self.conn())
-                    .await
-                    .map_err(unavailable)?;
-                pipe.query_async(&mut self.conn())
-                    .await
-                    .map_err(unavailable)?
-            }
-            other => other.map_err(unavailable)?,
-        };
-        Ok(answer)
-    }
-
     fn index_later(&self, key: &Key, call_id: CallId) {
         self.unindexed
             .lock()
@@ -697,22 +738,32 @@ impl Store for RedisStore {
     async fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
         let pattern = format!("{}:r:*", self.prefix);
         let mut names = Vec::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1_000)
-                .query_async(&mut self.conn())
-                .await
-                .map_err(unavailable)?;
-            names.extend(batch);
-            if next == 0 {
-                break;
+        for node in self.primaries().await? {
+            let mut cursor: u64 = 0;
+            loop {
+                let scan = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1_000)
+                    .clone();
+                let (next, batch): (u64, Vec<String>) = match (&node, self.conn()) {
+                    (Some(route), Connection::Cluster(mut c)) => {
+                        let answer = c
+                            .route_command(&scan, RoutingInfo::SingleNode(route.clone()))
+                            .await
+                            .map_err(unavailable)?;
+                        redis::from_redis_value(&answer).map_err(unavailable)?
+                    }
+                    (_, mut conn) => scan.query_async(&mut conn).await.map_err(unavailable)?,
+                };
+                names.extend(batch);
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
             }
-            cursor = next;
         }
         let mut purged = 0;
         for name in names {
@@ -892,6 +943,48 @@ fn parse_entry(json: &str) -> Result<CompensationEntry, StoreError> {
 }
 
 impl RedisStore {
+    /// The nodes a full scan must visit: the one server, or every primary of a cluster (from
+    /// `CLUSTER NODES`).
+    async fn primaries(&self) -> Result<Vec<Option<SingleNodeRoutingInfo>>, StoreError> {
+        let Connection::Cluster(mut c) = self.conn() else {
+            return Ok(vec![None]);
+        };
+        let answer = c
+            .route_command(
+                redis::cmd("CLUSTER").arg("NODES"),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+            )
+            .await
+            .map_err(unavailable)?;
+        let text: String = redis::from_redis_value(&answer).map_err(unavailable)?;
+        let mut nodes = Vec::new();
+        for line in text.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(address), Some(flags)) = (fields.get(1), fields.get(2)) else {
+                continue;
+            };
+            if !flags.split(',').any(|f| f == "master") || flags.contains("fail") {
+                continue;
+            }
+            // `host:port@cport`
+            let host_port = address.split('@').next().unwrap_or(address);
+            let Some((host, port)) = host_port.rsplit_once(':') else {
+                continue;
+            };
+            let Ok(port) = port.parse::<u16>() else {
+                continue;
+            };
+            nodes.push(Some(SingleNodeRoutingInfo::ByAddress {
+                host: host.to_owned(),
+                port,
+            }));
+        }
+        if nodes.is_empty() {
+            return Err(corrupt("CLUSTER NODES lists no primary"));
+        }
+        Ok(nodes)
+    }
+
     /// Writes a finished receipt as a cache entry (record and callId index), expiring with it.
     async fn cache_put(&self, receipt: &Receipt, now_ms: u64) -> Result<(), StoreError> {
         let Some(expires_at) = receipt.expires_at_ms else {
