@@ -20,14 +20,6 @@ use crate::receipt::{Fence, Receipt, ReceiptState, Transition};
 /// The state written for a released claim: a tombstone that reads as "no record".
 pub(crate) const RELEASED: &str = "RELEASED";
 
-/// The columns of a receipt row, in `SELECT` order.
-pub(crate) const RECEIPT_COLUMNS: &str =
-    "key, scope, call_id, state, fence, lease_until, expires_at, fingerprint, outcome, created, updated";
-
-/// The columns of a compensation row, in `SELECT` order.
-pub(crate) const COMPENSATION_COLUMNS: &str =
-    "call_id, key, scope, reason, round, next_at, state, lease_until, enqueued";
-
 /// A `u64` as the `BIGINT` the databases store.
 pub(crate) fn int(v: u64) -> Result<i64, StoreError> {
     i64::try_from(v).map_err(|_| StoreError::Corrupt(format!("{v} does not fit a BIGINT")))
@@ -65,7 +57,7 @@ fn call_id_of(text: &str) -> Result<CallId, StoreError> {
         .map_err(|e| StoreError::Corrupt(format!("stored callId: {e}")))
 }
 
-/// Reads a receipt row (columns as in [`RECEIPT_COLUMNS`]); `Ok(None)` for a released tombstone.
+/// Reads a receipt row (the columns of [`ROW`]); `Ok(None)` for a released tombstone.
 pub(crate) fn receipt<R>(row: &R) -> Result<Option<Receipt>, StoreError>
 where
     R: Row,
@@ -106,7 +98,7 @@ where
     }))
 }
 
-/// Reads a compensation row (columns as in [`COMPENSATION_COLUMNS`]).
+/// Reads a compensation row (the columns of [`LIST`]).
 pub(crate) fn compensation<R>(row: &R) -> Result<CompensationEntry, StoreError>
 where
     R: Row,
@@ -208,5 +200,349 @@ pub(crate) fn refusal(
     }
 }
 
-/// The states `UNKNOWN` may be written over.
-pub(crate) const UNDECIDED: &str = "('RECEIVED', 'PROCESSING')";
+/// A key's row (`$1`: the key).
+pub(crate) const ROW: &str = "SELECT key, scope, call_id, state, fence, lease_until, expires_at,
+    fingerprint, outcome, created, updated
+FROM samekey_receipts WHERE key = $1";
+
+/// A completion (`$1` state, `$2` outcome, `$3` expiry, `$4` now, `$5` key, `$6` fence); it changes
+/// one row or none.
+pub(crate) const COMPLETE: &str = "UPDATE samekey_receipts
+SET state = $1, outcome = $2, lease_until = NULL, expires_at = $3, updated = $4
+WHERE key = $5 AND fence = $6 AND state IN ('RECEIVED', 'PROCESSING', 'UNKNOWN')";
+
+pub(crate) const EXTEND_LEASE: &str = "UPDATE samekey_receipts SET lease_until = $1
+WHERE key = $2 AND fence = $3 AND state = 'PROCESSING'";
+
+pub(crate) const MARK_UNKNOWN: &str = "UPDATE samekey_receipts
+SET state = 'UNKNOWN', lease_until = NULL, expires_at = NULL, updated = $1
+WHERE key = $2 AND fence = $3 AND state IN ('RECEIVED', 'PROCESSING')";
+
+pub(crate) const RELEASE: &str = "UPDATE samekey_receipts
+SET state = 'RELEASED', lease_until = NULL, outcome = NULL, expires_at = updated
+WHERE key = $1 AND fence = $2 AND state = 'PROCESSING'";
+
+pub(crate) const BY_CALL_ID: &str =
+    "SELECT key, scope, call_id, state, fence, lease_until, expires_at,
+    fingerprint, outcome, created, updated
+FROM samekey_receipts WHERE call_id = $1 AND state <> 'RELEASED' LIMIT 1";
+
+pub(crate) const PURGE: &str =
+    "DELETE FROM samekey_receipts WHERE expires_at IS NOT NULL AND expires_at <= $1";
+
+pub(crate) const ENQUEUE: &str = "INSERT INTO samekey_compensation
+    (call_id, key, scope, reason, round, next_at, state, lease_until, enqueued)
+VALUES ($1, $2, $3, $4, $5, $6, 'PENDING', NULL, $7)
+ON CONFLICT (call_id) DO NOTHING";
+
+pub(crate) const RESCHEDULE: &str = "UPDATE samekey_compensation
+SET round = $1, next_at = $2, state = 'PENDING', lease_until = NULL
+WHERE call_id = $3";
+
+pub(crate) const FINISH: &str = "DELETE FROM samekey_compensation WHERE call_id = $1";
+
+pub(crate) const ESCALATE: &str =
+    "UPDATE samekey_compensation SET state = 'MANUAL', next_at = $1, lease_until = NULL
+WHERE call_id = $2";
+
+pub(crate) const LIST: &str =
+    "SELECT call_id, key, scope, reason, round, next_at, state, lease_until, enqueued
+FROM samekey_compensation ORDER BY enqueued, call_id";
+
+/// The statement that takes due compensation entries (`$1` lease, `$2` now, `$3` limit), with the
+/// backend's own locking clause (`FOR UPDATE SKIP LOCKED` on PostgreSQL) after the `LIMIT`.
+pub(crate) const fn take_due(locking: &'static str) -> [&'static str; 3] {
+    [
+        "UPDATE samekey_compensation SET state = 'TAKEN', lease_until = $1
+WHERE call_id IN (
+    SELECT call_id FROM samekey_compensation
+    WHERE (state = 'PENDING' AND next_at <= $2) OR (state = 'TAKEN' AND lease_until <= $2)
+    ORDER BY next_at, enqueued LIMIT $3 ",
+        locking,
+        ")
+RETURNING call_id, key, scope, reason, round, next_at, state, lease_until, enqueued",
+    ]
+}
+
+/// Everything of [`Store`](super::Store) the SQL backends do alike, for a store type with a `pool`
+/// field (an sqlx pool), inherent `claim_row` and `take_over_row` (their dialects differ there), and
+/// `$take_due`, its statement for taking due compensation entries. Every statement here uses `$n`
+/// placeholders, which PostgreSQL and SQLite both read; the code is the same for both pools.
+macro_rules! sql_store {
+    ($store:ty, $take_due:expr) => {
+        impl $store {
+            /// The key's row, whatever its expiry (`None` for no row or a released one).
+            async fn row(
+                &self,
+                key: &$crate::key::Key,
+            ) -> Result<Option<$crate::receipt::Receipt>, $crate::error::StoreError> {
+                let row = sqlx::query($crate::store::sql::ROW)
+                    .bind(key.digest().as_slice())
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err($crate::store::sql::driver)?;
+                match row {
+                    Some(row) => $crate::store::sql::receipt(&row),
+                    None => Ok(None),
+                }
+            }
+        }
+
+        #[::async_trait::async_trait]
+        impl $crate::store::Store for $store {
+            async fn claim(
+                &self,
+                claim: $crate::store::Claim,
+            ) -> Result<$crate::store::Claimed, $crate::error::StoreError> {
+                self.claim_row(claim).await
+            }
+
+            async fn take_over(
+                &self,
+                key: &$crate::key::Key,
+                expected: $crate::receipt::Fence,
+                lease_until_ms: u64,
+                now_ms: u64,
+            ) -> Result<$crate::store::Claimed, $crate::error::StoreError> {
+                self.take_over_row(key, expected, lease_until_ms, now_ms)
+                    .await
+            }
+
+            async fn extend_lease(
+                &self,
+                key: &$crate::key::Key,
+                fence: $crate::receipt::Fence,
+                lease_until_ms: u64,
+            ) -> Result<(), $crate::error::StoreError> {
+                use $crate::store::sql::{driver, int, not_owned, EXTEND_LEASE};
+                let done = sqlx::query(EXTEND_LEASE)
+                    .bind(int(lease_until_ms)?)
+                    .bind(key.digest().as_slice())
+                    .bind(int(fence.0)?)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(driver)?;
+                if done.rows_affected() == 1 {
+                    return Ok(());
+                }
+                let current = self.row(key).await?;
+                Err(not_owned(
+                    current.as_ref(),
+                    fence,
+                    $crate::receipt::ReceiptState::Processing,
+                ))
+            }
+
+            async fn complete(
+                &self,
+                key: &$crate::key::Key,
+                fence: $crate::receipt::Fence,
+                completion: $crate::store::Completion,
+                now_ms: u64,
+            ) -> Result<$crate::receipt::Transition, $crate::error::StoreError> {
+                use $crate::store::sql::{driver, int, refusal, COMPLETE};
+                let done = sqlx::query(COMPLETE)
+                    .bind(completion.state.as_str())
+                    .bind(completion.outcome.as_deref())
+                    .bind(int(completion.expires_at_ms)?)
+                    .bind(int(now_ms)?)
+                    .bind(key.digest().as_slice())
+                    .bind(int(fence.0)?)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(driver)?;
+                if done.rows_affected() == 1 {
+                    return Ok($crate::receipt::Transition::Applied);
+                }
+                let current = self.row(key).await?;
+                refusal(current.as_ref(), fence, completion.state)
+            }
+
+            async fn mark_unknown(
+                &self,
+                key: &$crate::key::Key,
+                fence: $crate::receipt::Fence,
+                now_ms: u64,
+            ) -> Result<$crate::receipt::Transition, $crate::error::StoreError> {
+                use $crate::store::sql::{driver, int, refusal, MARK_UNKNOWN};
+                let done = sqlx::query(MARK_UNKNOWN)
+                    .bind(int(now_ms)?)
+                    .bind(key.digest().as_slice())
+                    .bind(int(fence.0)?)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(driver)?;
+                if done.rows_affected() == 1 {
+                    return Ok($crate::receipt::Transition::Applied);
+                }
+                let current = self.row(key).await?;
+                refusal(
+                    current.as_ref(),
+                    fence,
+                    $crate::receipt::ReceiptState::Unknown,
+                )
+            }
+
+            async fn release(
+                &self,
+                key: &$crate::key::Key,
+                fence: $crate::receipt::Fence,
+            ) -> Result<(), $crate::error::StoreError> {
+                use $crate::store::sql::{driver, int, not_owned, RELEASE};
+                let done = sqlx::query(RELEASE)
+                    .bind(key.digest().as_slice())
+                    .bind(int(fence.0)?)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(driver)?;
+                if done.rows_affected() == 1 {
+                    return Ok(());
+                }
+                match self.row(key).await? {
+                    None => Ok(()),
+                    Some(current) => Err(not_owned(
+                        Some(&current),
+                        fence,
+                        $crate::receipt::ReceiptState::Received,
+                    )),
+                }
+            }
+
+            async fn get(
+                &self,
+                key: &$crate::key::Key,
+                now_ms: u64,
+            ) -> Result<Option<$crate::receipt::Receipt>, $crate::error::StoreError> {
+                Ok(self.row(key).await?.filter(|r| !r.expired(now_ms)))
+            }
+
+            async fn get_by_call_id(
+                &self,
+                call_id: &$crate::call_id::CallId,
+            ) -> Result<Option<$crate::receipt::Receipt>, $crate::error::StoreError> {
+                use $crate::store::sql::{driver, receipt, BY_CALL_ID};
+                let row = sqlx::query(BY_CALL_ID)
+                    .bind(call_id.to_string())
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(driver)?;
+                match row {
+                    Some(row) => receipt(&row),
+                    None => Ok(None),
+                }
+            }
+
+            async fn purge_expired(&self, now_ms: u64) -> Result<usize, $crate::error::StoreError> {
+                use $crate::store::sql::{driver, int, PURGE};
+                let done = sqlx::query(PURGE)
+                    .bind(int(now_ms)?)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(driver)?;
+                Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+            }
+
+            async fn enqueue_compensation(
+                &self,
+                entry: $crate::compensation::CompensationEntry,
+            ) -> Result<(), $crate::error::StoreError> {
+                use $crate::store::sql::{driver, int, ENQUEUE};
+                sqlx::query(ENQUEUE)
+                    .bind(entry.call_id.to_string())
+                    .bind(entry.key.digest().as_slice())
+                    .bind(entry.key.scope())
+                    .bind(&entry.reason)
+                    .bind(i64::from(entry.round))
+                    .bind(int(entry.next_at_ms)?)
+                    .bind(int(entry.enqueued_ms)?)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(driver)?;
+                Ok(())
+            }
+
+            async fn take_due_compensations(
+                &self,
+                now_ms: u64,
+                limit: usize,
+                lease_until_ms: u64,
+            ) -> Result<Vec<$crate::compensation::CompensationEntry>, $crate::error::StoreError>
+            {
+                use $crate::store::sql::{compensation, driver, int};
+                let statement: [&str; 3] = $take_due;
+                let rows = sqlx::query(&statement.concat())
+                    .bind(int(lease_until_ms)?)
+                    .bind(int(now_ms)?)
+                    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(driver)?;
+                let mut taken = rows
+                    .iter()
+                    .map(compensation)
+                    .collect::<Result<Vec<_>, _>>()?;
+                taken.sort_by_key(|e| (e.next_at_ms, e.enqueued_ms));
+                Ok(taken)
+            }
+
+            async fn reschedule_compensation(
+                &self,
+                call_id: &$crate::call_id::CallId,
+                round: u32,
+                next_at_ms: u64,
+            ) -> Result<(), $crate::error::StoreError> {
+                use $crate::store::sql::{driver, found, int, RESCHEDULE};
+                let done = sqlx::query(RESCHEDULE)
+                    .bind(i64::from(round))
+                    .bind(int(next_at_ms)?)
+                    .bind(call_id.to_string())
+                    .execute(&self.pool)
+                    .await
+                    .map_err(driver)?;
+                found(done.rows_affected())
+            }
+
+            async fn finish_compensation(
+                &self,
+                call_id: &$crate::call_id::CallId,
+            ) -> Result<(), $crate::error::StoreError> {
+                use $crate::store::sql::{driver, FINISH};
+                sqlx::query(FINISH)
+                    .bind(call_id.to_string())
+                    .execute(&self.pool)
+                    .await
+                    .map_err(driver)?;
+                Ok(())
+            }
+
+            async fn escalate_compensation(
+                &self,
+                call_id: &$crate::call_id::CallId,
+                now_ms: u64,
+            ) -> Result<(), $crate::error::StoreError> {
+                use $crate::store::sql::{driver, found, int, ESCALATE};
+                let done = sqlx::query(ESCALATE)
+                    .bind(int(now_ms)?)
+                    .bind(call_id.to_string())
+                    .execute(&self.pool)
+                    .await
+                    .map_err(driver)?;
+                found(done.rows_affected())
+            }
+
+            async fn list_compensations(
+                &self,
+            ) -> Result<Vec<$crate::compensation::CompensationEntry>, $crate::error::StoreError>
+            {
+                use $crate::store::sql::{compensation, driver, LIST};
+                let rows = sqlx::query(LIST)
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(driver)?;
+                rows.iter().map(compensation).collect()
+            }
+        }
+    };
+}
+
+pub(crate) use sql_store;

@@ -10,18 +10,15 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use super::sql::{self, driver, int, RECEIPT_COLUMNS, RELEASED, UNDECIDED};
-use super::{Claim, Claimed, Completion, Store};
-use crate::call_id::CallId;
-use crate::compensation::CompensationEntry;
+use super::sql::{self, driver, int};
+use super::{Claim, Claimed};
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::receipt::{Fence, Receipt, ReceiptState, Transition};
+use crate::receipt::Fence;
 
 /// The schema, idempotent: run by [`SqliteStore::open`] and [`SqliteStore::migrate`].
 pub const SCHEMA: &str = "
@@ -115,17 +112,12 @@ ON CONFLICT (key) DO UPDATE SET
 WHERE samekey_receipts.state = 'RELEASED' OR samekey_receipts.expires_at <= ?7
 RETURNING fence";
 
-    /// The statement a completion sends (`?1` state, `?2` outcome, `?3` expiry, `?4` now, `?5` key,
-    /// `?6` fence).
-    pub const COMPLETE_SQL: &'static str = "UPDATE samekey_receipts
-SET state = ?1, outcome = ?2, lease_until = NULL, expires_at = ?3, updated = ?4
-WHERE key = ?5 AND fence = ?6 AND state IN ('RECEIVED', 'PROCESSING', 'UNKNOWN')";
+    /// The statement a completion sends (`$1` state, `$2` outcome, `$3` expiry, `$4` now, `$5` key,
+    /// `$6` fence); the same text as on PostgreSQL.
+    pub const COMPLETE_SQL: &'static str = sql::COMPLETE;
 
     /// The statement that reads a key's row.
-    pub const ROW_SQL: &'static str =
-        "SELECT key, scope, call_id, state, fence, lease_until, expires_at,
-    fingerprint, outcome, created, updated
-FROM samekey_receipts WHERE key = ?1";
+    pub const ROW_SQL: &'static str = sql::ROW;
 
     /// Creates the tables and indexes if they are missing. Idempotent.
     pub async fn migrate(&self) -> Result<(), StoreError> {
@@ -140,35 +132,10 @@ FROM samekey_receipts WHERE key = ?1";
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
-
-    /// The live row of `key`, whatever its expiry (for explaining a refused write).
-    async fn row(&self, key: &Key) -> Result<Option<Receipt>, StoreError> {
-        let row = sqlx::query(SqliteStore::ROW_SQL)
-            .bind(key.digest().as_slice())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(driver)?;
-        match row {
-            Some(row) => sql::receipt(&row),
-            None => Ok(None),
-        }
-    }
-
-    /// A fenced write that changed no row: says why.
-    async fn refused(
-        &self,
-        key: &Key,
-        fence: Fence,
-        target: ReceiptState,
-    ) -> Result<Transition, StoreError> {
-        let current = self.row(key).await?;
-        sql::refusal(current.as_ref(), fence, target)
-    }
 }
 
-#[async_trait]
-impl Store for SqliteStore {
-    async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError> {
+impl SqliteStore {
+    async fn claim_row(&self, claim: Claim) -> Result<Claimed, StoreError> {
         let now = int(claim.now_ms)?;
         let fence = fresh_fence(claim.now_ms)?;
         // A row that vanishes between the two statements (released, purged) is claimed again.
@@ -198,7 +165,7 @@ impl Store for SqliteStore {
         ))
     }
 
-    async fn take_over(
+    async fn take_over_row(
         &self,
         key: &Key,
         expected: Fence,
@@ -229,236 +196,9 @@ impl Store for SqliteStore {
             },
         }
     }
-
-    async fn extend_lease(
-        &self,
-        key: &Key,
-        fence: Fence,
-        lease_until_ms: u64,
-    ) -> Result<(), StoreError> {
-        let done = sqlx::query(
-            "UPDATE samekey_receipts SET lease_until = ?1
-             WHERE key = ?2 AND fence = ?3 AND state = 'PROCESSING'",
-        )
-        .bind(int(lease_until_ms)?)
-        .bind(key.digest().as_slice())
-        .bind(int(fence.0)?)
-        .execute(&self.pool)
-        .await
-        .map_err(driver)?;
-        if done.rows_affected() == 1 {
-            return Ok(());
-        }
-        Err(sql::not_owned(
-            self.row(key).await?.as_ref(),
-            fence,
-            ReceiptState::Processing,
-        ))
-    }
-
-    async fn complete(
-        &self,
-        key: &Key,
-        fence: Fence,
-        completion: Completion,
-        now_ms: u64,
-    ) -> Result<Transition, StoreError> {
-        let done = sqlx::query(SqliteStore::COMPLETE_SQL)
-            .bind(completion.state.as_str())
-            .bind(completion.outcome.as_deref())
-            .bind(int(completion.expires_at_ms)?)
-            .bind(int(now_ms)?)
-            .bind(key.digest().as_slice())
-            .bind(int(fence.0)?)
-            .execute(&self.pool)
-            .await
-            .map_err(driver)?;
-        if done.rows_affected() == 1 {
-            return Ok(Transition::Applied);
-        }
-        self.refused(key, fence, completion.state).await
-    }
-
-    async fn mark_unknown(
-        &self,
-        key: &Key,
-        fence: Fence,
-        now_ms: u64,
-    ) -> Result<Transition, StoreError> {
-        let done = sqlx::query(&format!(
-            "UPDATE samekey_receipts
-             SET state = 'UNKNOWN', lease_until = NULL, expires_at = NULL, updated = ?1
-             WHERE key = ?2 AND fence = ?3 AND state IN {UNDECIDED}"
-        ))
-        .bind(int(now_ms)?)
-        .bind(key.digest().as_slice())
-        .bind(int(fence.0)?)
-        .execute(&self.pool)
-        .await
-        .map_err(driver)?;
-        if done.rows_affected() == 1 {
-            return Ok(Transition::Applied);
-        }
-        self.refused(key, fence, ReceiptState::Unknown).await
-    }
-
-    async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
-        let done = sqlx::query(&format!(
-            "UPDATE samekey_receipts
-             SET state = '{RELEASED}', lease_until = NULL, outcome = NULL, expires_at = updated
-             WHERE key = ?1 AND fence = ?2 AND state = 'PROCESSING'"
-        ))
-        .bind(key.digest().as_slice())
-        .bind(int(fence.0)?)
-        .execute(&self.pool)
-        .await
-        .map_err(driver)?;
-        if done.rows_affected() == 1 {
-            return Ok(());
-        }
-        match self.row(key).await? {
-            None => Ok(()),
-            Some(current) => Err(sql::not_owned(
-                Some(&current),
-                fence,
-                ReceiptState::Received,
-            )),
-        }
-    }
-
-    async fn get(&self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, StoreError> {
-        Ok(self.row(key).await?.filter(|r| !r.expired(now_ms)))
-    }
-
-    async fn get_by_call_id(&self, call_id: &CallId) -> Result<Option<Receipt>, StoreError> {
-        let row = sqlx::query(&format!(
-            "SELECT {RECEIPT_COLUMNS} FROM samekey_receipts
-             WHERE call_id = ?1 AND state <> '{RELEASED}' LIMIT 1"
-        ))
-        .bind(call_id.to_string())
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(driver)?;
-        match row {
-            Some(row) => sql::receipt(&row),
-            None => Ok(None),
-        }
-    }
-
-    async fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
-        let done = sqlx::query(
-            "DELETE FROM samekey_receipts WHERE expires_at IS NOT NULL AND expires_at <= ?1",
-        )
-        .bind(int(now_ms)?)
-        .execute(&self.pool)
-        .await
-        .map_err(driver)?;
-        Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
-    }
-
-    async fn enqueue_compensation(&self, entry: CompensationEntry) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO samekey_compensation
-                 (call_id, key, scope, reason, round, next_at, state, lease_until, enqueued)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'PENDING', NULL, ?7)
-             ON CONFLICT (call_id) DO NOTHING",
-        )
-        .bind(entry.call_id.to_string())
-        .bind(entry.key.digest().as_slice())
-        .bind(entry.key.scope())
-        .bind(&entry.reason)
-        .bind(i64::from(entry.round))
-        .bind(int(entry.next_at_ms)?)
-        .bind(int(entry.enqueued_ms)?)
-        .execute(&self.pool)
-        .await
-        .map_err(driver)?;
-        Ok(())
-    }
-
-    async fn take_due_compensations(
-        &self,
-        now_ms: u64,
-        limit: usize,
-        lease_until_ms: u64,
-    ) -> Result<Vec<CompensationEntry>, StoreError> {
-        let rows = sqlx::query(&format!(
-            "UPDATE samekey_compensation SET state = 'TAKEN', lease_until = ?1
-             WHERE call_id IN (
-                 SELECT call_id FROM samekey_compensation
-                 WHERE (state = 'PENDING' AND next_at <= ?2)
-                    OR (state = 'TAKEN' AND lease_until <= ?2)
-                 ORDER BY next_at, enqueued LIMIT ?3)
-             RETURNING {}",
-            sql::COMPENSATION_COLUMNS
-        ))
-        .bind(int(lease_until_ms)?)
-        .bind(int(now_ms)?)
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(driver)?;
-        let mut taken = rows
-            .iter()
-            .map(sql::compensation)
-            .collect::<Result<Vec<_>, _>>()?;
-        taken.sort_by_key(|e| (e.next_at_ms, e.enqueued_ms));
-        Ok(taken)
-    }
-
-    async fn reschedule_compensation(
-        &self,
-        call_id: &CallId,
-        round: u32,
-        next_at_ms: u64,
-    ) -> Result<(), StoreError> {
-        let done = sqlx::query(
-            "UPDATE samekey_compensation
-             SET round = ?1, next_at = ?2, state = 'PENDING', lease_until = NULL
-             WHERE call_id = ?3",
-        )
-        .bind(i64::from(round))
-        .bind(int(next_at_ms)?)
-        .bind(call_id.to_string())
-        .execute(&self.pool)
-        .await
-        .map_err(driver)?;
-        sql::found(done.rows_affected())
-    }
-
-    async fn finish_compensation(&self, call_id: &CallId) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM samekey_compensation WHERE call_id = ?1")
-            .bind(call_id.to_string())
-            .execute(&self.pool)
-            .await
-            .map_err(driver)?;
-        Ok(())
-    }
-
-    async fn escalate_compensation(&self, call_id: &CallId, now_ms: u64) -> Result<(), StoreError> {
-        let done = sqlx::query(
-            "UPDATE samekey_compensation SET state = 'MANUAL', next_at = ?1, lease_until = NULL
-             WHERE call_id = ?2",
-        )
-        .bind(int(now_ms)?)
-        .bind(call_id.to_string())
-        .execute(&self.pool)
-        .await
-        .map_err(driver)?;
-        sql::found(done.rows_affected())
-    }
-
-    async fn list_compensations(&self) -> Result<Vec<CompensationEntry>, StoreError> {
-        let rows = sqlx::query(&format!(
-            "SELECT {} FROM samekey_compensation ORDER BY enqueued, call_id",
-            sql::COMPENSATION_COLUMNS
-        ))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(driver)?;
-        rows.iter().map(sql::compensation).collect()
-    }
 }
+
+sql::sql_store!(SqliteStore, sql::take_due(""));
 
 /// The fence of a key's new row: `now_ms << 16`, larger than any fence the key had at an earlier
 /// millisecond (at most 65 535 take-overs per millisecond).
