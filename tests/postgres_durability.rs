@@ -5,7 +5,6 @@
 
 mod support;
 
-use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use samekey::store::PgStore;
@@ -147,17 +146,7 @@ async fn worker_process() {
         scope_tag: effects.clone(),
         effects,
     };
-    let start: u64 = std::env::var("SAMEKEY_WORKER_START")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let now = samekey::CallId::new("t", "t").expect("label").unix_ms();
-    tokio::time::sleep(std::time::Duration::from_millis(start.saturating_sub(now))).await;
-    // One worker walks the keys up, the other down: they meet in the middle, where both reach the
-    // same keys at the same time.
-    let down = std::env::var("SAMEKEY_WORKER_DOWN").is_ok();
-    for n in 0..KEYS {
-        let key = if down { KEYS - 1 - n } else { n };
+    for key in support::race::worker_keys(KEYS).await {
         worker.effect(&worker.scope_tag, key).await.expect("call");
     }
 }
@@ -172,41 +161,18 @@ async fn two_processes_race_and_each_key_runs_once() {
     .execute(store.pool())
     .await
     .expect("effects table");
-    let exe = std::env::current_exe().expect("test binary");
-    let start = samekey::CallId::new("t", "t").expect("label").unix_ms() + 1_500;
-    let spawn = |down: bool| {
-        let mut command = Command::new(&exe);
-        if down {
-            command.env("SAMEKEY_WORKER_DOWN", "1");
-        }
-        command
-            .args(["--exact", "worker_process", "--nocapture"])
-            .env("SAMEKEY_WORKER_TABLE", &effects)
-            .env("SAMEKEY_WORKER_START", start.to_string())
-            .spawn()
-            .expect("worker process")
-    };
-    let (mut a, mut b) = (spawn(false), spawn(true));
-    assert!(a.wait().expect("worker a").success());
-    assert!(b.wait().expect("worker b").success());
+    support::race::run_two_workers("worker_process", &[("SAMEKEY_WORKER_TABLE", &effects)]);
     let rows: Vec<(i64, i64)> = sqlx::query_as(&format!(
         "SELECT key, COUNT(*) FROM {effects} GROUP BY key ORDER BY key"
     ))
     .fetch_all(store.pool())
     .await
     .expect("effects");
-    assert_eq!(rows.len() as u64, KEYS, "every key ran");
-    assert!(
-        rows.iter().all(|(_, n)| *n == 1),
-        "a key ran twice: {:?}",
-        rows.iter().filter(|(_, n)| *n != 1).collect::<Vec<_>>()
-    );
     let pids: Vec<(i64,)> = sqlx::query_as(&format!("SELECT DISTINCT pid FROM {effects}"))
         .fetch_all(store.pool())
         .await
         .expect("pids");
-    println!("{} keys, executed by {} processes", rows.len(), pids.len());
-    assert_eq!(pids.len(), 2, "both processes ran some keys: they raced");
+    support::race::assert_each_key_ran_once(&rows, pids.len(), KEYS);
 }
 
 #[tokio::test]

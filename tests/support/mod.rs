@@ -2,6 +2,8 @@
 //! nothing by itself (so a second execution is visible), keeps receipts by callId and answers lookups.
 #![allow(dead_code)]
 
+pub mod race;
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
