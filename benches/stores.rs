@@ -104,75 +104,83 @@ enum Raw {
     Redis(redis::aio::ConnectionManager, redis::Script, redis::Script),
 }
 
+/// The time every raw statement is sent at.
+const NOW: i64 = 1_700_000_000_000;
+
 impl Raw {
-    /// Claim + complete on a new key.
-    async fn fresh(&self, key: [u8; 32]) {
-        let now = 1_700_000_000_000i64;
+    /// The claim statement or script; the fence when it took the key, `None` when the key is held.
+    async fn claim(&self, key: [u8; 32]) -> Option<i64> {
         match self {
             Raw::Sqlite(pool) => {
-                let fence: Option<i64> = sqlx::query_scalar(SqliteStore::CLAIM_SQL)
+                let fence: Vec<i64> = sqlx::query_scalar(SqliteStore::CLAIM_SQL)
                     .bind(key.as_slice())
                     .bind("bench.raw")
                     .bind("raw-1-00000000000000ff-n")
-                    .bind(now << 16)
-                    .bind(now + 30_000)
+                    .bind(NOW << 16)
+                    .bind(NOW + 30_000)
                     .bind(None::<&[u8]>)
-                    .bind(now)
-                    .fetch_optional(pool)
+                    .bind(NOW)
+                    .fetch_all(pool)
                     .await
                     .expect("claim");
-                sqlx::query(SqliteStore::COMPLETE_SQL)
-                    .bind("SUCCESS")
-                    .bind(&b"42"[..])
-                    .bind(now + 86_400_000)
-                    .bind(now)
-                    .bind(key.as_slice())
-                    .bind(fence.expect("fresh key"))
-                    .execute(pool)
-                    .await
-                    .expect("complete");
+                fence.first().copied()
             }
             Raw::Postgres(pool) => {
                 let row = sqlx::query(PgStore::CLAIM_SQL)
                     .bind(key.as_slice())
                     .bind("bench.raw")
                     .bind("raw-1-00000000000000ff-n")
-                    .bind(now + 30_000)
+                    .bind(NOW + 30_000)
                     .bind(None::<&[u8]>)
-                    .bind(now)
+                    .bind(NOW)
                     .fetch_one(pool)
                     .await
                     .expect("claim");
-                let fence: i64 = sqlx::Row::get(&row, "fence");
-                sqlx::query(PgStore::COMPLETE_SQL)
-                    .bind("SUCCESS")
-                    .bind(&b"42"[..])
-                    .bind(now + 86_400_000)
-                    .bind(now)
-                    .bind(key.as_slice())
-                    .bind(fence)
+                let acquired: bool = sqlx::Row::get(&row, "acquired");
+                acquired.then(|| sqlx::Row::get(&row, "fence"))
+            }
+            Raw::Redis(conn, claim, _) => {
+                let answer: Vec<redis::Value> = claim
+                    .key(redis_key(&key))
+                    .arg("bench.raw")
+                    .arg("raw-1-00000000000000ff-n")
+                    .arg(NOW + 30_000)
+                    .arg("")
+                    .arg(NOW)
+                    .arg(key.as_slice())
+                    .invoke_async(&mut conn.clone())
+                    .await
+                    .expect("claim");
+                let taken: i64 = redis::from_redis_value(&answer[0]).expect("code");
+                (taken == 1).then(|| {
+                    let fence: String = redis::from_redis_value(&answer[1]).expect("fence");
+                    fence.parse().expect("numeric fence")
+                })
+            }
+        }
+    }
+
+    /// Claim + complete on a new key.
+    async fn fresh(&self, key: [u8; 32]) {
+        let fence = self.claim(key).await.expect("a fresh key is taken");
+        match self {
+            Raw::Sqlite(pool) => {
+                complete(sqlx::query(SqliteStore::COMPLETE_SQL), key, fence)
                     .execute(pool)
                     .await
                     .expect("complete");
             }
-            Raw::Redis(conn, claim, write) => {
-                let mut conn = conn.clone();
-                let name = format!("bench-raw:r:{{{}}}", hex(&key));
-                let answer: Vec<redis::Value> = claim
-                    .key(&name)
-                    .arg("bench.raw")
-                    .arg("raw-1-00000000000000ff-n")
-                    .arg(now + 30_000)
-                    .arg("")
-                    .arg(now)
-                    .arg(key.as_slice())
-                    .invoke_async(&mut conn)
+            Raw::Postgres(pool) => {
+                complete(sqlx::query(PgStore::COMPLETE_SQL), key, fence)
+                    .execute(pool)
                     .await
-                    .expect("claim");
-                let fence: String = redis::from_redis_value(&answer[1]).expect("fence");
+                    .expect("complete");
+            }
+            Raw::Redis(conn, _, write) => {
+                let name = redis_key(&key);
                 // The callId index entry goes out with the completion, as the store sends it.
-                let mut complete = write.key(&name);
-                complete
+                let mut completion = write.key(&name);
+                completion
                     .arg(fence)
                     .arg("RECEIVED PROCESSING UNKNOWN")
                     .arg(86_460_000)
@@ -183,9 +191,9 @@ impl Raw {
                     .arg("lease_until")
                     .arg("")
                     .arg("expires_at")
-                    .arg(now + 86_400_000)
+                    .arg(NOW + 86_400_000)
                     .arg("updated")
-                    .arg(now);
+                    .arg(NOW);
                 let mut pipe = redis::pipe();
                 pipe.cmd("SET")
                     .arg(format!("bench-raw:c:{{{}}}", hex(&key)))
@@ -193,63 +201,48 @@ impl Raw {
                     .arg("PX")
                     .arg(86_400_000)
                     .ignore()
-                    .invoke_script(&complete);
-                let _: (redis::Value,) = pipe.query_async(&mut conn).await.expect("complete");
+                    .invoke_script(&completion);
+                let _: (redis::Value,) =
+                    pipe.query_async(&mut conn.clone()).await.expect("complete");
             }
         }
     }
 
-    /// The claim of a finished key (what a replay sends).
+    /// What a replay sends: the claim of a finished key (and, on SQLite, the read of its row).
     async fn replay(&self, key: [u8; 32]) {
-        let now = 1_700_000_000_000i64;
-        match self {
-            Raw::Sqlite(pool) => {
-                let fence: Option<i64> = sqlx::query_scalar(SqliteStore::CLAIM_SQL)
-                    .bind(key.as_slice())
-                    .bind("bench.raw")
-                    .bind("raw-1-00000000000000ff-n")
-                    .bind(now << 16)
-                    .bind(now + 30_000)
-                    .bind(None::<&[u8]>)
-                    .bind(now)
-                    .fetch_optional(pool)
-                    .await
-                    .expect("claim");
-                assert!(fence.is_none(), "the key is held");
-                sqlx::query(SqliteStore::ROW_SQL)
-                    .bind(key.as_slice())
-                    .fetch_one(pool)
-                    .await
-                    .expect("row");
-            }
-            Raw::Postgres(pool) => {
-                sqlx::query(PgStore::CLAIM_SQL)
-                    .bind(key.as_slice())
-                    .bind("bench.raw")
-                    .bind("raw-1-00000000000000ff-n")
-                    .bind(now + 30_000)
-                    .bind(None::<&[u8]>)
-                    .bind(now)
-                    .fetch_one(pool)
-                    .await
-                    .expect("claim");
-            }
-            Raw::Redis(conn, claim, _) => {
-                let mut conn = conn.clone();
-                let _: redis::Value = claim
-                    .key(format!("bench-raw:r:{{{}}}", hex(&key)))
-                    .arg("bench.raw")
-                    .arg("raw-1-00000000000000ff-n")
-                    .arg(now + 30_000)
-                    .arg("")
-                    .arg(now)
-                    .arg(key.as_slice())
-                    .invoke_async(&mut conn)
-                    .await
-                    .expect("claim");
-            }
+        assert!(self.claim(key).await.is_none(), "the key is held");
+        if let Raw::Sqlite(pool) = self {
+            sqlx::query(SqliteStore::ROW_SQL)
+                .bind(key.as_slice())
+                .fetch_one(pool)
+                .await
+                .expect("row");
         }
     }
+}
+
+/// The arguments of a completion statement (the same on both SQL backends).
+fn complete<'q, DB: sqlx::Database>(
+    query: sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments<'q>>,
+    key: [u8; 32],
+    fence: i64,
+) -> sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments<'q>>
+where
+    &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    Vec<u8>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    query
+        .bind("SUCCESS")
+        .bind(b"42".to_vec())
+        .bind(NOW + 86_400_000)
+        .bind(NOW)
+        .bind(key.to_vec())
+        .bind(fence)
+}
+
+fn redis_key(key: &[u8; 32]) -> String {
+    format!("bench-raw:r:{{{}}}", hex(key))
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -280,7 +280,7 @@ fn generate(
             }
         });
         quote!({
-            let mut #builder = ::samekey::__private::KeyBuilder::new(#spec.scope);
+            let mut #builder = ::samekey::__private::KeyBuilder::new_static(#spec.scope);
             #(#calls)*
             #builder
         })

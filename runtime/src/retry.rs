@@ -38,14 +38,6 @@ impl Backoff {
         let factor = 1.0 - self.jitter + 2.0 * self.jitter * unit;
         self.nominal(n).mul_f64(factor)
     }
-
-    /// The longest total of `retries` delays (every factor at its maximum): what a key's `ttl` must
-    /// outlast.
-    pub fn worst_case_total(&self, retries: u32) -> Duration {
-        (0..retries)
-            .map(|n| self.nominal(n).mul_f64(1.0 + self.jitter))
-            .sum()
-    }
 }
 
 /// SplitMix64: a small, fast generator; jitter needs spread, not secrecy.

@@ -17,7 +17,8 @@ pub(crate) enum Counter {
     FailedClosed,
 }
 
-const COUNTERS: usize = 10;
+/// One slot per [`Counter`]: the last variant's index, plus one.
+const COUNTERS: usize = Counter::FailedClosed as usize + 1;
 
 #[derive(Debug, Default)]
 pub(crate) struct Counters([AtomicU64; COUNTERS]);

@@ -24,7 +24,7 @@ use super::{Claim, Claimed, Completion};
 use crate::context::Context;
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::receipt::{Fence, Receipt, ReceiptState, Transition};
+use crate::receipt::{Fence, ReceiptState, Transition};
 
 /// The schema, idempotent: run by [`PgStore::migrate`] under an advisory lock, so that instances starting
 /// together do not race.
@@ -170,44 +170,8 @@ WHERE key = $1 AND (expires_at IS NULL OR expires_at > $6) AND NOT EXISTS (SELEC
             outcome: Some(outcome.into()),
             expires_at_ms: call.expires_at_ms(),
         };
-        complete_on(conn, call.key(), call.fence(), completion, now).await
+        PgStore::complete_on(conn, call.key(), call.fence(), completion, now).await
     }
-}
-
-async fn row_on(conn: &mut PgConnection, key: &Key) -> Result<Option<Receipt>, StoreError> {
-    let row = sqlx::query(sql::ROW)
-        .bind(key.digest().as_slice())
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(driver)?;
-    match row {
-        Some(row) => sql::receipt(&row),
-        None => Ok(None),
-    }
-}
-
-async fn complete_on(
-    conn: &mut PgConnection,
-    key: &Key,
-    fence: Fence,
-    completion: Completion,
-    now_ms: u64,
-) -> Result<Transition, StoreError> {
-    let done = sqlx::query(sql::COMPLETE)
-        .bind(completion.state.as_str())
-        .bind(completion.outcome.as_deref())
-        .bind(int(completion.expires_at_ms)?)
-        .bind(int(now_ms)?)
-        .bind(key.digest().as_slice())
-        .bind(int(fence.0)?)
-        .execute(&mut *conn)
-        .await
-        .map_err(driver)?;
-    if done.rows_affected() == 1 {
-        return Ok(Transition::Applied);
-    }
-    let current = row_on(conn, key).await?;
-    sql::refusal(current.as_ref(), fence, completion.state)
 }
 
 impl PgStore {
@@ -278,4 +242,8 @@ impl PgStore {
     }
 }
 
-sql::sql_store!(PgStore, sql::take_due("FOR UPDATE SKIP LOCKED"));
+sql::sql_store!(
+    PgStore,
+    PgConnection,
+    sql::take_due("FOR UPDATE SKIP LOCKED")
+);

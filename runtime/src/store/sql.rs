@@ -265,26 +265,65 @@ RETURNING call_id, key, scope, reason, round, next_at, state, lease_until, enque
 }
 
 /// Everything of [`Store`](super::Store) the SQL backends do alike, for a store type with a `pool`
-/// field (an sqlx pool), inherent `claim_row` and `take_over_row` (their dialects differ there), and
+/// field (an sqlx pool of `$conn` connections), inherent `claim_row` and `take_over_row` (their dialects differ there), and
 /// `$take_due`, its statement for taking due compensation entries. Every statement here uses `$n`
 /// placeholders, which PostgreSQL and SQLite both read; the code is the same for both pools.
 macro_rules! sql_store {
-    ($store:ty, $take_due:expr) => {
+    ($store:ty, $conn:ty, $take_due:expr) => {
         impl $store {
-            /// The key's row, whatever its expiry (`None` for no row or a released one).
-            async fn row(
-                &self,
+            /// The key's row on `conn`, whatever its expiry (`None` for no row or a released one).
+            async fn row_on(
+                conn: &mut $conn,
                 key: &$crate::key::Key,
             ) -> Result<Option<$crate::receipt::Receipt>, $crate::error::StoreError> {
                 let row = sqlx::query($crate::store::sql::ROW)
                     .bind(key.digest().as_slice())
-                    .fetch_optional(&self.pool)
+                    .fetch_optional(&mut *conn)
                     .await
                     .map_err($crate::store::sql::driver)?;
                 match row {
                     Some(row) => $crate::store::sql::receipt(&row),
                     None => Ok(None),
                 }
+            }
+
+            /// The key's row, whatever its expiry.
+            async fn row(
+                &self,
+                key: &$crate::key::Key,
+            ) -> Result<Option<$crate::receipt::Receipt>, $crate::error::StoreError> {
+                let mut conn = self
+                    .pool
+                    .acquire()
+                    .await
+                    .map_err($crate::store::sql::driver)?;
+                Self::row_on(&mut conn, key).await
+            }
+
+            /// Writes a completion on `conn`: a pooled connection, or the caller's transaction.
+            async fn complete_on(
+                conn: &mut $conn,
+                key: &$crate::key::Key,
+                fence: $crate::receipt::Fence,
+                completion: $crate::store::Completion,
+                now_ms: u64,
+            ) -> Result<$crate::receipt::Transition, $crate::error::StoreError> {
+                use $crate::store::sql::{driver, int, refusal, COMPLETE};
+                let done = sqlx::query(COMPLETE)
+                    .bind(completion.state.as_str())
+                    .bind(completion.outcome.as_deref())
+                    .bind(int(completion.expires_at_ms)?)
+                    .bind(int(now_ms)?)
+                    .bind(key.digest().as_slice())
+                    .bind(int(fence.0)?)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(driver)?;
+                if done.rows_affected() == 1 {
+                    return Ok($crate::receipt::Transition::Applied);
+                }
+                let current = Self::row_on(conn, key).await?;
+                refusal(current.as_ref(), fence, completion.state)
             }
         }
 
@@ -340,22 +379,12 @@ macro_rules! sql_store {
                 completion: $crate::store::Completion,
                 now_ms: u64,
             ) -> Result<$crate::receipt::Transition, $crate::error::StoreError> {
-                use $crate::store::sql::{driver, int, refusal, COMPLETE};
-                let done = sqlx::query(COMPLETE)
-                    .bind(completion.state.as_str())
-                    .bind(completion.outcome.as_deref())
-                    .bind(int(completion.expires_at_ms)?)
-                    .bind(int(now_ms)?)
-                    .bind(key.digest().as_slice())
-                    .bind(int(fence.0)?)
-                    .execute(&self.pool)
+                let mut conn = self
+                    .pool
+                    .acquire()
                     .await
-                    .map_err(driver)?;
-                if done.rows_affected() == 1 {
-                    return Ok($crate::receipt::Transition::Applied);
-                }
-                let current = self.row(key).await?;
-                refusal(current.as_ref(), fence, completion.state)
+                    .map_err($crate::store::sql::driver)?;
+                Self::complete_on(&mut conn, key, fence, completion, now_ms).await
             }
 
             async fn mark_unknown(

@@ -198,7 +198,11 @@ impl SqliteStore {
     }
 }
 
-sql::sql_store!(SqliteStore, sql::take_due(""));
+sql::sql_store!(
+    SqliteStore,
+    sqlx::sqlite::SqliteConnection,
+    sql::take_due("")
+);
 
 /// The fence of a key's new row: `now_ms << 16`, larger than any fence the key had at an earlier
 /// millisecond (at most 65 535 take-overs per millisecond).
