@@ -184,3 +184,50 @@ async fn redis() {
     };
     check(samekey::store::RedisStore::connect(&url).await.unwrap()).await;
 }
+
+/// Through the Redis front cache: a fresh call asks the durable store for a claim and a completion, and
+/// the completion is then written to Redis, so that the replay is answered by Redis alone.
+#[cfg(all(feature = "sqlite", feature = "redis"))]
+#[tokio::test]
+async fn redis_cache_over_sqlite() {
+    let Ok(url) = std::env::var("SAMEKEY_REDIS_URL") else {
+        println!("skipped: set SAMEKEY_REDIS_URL (scripts/services start)");
+        return;
+    };
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "round-trips-cache-{:x}",
+        samekey::TraceId::new().as_u128()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let durable = Counted {
+        inner: samekey::store::SqliteStore::open(dir.join("s.db"))
+            .await
+            .unwrap(),
+        ops: Mutex::new(Vec::new()),
+    };
+    let cached = Arc::new(
+        samekey::store::CachedStore::connect(durable, &url)
+            .await
+            .unwrap(),
+    );
+    let svc = Svc {
+        rt: Runtime::builder()
+            .shared_store(cached.clone())
+            .build()
+            .unwrap(),
+    };
+    let tag = format!("{:x}", samekey::TraceId::new().as_u128());
+    assert_eq!(svc.run(&tag, 7).await, Ok(7));
+    assert_eq!(
+        cached.durable().take(),
+        ["claim", "complete"],
+        "a fresh call"
+    );
+    cached.flush().await;
+    assert_eq!(svc.run(&tag, 7).await, Ok(7));
+    assert_eq!(
+        cached.durable().take(),
+        Vec::<&str>::new(),
+        "the first replay is answered by Redis"
+    );
+}

@@ -31,6 +31,7 @@
 //! `expires_at`, and Redis removes it on its own a while after that (`PEXPIRE`, relative).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -1037,24 +1038,56 @@ impl RedisStore {
     }
 }
 
-/// A front cache over a durable store: replays and receipt queries are served from Redis once the
-/// durable store has answered them, and the durable store still decides every claim.
+/// A front cache over a durable store: replays and receipt queries are served from Redis, and the
+/// durable store still decides every claim.
 ///
 /// Only finished receipts (`SUCCESS`, `FAILED`) are cached: they never change again (transitions only
-/// move forward), so an entry is never stale; it expires with the receipt. Entries are written after the
-/// durable store answered with a committed receipt (read-through), never before. A cache that is down or
-/// answers nonsense is logged and bypassed: every operation then goes to the durable store.
+/// move forward), so an entry is never stale; it expires with the receipt. An entry is written only
+/// after the durable store committed the receipt, never before:
+///
+/// - **on completion**: when a call that claimed its key through this store completes, the receipt is
+///   written to Redis in a task of its own once the durable store's completion returned, so that the
+///   first replay is already served from Redis and the caller does not wait for the cache;
+/// - **read-through**: a finished receipt the durable store answers (a replay that missed the cache, a
+///   receipt query, a key completed by another process) is written before the answer is returned.
+///
+/// A cache that is down or answers nonsense is logged and bypassed for a cool-down (5 s): every
+/// operation then goes to the durable store. Background writes are bounded (at most 1,024 in flight;
+/// beyond that a completion is left to read-through); [`CachedStore::flush`] waits for them, for
+/// tests and before a shutdown.
 pub struct CachedStore<D> {
     durable: D,
-    cache: RedisStore,
+    cache: Arc<Cache>,
+}
+
+/// The Redis side of a [`CachedStore`], shared with its background writes.
+struct Cache {
+    redis: RedisStore,
     /// After a cache failure, the cache is bypassed until this many ms after `epoch`, so that a cache
     /// that is down costs one failed request per cool-down, not one per call.
-    bypass_until: std::sync::atomic::AtomicU64,
+    bypass_until: AtomicU64,
     epoch: std::time::Instant,
+    /// Keys claimed through this store and not finished yet: what their receipt holds beyond the
+    /// completion, so that it can be cached when they complete.
+    owned: Mutex<HashMap<[u8; 32], Owned>>,
+    /// Background cache writes in flight, and their wake-up when the count falls to zero.
+    writes: AtomicUsize,
+    written: tokio::sync::Notify,
+}
+
+/// What a claim taken through a [`CachedStore`] knows of its receipt.
+struct Owned {
+    fence: Fence,
+    call_id: CallId,
+    fingerprint: Option<Fingerprint>,
+    created_ms: u64,
 }
 
 /// How long a failed cache is bypassed before it is tried again.
 const CACHE_COOL_DOWN: Duration = Duration::from_secs(5);
+
+/// At most this many background cache writes in flight; completions beyond it are cached on read.
+const MAX_BACKGROUND_WRITES: usize = 1024;
 
 impl<D: Store> CachedStore<D> {
     /// `durable` behind a cache at `redis_url`, with keys prefixed `samekey-cache`.
@@ -1067,19 +1100,15 @@ impl<D: Store> CachedStore<D> {
     pub fn new(durable: D, cache: RedisStore) -> CachedStore<D> {
         CachedStore {
             durable,
-            cache,
-            bypass_until: std::sync::atomic::AtomicU64::new(0),
-            epoch: std::time::Instant::now(),
+            cache: Arc::new(Cache {
+                redis: cache,
+                bypass_until: AtomicU64::new(0),
+                epoch: std::time::Instant::now(),
+                owned: Mutex::new(HashMap::new()),
+                writes: AtomicUsize::new(0),
+                written: tokio::sync::Notify::new(),
+            }),
         }
-    }
-
-    fn elapsed_ms(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
-    }
-
-    /// Whether the cache is worth asking (not in a cool-down after a failure).
-    fn usable(&self) -> bool {
-        self.elapsed_ms() >= self.bypass_until.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The durable store.
@@ -1087,19 +1116,75 @@ impl<D: Store> CachedStore<D> {
         &self.durable
     }
 
+    /// Waits until every cache write started in the background so far has finished (or failed, which
+    /// is logged and bypasses the cache).
+    pub async fn flush(&self) {
+        loop {
+            let written = self.cache.written.notified();
+            tokio::pin!(written);
+            written.as_mut().enable();
+            if self.cache.writes.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            written.await;
+        }
+    }
+
+    /// Forgets what a claim of `key` knew, and returns it if it was taken under `fence`.
+    fn disown(&self, key: &Key, fence: Fence) -> Option<Owned> {
+        let mut owned = self.cache.owned.lock().unwrap_or_else(|e| e.into_inner());
+        owned.remove(key.digest()).filter(|o| o.fence == fence)
+    }
+
+    /// Writes `receipt` to the cache in a task of its own (if a tokio runtime runs this call and fewer
+    /// than [`MAX_BACKGROUND_WRITES`] are in flight; otherwise a read will cache it).
+    fn write_behind(&self, receipt: Receipt, now_ms: u64) {
+        if !self.cache.usable() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.cache.writes.fetch_add(1, Ordering::AcqRel) >= MAX_BACKGROUND_WRITES {
+            self.cache.write_done();
+            return;
+        }
+        let cache = self.cache.clone();
+        runtime.spawn(async move {
+            cache.remember(&receipt, now_ms).await;
+            cache.write_done();
+        });
+    }
+}
+
+impl Cache {
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether the cache is worth asking (not in a cool-down after a failure).
+    fn usable(&self) -> bool {
+        self.elapsed_ms() >= self.bypass_until.load(Ordering::Relaxed)
+    }
+
     fn bypass(&self, e: &StoreError, what: &str) {
         let until = self
             .elapsed_ms()
             .saturating_add(CACHE_COOL_DOWN.as_millis() as u64);
-        self.bypass_until
-            .store(until, std::sync::atomic::Ordering::Relaxed);
+        self.bypass_until.store(until, Ordering::Relaxed);
         tracing::warn!(target: "samekey", error = %e,
             "receipt cache unavailable for {what}; using the durable store for {CACHE_COOL_DOWN:?}");
     }
 
+    fn write_done(&self) {
+        if self.writes.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.written.notify_waiters();
+        }
+    }
+
     async fn remember(&self, receipt: &Receipt, now_ms: u64) {
         if receipt.state.is_terminal() && self.usable() {
-            if let Err(e) = self.cache.cache_put(receipt, now_ms).await {
+            if let Err(e) = self.redis.cache_put(receipt, now_ms).await {
                 self.bypass(&e, "a write");
             }
         }
@@ -1110,7 +1195,7 @@ impl<D: Store> CachedStore<D> {
         if !self.usable() {
             return None;
         }
-        match self.cache.record(key).await {
+        match self.redis.record(key).await {
             Ok(Some(hit)) if hit.state.is_terminal() && !hit.expired(now_ms) => Some(hit),
             Ok(_) => None,
             Err(e) => {
@@ -1130,13 +1215,24 @@ impl<D> std::fmt::Debug for CachedStore<D> {
 #[async_trait]
 impl<D: Store> Store for CachedStore<D> {
     async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError> {
-        if let Some(hit) = self.cached(&claim.key, claim.now_ms, "a claim").await {
+        if let Some(hit) = self.cache.cached(&claim.key, claim.now_ms, "a claim").await {
             return Ok(Claimed::Existing(hit));
         }
-        let now = claim.now_ms;
+        let (digest, now) = (*claim.key.digest(), claim.now_ms);
+        let (call_id, fingerprint) = (claim.call_id.clone(), claim.fingerprint);
         let claimed = self.durable.claim(claim).await?;
-        if let Claimed::Existing(record) = &claimed {
-            self.remember(record, now).await;
+        match &claimed {
+            Claimed::Acquired(fence) => {
+                let owned = Owned {
+                    fence: *fence,
+                    call_id,
+                    fingerprint,
+                    created_ms: now,
+                };
+                let mut all = self.cache.owned.lock().unwrap_or_else(|e| e.into_inner());
+                all.insert(digest, owned);
+            }
+            Claimed::Existing(record) => self.cache.remember(record, now).await,
         }
         Ok(claimed)
     }
@@ -1169,7 +1265,33 @@ impl<D: Store> Store for CachedStore<D> {
         completion: Completion,
         now_ms: u64,
     ) -> Result<Transition, StoreError> {
-        self.durable.complete(key, fence, completion, now_ms).await
+        let owned = self.disown(key, fence);
+        let (state, outcome, expires_at_ms) = (
+            completion.state,
+            completion.outcome.clone(),
+            completion.expires_at_ms,
+        );
+        let transition = self
+            .durable
+            .complete(key, fence, completion, now_ms)
+            .await?;
+        if let (Transition::Applied, Some(owned)) = (transition, owned) {
+            // The durable store committed it: the receipt it now holds, as the durable store wrote it.
+            let receipt = Receipt {
+                key: key.clone(),
+                call_id: owned.call_id,
+                state,
+                fence,
+                lease_until_ms: None,
+                expires_at_ms: Some(expires_at_ms),
+                fingerprint: owned.fingerprint,
+                outcome,
+                created_ms: owned.created_ms,
+                updated_ms: now_ms,
+            };
+            self.write_behind(receipt, now_ms);
+        }
+        Ok(transition)
     }
 
     async fn mark_unknown(
@@ -1178,35 +1300,37 @@ impl<D: Store> Store for CachedStore<D> {
         fence: Fence,
         now_ms: u64,
     ) -> Result<Transition, StoreError> {
+        self.disown(key, fence);
         self.durable.mark_unknown(key, fence, now_ms).await
     }
 
     async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
+        self.disown(key, fence);
         self.durable.release(key, fence).await
     }
 
     async fn get(&self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, StoreError> {
-        if let Some(hit) = self.cached(key, now_ms, "a read").await {
+        if let Some(hit) = self.cache.cached(key, now_ms, "a read").await {
             return Ok(Some(hit));
         }
         let found = self.durable.get(key, now_ms).await?;
         if let Some(record) = &found {
-            self.remember(record, now_ms).await;
+            self.cache.remember(record, now_ms).await;
         }
         Ok(found)
     }
 
     async fn get_by_call_id(&self, call_id: &CallId) -> Result<Option<Receipt>, StoreError> {
-        if self.usable() {
-            match self.cache.get_by_call_id(call_id).await {
+        if self.cache.usable() {
+            match self.cache.redis.get_by_call_id(call_id).await {
                 Ok(Some(hit)) if hit.state.is_terminal() => return Ok(Some(hit)),
                 Ok(_) => {}
-                Err(e) => self.bypass(&e, "a receipt query"),
+                Err(e) => self.cache.bypass(&e, "a receipt query"),
             }
         }
         let found = self.durable.get_by_call_id(call_id).await?;
         if let Some(record) = &found {
-            self.remember(record, record.updated_ms).await;
+            self.cache.remember(record, record.updated_ms).await;
         }
         Ok(found)
     }
@@ -1221,9 +1345,11 @@ impl<D: Store> Store for CachedStore<D> {
     }
 
     async fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
-        if self.usable() {
-            if let Err(e) = self.cache.purge_expired(now_ms).await {
-                self.bypass(&e, "a purge");
+        // Background writes started before the purge land first, so that it sees them.
+        self.flush().await;
+        if self.cache.usable() {
+            if let Err(e) = self.cache.redis.purge_expired(now_ms).await {
+                self.cache.bypass(&e, "a purge");
             }
         }
         self.durable.purge_expired(now_ms).await
