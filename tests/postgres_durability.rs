@@ -13,8 +13,8 @@ use support::TestError;
 
 async fn pg() -> Option<PgStore> {
     let Ok(url) = std::env::var("SAMEKEY_PG_URL") else {
-        println!(
-            "skipped: set SAMEKEY_PG_URL (scripts/services start) to run the PostgreSQL tests"
+        samekey::conformance::skipped(
+            "set SAMEKEY_PG_URL (scripts/services start) to run the PostgreSQL tests",
         );
         return None;
     };

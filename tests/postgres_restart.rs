@@ -51,7 +51,7 @@ async fn a_restart_loses_no_receipt_and_runs_nothing_twice() {
         std::env::var("SAMEKEY_PG_URL"),
         std::env::var("SAMEKEY_SERVICES_DIR"),
     ) else {
-        println!("skipped: start the servers with `eval \"$(scripts/services start)\"` to run the PostgreSQL restart test");
+        samekey::conformance::skipped("start the servers with `eval \"$(scripts/services start)\"` to run the PostgreSQL restart test");
         return;
     };
     let store = PgStore::connect(&url).await.expect("connect");

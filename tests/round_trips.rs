@@ -169,7 +169,7 @@ async fn sqlite() {
 #[tokio::test]
 async fn postgres() {
     let Ok(url) = std::env::var("SAMEKEY_PG_URL") else {
-        println!("skipped: set SAMEKEY_PG_URL (scripts/services start)");
+        samekey::conformance::skipped("set SAMEKEY_PG_URL (scripts/services start)");
         return;
     };
     check(samekey::store::PgStore::connect(&url).await.unwrap()).await;
@@ -179,7 +179,7 @@ async fn postgres() {
 #[tokio::test]
 async fn redis() {
     let Ok(url) = std::env::var("SAMEKEY_REDIS_URL") else {
-        println!("skipped: set SAMEKEY_REDIS_URL (scripts/services start)");
+        samekey::conformance::skipped("set SAMEKEY_REDIS_URL (scripts/services start)");
         return;
     };
     check(samekey::store::RedisStore::connect(&url).await.unwrap()).await;
@@ -191,7 +191,7 @@ async fn redis() {
 #[tokio::test]
 async fn redis_cache_over_sqlite() {
     let Ok(url) = std::env::var("SAMEKEY_REDIS_URL") else {
-        println!("skipped: set SAMEKEY_REDIS_URL (scripts/services start)");
+        samekey::conformance::skipped("set SAMEKEY_REDIS_URL (scripts/services start)");
         return;
     };
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(

@@ -94,8 +94,8 @@ async fn a_corrupted_sqlite_row_is_a_typed_error_and_runs_nothing() {
 #[tokio::test]
 async fn a_corrupted_postgres_row_is_a_typed_error_and_runs_nothing() {
     let Ok(url) = std::env::var("SAMEKEY_PG_URL") else {
-        println!(
-            "skipped: set SAMEKEY_PG_URL (scripts/services start) to run the PostgreSQL fault test"
+        samekey::conformance::skipped(
+            "set SAMEKEY_PG_URL (scripts/services start) to run the PostgreSQL fault test",
         );
         return;
     };
@@ -220,7 +220,7 @@ impl Drop for OwnRedis {
 fn own_redis(name: &str) -> Option<OwnRedis> {
     let server = OwnRedis::start(&temp(name));
     if server.is_none() {
-        println!("skipped: no `redis-server` to start (scripts/services installs it)");
+        samekey::conformance::skipped("no `redis-server` to start (scripts/services installs it)");
     }
     server
 }

@@ -8,7 +8,9 @@
 //! samekey_runtime::store_conformance_tests!(std::sync::Arc::new(samekey_runtime::MemoryStore::new()));
 //! ```
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::call_id::{CallId, TraceId};
@@ -510,6 +512,19 @@ pub async fn wait_settled_wakes_on_release(store: Arc<dyn Store>) {
         .expect("wait");
     assert_eq!(after, None);
     releaser.await.expect("join").expect("release");
+}
+
+/// Says that a suite did not run, and why: prints `skipped: {reason}` on standard error, once per reason
+/// in a test process. It writes past the test harness's output capture (which hides a passing test's
+/// `println!`), so that a plain `cargo test` shows what it did not test. Suites that need a server call
+/// it when the server's URL is not set.
+pub fn skipped(reason: &str) {
+    static SAID: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    let mut said = SAID.lock().unwrap_or_else(PoisonError::into_inner);
+    if said.insert(reason.to_owned()) {
+        // Nothing to do if standard error is gone.
+        let _ = writeln!(std::io::stderr().lock(), "skipped: {reason}");
+    }
 }
 
 /// Generates one `#[tokio::test]` per conformance check, each on a store made by `$make` (an

@@ -8,8 +8,8 @@ use samekey_runtime::store::PgStore;
 
 async fn store() -> Option<Arc<PgStore>> {
     let Ok(url) = std::env::var("SAMEKEY_PG_URL") else {
-        println!(
-            "skipped: set SAMEKEY_PG_URL (scripts/services start) to run the PostgreSQL suite"
+        samekey_runtime::conformance::skipped(
+            "set SAMEKEY_PG_URL (scripts/services start) to run the PostgreSQL suite",
         );
         return None;
     };

@@ -11,7 +11,9 @@ use samekey_runtime::MemoryStore;
 fn redis_url() -> Option<String> {
     let url = std::env::var("SAMEKEY_REDIS_URL").ok();
     if url.is_none() {
-        println!("skipped: set SAMEKEY_REDIS_URL (scripts/services start) to run the Redis suite");
+        samekey_runtime::conformance::skipped(
+            "set SAMEKEY_REDIS_URL (scripts/services start) to run the Redis suite",
+        );
     }
     url
 }
@@ -45,7 +47,7 @@ mod cluster {
 
     async fn store() -> Option<Arc<RedisStore>> {
         let Ok(urls) = std::env::var("SAMEKEY_REDIS_CLUSTER_URLS") else {
-            println!("skipped: set SAMEKEY_REDIS_CLUSTER_URLS (scripts/services start) to run the Redis Cluster suite");
+            samekey_runtime::conformance::skipped("set SAMEKEY_REDIS_CLUSTER_URLS (scripts/services start) to run the Redis Cluster suite");
             return None;
         };
         let nodes: Vec<&str> = urls.split(',').filter(|u| !u.is_empty()).collect();
@@ -63,7 +65,9 @@ mod cluster {
     #[tokio::test]
     async fn keys_spread_over_the_nodes() {
         let Ok(urls) = std::env::var("SAMEKEY_REDIS_CLUSTER_URLS") else {
-            println!("skipped: set SAMEKEY_REDIS_CLUSTER_URLS to run the Redis Cluster suite");
+            samekey_runtime::conformance::skipped(
+                "set SAMEKEY_REDIS_CLUSTER_URLS to run the Redis Cluster suite",
+            );
             return;
         };
         let prefix = prefix();
@@ -122,7 +126,9 @@ mod cache_over_postgres {
     async fn store() -> Option<Arc<CachedStore<PgStore>>> {
         let url = redis_url()?;
         let Ok(pg) = std::env::var("SAMEKEY_PG_URL") else {
-            println!("skipped: set SAMEKEY_PG_URL to run the cache over PostgreSQL");
+            samekey_runtime::conformance::skipped(
+                "set SAMEKEY_PG_URL to run the cache over PostgreSQL",
+            );
             return None;
         };
         let cache = RedisStore::connect_with_prefix(&url, &prefix())
