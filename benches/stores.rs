@@ -341,7 +341,7 @@ fn cache(c: &mut Criterion, rt: &tokio::runtime::Runtime, pg: &str, redis_url: &
     rt.block_on(async {
         for caller in 0..64 {
             plain.call(run, caller).await.expect("prime");
-            // The first replay through the cache fills it.
+            // Completed through the plain store, so the cache learns them from this first replay.
             cached.call(run, caller).await.expect("fill the cache");
         }
     });
