@@ -245,8 +245,8 @@ fn redis_key(key: &[u8; 32]) -> String {
     format!("bench-raw:r:{{{}}}", hex(key))
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+fn hex(digest: &[u8; 32]) -> String {
+    samekey::Key::from_digest("", *digest).to_hex()
 }
 
 fn backend(

@@ -11,8 +11,8 @@
 //!
 //! Time is simulated (tokio's paused clock), so the run is instant and the same seed prints the same
 //! table. With `--store`, only the samekey client runs, in real time, on a durable store (fewer orders,
-//! no slow replies, a status endpoint that always answers): run it twice and the second run replays every call from the store instead of
-//! charging again — a restart that does not double-charge.
+//! no slow replies, a status endpoint that always answers): run it twice and the second run replays
+//! every call from the store instead of charging again — a restart that does not double-charge.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

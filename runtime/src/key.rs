@@ -328,6 +328,19 @@ impl fmt::Debug for Fingerprint {
     }
 }
 
+/// The digest written by [`Key::to_hex`]: 64 hex digits (either case), else `None`.
+#[cfg(feature = "redis")]
+pub(crate) fn digest_from_hex(text: &str) -> Option<[u8; 32]> {
+    if text.len() != 64 {
+        return None;
+    }
+    let mut digest = [0u8; 32];
+    for (byte, pair) in digest.iter_mut().zip(text.as_bytes().chunks(2)) {
+        *byte = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(digest)
+}
+
 pub(crate) fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);

@@ -93,7 +93,7 @@ impl Runtime {
     /// A runtime on a new in-memory store, with the default settings and node name.
     pub fn new() -> Runtime {
         Runtime::from_parts(
-            StoreHandle::new(MemoryStore::new()),
+            StoreHandle::new(Arc::new(MemoryStore::new())),
             default_node(),
             Settings::default(),
         )
@@ -272,19 +272,11 @@ struct StoreHandle {
 }
 
 impl StoreHandle {
-    fn new<S: Store>(store: S) -> StoreHandle {
-        let store = Arc::new(store);
+    fn new(store: Arc<dyn Store>) -> StoreHandle {
         let any: Arc<dyn Any + Send + Sync> = store.clone();
         StoreHandle {
             memory: any.downcast::<MemoryStore>().ok(),
             store,
-        }
-    }
-
-    fn shared(store: Arc<dyn Store>) -> StoreHandle {
-        StoreHandle {
-            store,
-            memory: None,
         }
     }
 }
@@ -300,13 +292,13 @@ pub struct Builder {
 impl Builder {
     /// The store (default: a new [`MemoryStore`]).
     pub fn store(mut self, store: impl Store) -> Builder {
-        self.store = Some(StoreHandle::new(store));
+        self.store = Some(StoreHandle::new(Arc::new(store)));
         self
     }
 
     /// A store shared with other code.
     pub fn shared_store(mut self, store: Arc<dyn Store>) -> Builder {
-        self.store = Some(StoreHandle::shared(store));
+        self.store = Some(StoreHandle::new(store));
         self
     }
 
@@ -356,7 +348,7 @@ impl Builder {
         };
         let store = self
             .store
-            .unwrap_or_else(|| StoreHandle::new(MemoryStore::new()));
+            .unwrap_or_else(|| StoreHandle::new(Arc::new(MemoryStore::new())));
         Ok(Runtime::from_parts(store, node, self.settings))
     }
 }

@@ -45,17 +45,29 @@ mod standalone {
 mod cluster {
     use super::*;
 
-    async fn store() -> Option<Arc<RedisStore>> {
+    /// The cluster's node URLs, from `SAMEKEY_REDIS_CLUSTER_URLS` (comma-separated).
+    fn nodes() -> Option<Vec<String>> {
         let Ok(urls) = std::env::var("SAMEKEY_REDIS_CLUSTER_URLS") else {
             samekey_runtime::conformance::skipped("set SAMEKEY_REDIS_CLUSTER_URLS (scripts/services start) to run the Redis Cluster suite");
             return None;
         };
-        let nodes: Vec<&str> = urls.split(',').filter(|u| !u.is_empty()).collect();
-        Some(Arc::new(
-            RedisStore::connect_cluster_with_prefix(&nodes, &prefix())
-                .await
-                .expect("connect to SAMEKEY_REDIS_CLUSTER_URLS"),
-        ))
+        Some(
+            urls.split(',')
+                .filter(|u| !u.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        )
+    }
+
+    async fn connect(nodes: &[String], prefix: &str) -> RedisStore {
+        let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
+        RedisStore::connect_cluster_with_prefix(&nodes, prefix)
+            .await
+            .expect("connect to SAMEKEY_REDIS_CLUSTER_URLS")
+    }
+
+    async fn store() -> Option<Arc<RedisStore>> {
+        Some(Arc::new(connect(&nodes()?, &prefix()).await))
     }
 
     samekey_runtime::store_conformance_tests!(optional: store().await);
@@ -64,17 +76,9 @@ mod cluster {
     /// everything landed on one).
     #[tokio::test]
     async fn keys_spread_over_the_nodes() {
-        let Ok(urls) = std::env::var("SAMEKEY_REDIS_CLUSTER_URLS") else {
-            samekey_runtime::conformance::skipped(
-                "set SAMEKEY_REDIS_CLUSTER_URLS to run the Redis Cluster suite",
-            );
-            return;
-        };
+        let Some(nodes) = nodes() else { return };
         let prefix = prefix();
-        let nodes: Vec<&str> = urls.split(',').filter(|u| !u.is_empty()).collect();
-        let store = RedisStore::connect_cluster_with_prefix(&nodes, &prefix)
-            .await
-            .expect("connect");
+        let store = connect(&nodes, &prefix).await;
         use samekey_runtime::Store;
         for n in 0..64u64 {
             let claim = samekey_runtime::store::Claim {

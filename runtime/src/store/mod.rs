@@ -8,9 +8,10 @@
 //!   number of concurrent claims of one key gets [`Claimed::Acquired`]; the others get the record.
 //! * **Fencing.** Every claim and take-over hands out a [`Fence`] larger than any the store handed out
 //!   before for that key (the in-memory store uses one counter for all keys; a backend may count per
-//!   key, as long as a key's fences never repeat, even after its record expired). Every write of an owner ([`Store::complete`], [`Store::mark_unknown`],
-//!   [`Store::release`], [`Store::extend_lease`]) presents its fence and is refused with
-//!   [`StoreError::Fenced`] if the record now carries another one.
+//!   key, as long as a key's fences never repeat, even after its record expired). Every write of an
+//!   owner ([`Store::complete`], [`Store::mark_unknown`], [`Store::release`], [`Store::extend_lease`])
+//!   presents its fence and is refused with [`StoreError::Fenced`] if the record now carries another
+//!   one.
 //! * **Forward only.** Writes follow [`ReceiptState::advance`]: the same transition again reports
 //!   [`Transition::AlreadyApplied`] and changes nothing; a backward one is
 //!   [`StoreError::InvalidTransition`]. [`Store::take_over`] is the one move out of `UNKNOWN` or an
@@ -94,14 +95,14 @@ pub struct Completion {
 
 /// A receipt store. See the [module documentation](self) for the contract every implementation keeps.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Store: std::any::Any + Send + Sync {
     /// Claims `claim.key` for `claim.call_id`, atomically: [`Claimed::Acquired`] with a new fence if the
     /// key had no live record, else [`Claimed::Existing`] with that record.
     async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError>;
 
     /// Takes over a key whose record carries `expected` and is `UNKNOWN`, or `RECEIVED`/`PROCESSING`
-    /// with a lease that ended before `now_ms`: the record becomes `PROCESSING` under a new fence and lease, with its
-    /// callId unchanged. Otherwise answers [`Claimed::Existing`] with the current record (someone else
+    /// with a lease that ended before `now_ms`: the record becomes `PROCESSING` under a new fence and
+    /// lease, with its callId unchanged. Otherwise answers [`Claimed::Existing`] with the current record (someone else
     /// took over, or the owner finished). [`StoreError::NotFound`] if there is no record.
     async fn take_over(
         &self,
@@ -203,4 +204,36 @@ pub trait Store: Send + Sync + 'static {
 
     /// All queued entries, pending and manual, oldest first (for inspection).
     async fn list_compensations(&self) -> Result<Vec<CompensationEntry>, StoreError>;
+}
+
+/// Why an owner's write (under `fence`, towards `to`) changed nothing, from the record as it is now
+/// (`None`: no live record): the answer every backend whose write is one conditional statement or
+/// script gives after the condition failed.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+pub(crate) fn not_owned(current: Option<&Receipt>, fence: Fence, to: ReceiptState) -> StoreError {
+    match current {
+        None => StoreError::NotFound,
+        Some(current) if current.fence != fence => StoreError::Fenced {
+            presented: fence.0,
+            current: current.fence.0,
+        },
+        Some(current) => StoreError::InvalidTransition {
+            from: current.state,
+            to,
+        },
+    }
+}
+
+/// Like [`not_owned`], for a transition that may be repeated: a record already in `target` under
+/// `fence` is the same write again ([`Transition::AlreadyApplied`]).
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+pub(crate) fn already_or_not_owned(
+    current: Option<&Receipt>,
+    fence: Fence,
+    target: ReceiptState,
+) -> Result<Transition, StoreError> {
+    match current {
+        Some(c) if c.fence == fence && c.state == target => Ok(Transition::AlreadyApplied),
+        other => Err(not_owned(other, fence, target)),
+    }
 }

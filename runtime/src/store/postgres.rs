@@ -23,8 +23,7 @@ use super::sql::{self, driver, int};
 use super::{Claim, Claimed, Completion};
 use crate::context::Context;
 use crate::error::StoreError;
-use crate::key::Key;
-use crate::receipt::{Fence, ReceiptState, Transition};
+use crate::receipt::{ReceiptState, Transition};
 
 /// The schema, idempotent: run by [`PgStore::migrate`] under an advisory lock, so that instances starting
 /// together do not race.
@@ -207,43 +206,11 @@ impl PgStore {
             "the key's row kept changing during the claim".into(),
         ))
     }
-
-    async fn take_over_row(
-        &self,
-        key: &Key,
-        expected: Fence,
-        lease_until_ms: u64,
-        now_ms: u64,
-    ) -> Result<Claimed, StoreError> {
-        let taken: Option<i64> = sqlx::query_scalar(
-            "UPDATE samekey_receipts
-             SET state = 'PROCESSING', fence = nextval('samekey_fence'), lease_until = $1,
-                 updated = $2
-             WHERE key = $3 AND fence = $4
-               AND (state = 'UNKNOWN'
-                    OR (state IN ('RECEIVED', 'PROCESSING')
-                        AND (lease_until IS NULL OR lease_until <= $2)))
-             RETURNING fence",
-        )
-        .bind(int(lease_until_ms)?)
-        .bind(int(now_ms)?)
-        .bind(key.digest().as_slice())
-        .bind(int(expected.0)?)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(driver)?;
-        match taken {
-            Some(fence) => Ok(Claimed::Acquired(sql::fence_of(fence)?)),
-            None => match self.row(key).await? {
-                Some(record) => Ok(Claimed::Existing(record)),
-                None => Err(StoreError::NotFound),
-            },
-        }
-    }
 }
 
 sql::sql_store!(
     PgStore,
     PgConnection,
-    sql::take_due("FOR UPDATE SKIP LOCKED")
+    next_fence = "nextval('samekey_fence')",
+    locking = "FOR UPDATE SKIP LOCKED"
 );

@@ -31,7 +31,7 @@
 //! `expires_at`, and Redis removes it on its own a while after that (`PEXPIRE`, relative).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -41,12 +41,13 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{AsyncCommands, RedisFuture, Script};
 use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
 
-use super::{Claim, Claimed, Completion, Store};
+use super::{already_or_not_owned, not_owned, Claim, Claimed, Completion, Store};
 use crate::call_id::CallId;
 use crate::compensation::{CompensationEntry, CompensationState};
 use crate::error::StoreError;
-use crate::key::{hex, Fingerprint, Key};
+use crate::key::{digest_from_hex, hex, Fingerprint, Key};
 use crate::receipt::{Fence, Receipt, ReceiptState, Transition};
 
 /// How long the callId index keeps an entry (a receipt older than this is found by key only).
@@ -535,20 +536,6 @@ fn parse_record(
     }))
 }
 
-fn refusal(current: Option<Receipt>, fence: Fence, target: ReceiptState) -> StoreError {
-    match current {
-        None => StoreError::NotFound,
-        Some(c) if c.fence != fence => StoreError::Fenced {
-            presented: fence.0,
-            current: c.fence.0,
-        },
-        Some(c) => StoreError::InvalidTransition {
-            from: c.state,
-            to: target,
-        },
-    }
-}
-
 #[async_trait]
 impl Store for RedisStore {
     async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError> {
@@ -627,7 +614,7 @@ impl Store for RedisStore {
         let fields = [("lease_until", lease_until_ms.to_string().into_bytes())];
         self.write(key, fence, "PROCESSING", "", &fields)
             .await?
-            .map_err(|current| refusal(current, fence, ReceiptState::Processing))
+            .map_err(|current| not_owned(current.as_ref(), fence, ReceiptState::Processing))
     }
 
     async fn complete(
@@ -666,7 +653,7 @@ impl Store for RedisStore {
             .await?
         {
             Ok(()) => Ok(Transition::Applied),
-            Err(current) => already_or_refused(current, fence, completion.state),
+            Err(current) => already_or_not_owned(current.as_ref(), fence, completion.state),
         }
     }
 
@@ -687,7 +674,7 @@ impl Store for RedisStore {
             .await?
         {
             Ok(()) => Ok(Transition::Applied),
-            Err(current) => already_or_refused(current, fence, ReceiptState::Unknown),
+            Err(current) => already_or_not_owned(current.as_ref(), fence, ReceiptState::Unknown),
         }
     }
 
@@ -700,7 +687,7 @@ impl Store for RedisStore {
         let day = (24 * 3600 * 1000u64).to_string();
         match self.write(key, fence, "PROCESSING", &day, &fields).await? {
             Ok(()) | Err(None) => Ok(()),
-            Err(current) => Err(refusal(current, fence, ReceiptState::Received)),
+            Err(current) => Err(not_owned(current.as_ref(), fence, ReceiptState::Received)),
         }
     }
 
@@ -870,9 +857,8 @@ impl Store for RedisStore {
             .iter()
             .map(|s| parse_entry(s))
             .collect::<Result<Vec<_>, _>>()?;
-        entries.sort_by(|a, b| {
-            (a.enqueued_ms, a.call_id.to_string()).cmp(&(b.enqueued_ms, b.call_id.to_string()))
-        });
+        // As the SQL stores list them: by enqueue time, then by callId as text.
+        entries.sort_by_cached_key(|e| (e.enqueued_ms, e.call_id.to_string()));
         Ok(entries)
     }
 }
@@ -900,30 +886,10 @@ impl RedisStore {
     }
 }
 
-fn already_or_refused(
-    current: Option<Receipt>,
-    fence: Fence,
-    target: ReceiptState,
-) -> Result<Transition, StoreError> {
-    match current {
-        Some(c) if c.fence == fence && c.state == target => Ok(Transition::AlreadyApplied),
-        other => Err(refusal(other, fence, target)),
-    }
-}
-
 fn parse_entry(json: &str) -> Result<CompensationEntry, StoreError> {
     let q: QueuedEntry = serde_json::from_str(json).map_err(corrupt)?;
     let num = |v: &str, what: &str| number(v.as_bytes(), what);
-    let digest = (0..q.key.len())
-        .step_by(2)
-        .map(|i| {
-            q.key
-                .get(i..i + 2)
-                .and_then(|b| u8::from_str_radix(b, 16).ok())
-        })
-        .collect::<Option<Vec<u8>>>()
-        .and_then(|d| <[u8; 32]>::try_from(d).ok())
-        .ok_or_else(|| corrupt("a queued key is 64 hex digits"))?;
+    let digest = digest_from_hex(&q.key).ok_or_else(|| corrupt("a queued key is 64 hex digits"))?;
     let state = match q.state.as_str() {
         "PENDING" => CompensationState::Pending,
         "TAKEN" => CompensationState::Taken {
@@ -1070,9 +1036,8 @@ struct Cache {
     /// Keys claimed through this store and not finished yet: what their receipt holds beyond the
     /// completion, so that it can be cached when they complete.
     owned: Mutex<HashMap<[u8; 32], Owned>>,
-    /// Background cache writes in flight, and their wake-up when the count falls to zero.
-    writes: AtomicUsize,
-    written: tokio::sync::Notify,
+    /// One permit per background cache write that may be in flight.
+    writes: Arc<Semaphore>,
 }
 
 /// What a claim taken through a [`CachedStore`] knows of its receipt.
@@ -1105,8 +1070,7 @@ impl<D: Store> CachedStore<D> {
                 bypass_until: AtomicU64::new(0),
                 epoch: std::time::Instant::now(),
                 owned: Mutex::new(HashMap::new()),
-                writes: AtomicUsize::new(0),
-                written: tokio::sync::Notify::new(),
+                writes: Arc::new(Semaphore::new(MAX_BACKGROUND_WRITES)),
             }),
         }
     }
@@ -1117,17 +1081,12 @@ impl<D: Store> CachedStore<D> {
     }
 
     /// Waits until every cache write started in the background so far has finished (or failed, which
-    /// is logged and bypasses the cache).
+    /// is logged and bypasses the cache). Completions during the wait are left to read-through.
     pub async fn flush(&self) {
-        loop {
-            let written = self.cache.written.notified();
-            tokio::pin!(written);
-            written.as_mut().enable();
-            if self.cache.writes.load(Ordering::Acquire) == 0 {
-                return;
-            }
-            written.await;
-        }
+        // Every permit back means no write in flight. (`acquire_many` fails only on a closed semaphore,
+        // and this one is never closed.)
+        let all = u32::try_from(MAX_BACKGROUND_WRITES).unwrap_or(u32::MAX);
+        drop(self.cache.writes.acquire_many(all).await);
     }
 
     /// Forgets what a claim of `key` knew, and returns it if it was taken under `fence`.
@@ -1145,14 +1104,13 @@ impl<D: Store> CachedStore<D> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        if self.cache.writes.fetch_add(1, Ordering::AcqRel) >= MAX_BACKGROUND_WRITES {
-            self.cache.write_done();
+        let Ok(permit) = self.cache.writes.clone().try_acquire_owned() else {
             return;
-        }
+        };
         let cache = self.cache.clone();
         runtime.spawn(async move {
             cache.remember(&receipt, now_ms).await;
-            cache.write_done();
+            drop(permit);
         });
     }
 }
@@ -1174,12 +1132,6 @@ impl Cache {
         self.bypass_until.store(until, Ordering::Relaxed);
         tracing::warn!(target: "samekey", error = %e,
             "receipt cache unavailable for {what}; using the durable store for {CACHE_COOL_DOWN:?}");
-    }
-
-    fn write_done(&self) {
-        if self.writes.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.written.notify_waiters();
-        }
     }
 
     async fn remember(&self, receipt: &Receipt, now_ms: u64) {

@@ -15,7 +15,7 @@ use crate::call_id::CallId;
 use crate::compensation::{CompensationEntry, CompensationState};
 use crate::error::StoreError;
 use crate::key::{Fingerprint, Key};
-use crate::receipt::{Fence, Receipt, ReceiptState, Transition};
+use crate::receipt::{Fence, Receipt, ReceiptState};
 
 /// The state written for a released claim: a tombstone that reads as "no record".
 pub(crate) const RELEASED: &str = "RELEASED";
@@ -139,9 +139,7 @@ where
 
 /// A fence read back from a `BIGINT`.
 pub(crate) fn fence_of(v: i64) -> Result<Fence, StoreError> {
-    u64::try_from(v)
-        .map(Fence)
-        .map_err(|_| StoreError::Corrupt(format!("negative fence {v}")))
+    uint(v, "fence").map(Fence)
 }
 
 /// `NotFound` when an update of a compensation entry changed no row.
@@ -150,53 +148,6 @@ pub(crate) fn found(rows: u64) -> Result<(), StoreError> {
         Err(StoreError::NotFound)
     } else {
         Ok(())
-    }
-}
-
-/// Why a write that needs `PROCESSING` under `fence` changed no row: no record, another fence, or
-/// another state.
-pub(crate) fn not_owned(current: Option<&Receipt>, fence: Fence, to: ReceiptState) -> StoreError {
-    match current {
-        None => StoreError::NotFound,
-        Some(current) if current.fence != fence => StoreError::Fenced {
-            presented: fence.0,
-            current: current.fence.0,
-        },
-        Some(current) => StoreError::InvalidTransition {
-            from: current.state,
-            to,
-        },
-    }
-}
-
-/// Why a fenced write changed no row, from the row as it is (`None`: no live record): the same answer
-/// the in-memory store gives.
-pub(crate) fn refusal(
-    current: Option<&Receipt>,
-    fence: Fence,
-    target: ReceiptState,
-) -> Result<Transition, StoreError> {
-    let Some(current) = current else {
-        return Err(StoreError::NotFound);
-    };
-    if current.fence != fence {
-        return Err(StoreError::Fenced {
-            presented: fence.0,
-            current: current.fence.0,
-        });
-    }
-    match current.state.advance(target) {
-        Ok(Transition::AlreadyApplied) => Ok(Transition::AlreadyApplied),
-        // The write's own condition would have applied it: the row changed in between. Report what is
-        // there now as a refusal rather than guess.
-        Ok(Transition::Applied) => Err(StoreError::InvalidTransition {
-            from: current.state,
-            to: target,
-        }),
-        Err(e) => Err(StoreError::InvalidTransition {
-            from: e.from,
-            to: e.to,
-        }),
     }
 }
 
@@ -249,28 +200,37 @@ pub(crate) const LIST: &str =
     "SELECT call_id, key, scope, reason, round, next_at, state, lease_until, enqueued
 FROM samekey_compensation ORDER BY enqueued, call_id";
 
-/// The statement that takes due compensation entries (`$1` lease, `$2` now, `$3` limit), with the
-/// backend's own locking clause (`FOR UPDATE SKIP LOCKED` on PostgreSQL) after the `LIMIT`.
-pub(crate) const fn take_due(locking: &'static str) -> [&'static str; 3] {
-    [
-        "UPDATE samekey_compensation SET state = 'TAKEN', lease_until = $1
+/// Everything of [`Store`](super::Store) the SQL backends do alike, for a store type with a `pool`
+/// field (an sqlx pool of `$conn` connections) and an inherent `claim_row` (the claim is where their
+/// dialects differ most). Two fragments differ too: `next_fence`, the SQL expression of a taken-over
+/// row's new fence, and `locking`, the clause after the `LIMIT` of the statement that takes due
+/// compensation entries (`FOR UPDATE SKIP LOCKED` on PostgreSQL). Every statement uses `$n`
+/// placeholders, which PostgreSQL and SQLite both read; the code is the same for both pools.
+macro_rules! sql_store {
+    ($store:ty, $conn:ty, next_fence = $next_fence:literal, locking = $locking:literal) => {
+        impl $store {
+            /// The statement a take-over sends: the record becomes `PROCESSING` under a new fence if it
+            /// still carries the expected one and is `UNKNOWN` or past its lease (`$1` lease, `$2` now,
+            /// `$3` key, `$4` expected fence).
+            const TAKE_OVER_SQL: &'static str = concat!(
+                "UPDATE samekey_receipts
+SET state = 'PROCESSING', fence = ", $next_fence, ", lease_until = $1, updated = $2
+WHERE key = $3 AND fence = $4
+    AND (state = 'UNKNOWN'
+         OR (state IN ('RECEIVED', 'PROCESSING') AND (lease_until IS NULL OR lease_until <= $2)))
+RETURNING fence"
+            );
+
+            /// The statement that takes due compensation entries (`$1` lease, `$2` now, `$3` limit).
+            const TAKE_DUE_SQL: &'static str = concat!(
+                "UPDATE samekey_compensation SET state = 'TAKEN', lease_until = $1
 WHERE call_id IN (
     SELECT call_id FROM samekey_compensation
     WHERE (state = 'PENDING' AND next_at <= $2) OR (state = 'TAKEN' AND lease_until <= $2)
-    ORDER BY next_at, enqueued LIMIT $3 ",
-        locking,
-        ")
-RETURNING call_id, key, scope, reason, round, next_at, state, lease_until, enqueued",
-    ]
-}
+    ORDER BY next_at, enqueued LIMIT $3 ", $locking, ")
+RETURNING call_id, key, scope, reason, round, next_at, state, lease_until, enqueued"
+            );
 
-/// Everything of [`Store`](super::Store) the SQL backends do alike, for a store type with a `pool`
-/// field (an sqlx pool of `$conn` connections), inherent `claim_row` and `take_over_row` (their dialects differ there), and
-/// `$take_due`, its statement for taking due compensation entries. Every statement here uses `$n`
-/// placeholders, which PostgreSQL and SQLite both read; the code is the same for both pools.
-macro_rules! sql_store {
-    ($store:ty, $conn:ty, $take_due:expr) => {
-        impl $store {
             /// The key's row on `conn`, whatever its expiry (`None` for no row or a released one).
             async fn row_on(
                 conn: &mut $conn,
@@ -308,7 +268,8 @@ macro_rules! sql_store {
                 completion: $crate::store::Completion,
                 now_ms: u64,
             ) -> Result<$crate::receipt::Transition, $crate::error::StoreError> {
-                use $crate::store::sql::{driver, int, refusal, COMPLETE};
+                use $crate::store::already_or_not_owned;
+                use $crate::store::sql::{driver, int, COMPLETE};
                 let done = sqlx::query(COMPLETE)
                     .bind(completion.state.as_str())
                     .bind(completion.outcome.as_deref())
@@ -323,7 +284,7 @@ macro_rules! sql_store {
                     return Ok($crate::receipt::Transition::Applied);
                 }
                 let current = Self::row_on(conn, key).await?;
-                refusal(current.as_ref(), fence, completion.state)
+                already_or_not_owned(current.as_ref(), fence, completion.state)
             }
         }
 
@@ -343,8 +304,25 @@ macro_rules! sql_store {
                 lease_until_ms: u64,
                 now_ms: u64,
             ) -> Result<$crate::store::Claimed, $crate::error::StoreError> {
-                self.take_over_row(key, expected, lease_until_ms, now_ms)
+                use $crate::store::sql::{driver, fence_of, int};
+                use $crate::store::Claimed;
+                // `fetch_all`: on SQLite a statement commits when it runs to its end, and only then is
+                // a failed commit reported.
+                let taken: Vec<i64> = sqlx::query_scalar(Self::TAKE_OVER_SQL)
+                    .bind(int(lease_until_ms)?)
+                    .bind(int(now_ms)?)
+                    .bind(key.digest().as_slice())
+                    .bind(int(expected.0)?)
+                    .fetch_all(&self.pool)
                     .await
+                    .map_err(driver)?;
+                match taken.first() {
+                    Some(&fence) => Ok(Claimed::Acquired(fence_of(fence)?)),
+                    None => match self.row(key).await? {
+                        Some(record) => Ok(Claimed::Existing(record)),
+                        None => Err($crate::error::StoreError::NotFound),
+                    },
+                }
             }
 
             async fn extend_lease(
@@ -353,7 +331,8 @@ macro_rules! sql_store {
                 fence: $crate::receipt::Fence,
                 lease_until_ms: u64,
             ) -> Result<(), $crate::error::StoreError> {
-                use $crate::store::sql::{driver, int, not_owned, EXTEND_LEASE};
+                use $crate::store::not_owned;
+                use $crate::store::sql::{driver, int, EXTEND_LEASE};
                 let done = sqlx::query(EXTEND_LEASE)
                     .bind(int(lease_until_ms)?)
                     .bind(key.digest().as_slice())
@@ -393,7 +372,8 @@ macro_rules! sql_store {
                 fence: $crate::receipt::Fence,
                 now_ms: u64,
             ) -> Result<$crate::receipt::Transition, $crate::error::StoreError> {
-                use $crate::store::sql::{driver, int, refusal, MARK_UNKNOWN};
+                use $crate::store::already_or_not_owned;
+                use $crate::store::sql::{driver, int, MARK_UNKNOWN};
                 let done = sqlx::query(MARK_UNKNOWN)
                     .bind(int(now_ms)?)
                     .bind(key.digest().as_slice())
@@ -405,7 +385,7 @@ macro_rules! sql_store {
                     return Ok($crate::receipt::Transition::Applied);
                 }
                 let current = self.row(key).await?;
-                refusal(
+                already_or_not_owned(
                     current.as_ref(),
                     fence,
                     $crate::receipt::ReceiptState::Unknown,
@@ -417,7 +397,8 @@ macro_rules! sql_store {
                 key: &$crate::key::Key,
                 fence: $crate::receipt::Fence,
             ) -> Result<(), $crate::error::StoreError> {
-                use $crate::store::sql::{driver, int, not_owned, RELEASE};
+                use $crate::store::not_owned;
+                use $crate::store::sql::{driver, int, RELEASE};
                 let done = sqlx::query(RELEASE)
                     .bind(key.digest().as_slice())
                     .bind(int(fence.0)?)
@@ -498,8 +479,7 @@ macro_rules! sql_store {
             ) -> Result<Vec<$crate::compensation::CompensationEntry>, $crate::error::StoreError>
             {
                 use $crate::store::sql::{compensation, driver, int};
-                let statement: [&str; 3] = $take_due;
-                let rows = sqlx::query(&statement.concat())
+                let rows = sqlx::query(Self::TAKE_DUE_SQL)
                     .bind(int(lease_until_ms)?)
                     .bind(int(now_ms)?)
                     .bind(i64::try_from(limit).unwrap_or(i64::MAX))

@@ -17,8 +17,6 @@ use sqlx::sqlite::{
 use super::sql::{self, driver, int};
 use super::{Claim, Claimed};
 use crate::error::StoreError;
-use crate::key::Key;
-use crate::receipt::Fence;
 
 /// The schema, idempotent: run by [`SqliteStore::open`] and [`SqliteStore::migrate`].
 pub const SCHEMA: &str = "
@@ -61,28 +59,24 @@ impl SqliteStore {
     /// Opens (creating if needed) the database file at `path`, in WAL mode with a 5 s busy timeout and
     /// `synchronous = FULL` (a receipt acknowledged survives a power loss), and creates the schema.
     pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
-        let options = SqliteConnectOptions::new()
-            .filename(path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(Duration::from_secs(5));
-        SqliteStore::with_options(options).await
+        SqliteStore::with_options(SqliteConnectOptions::new().filename(path)).await
     }
 
     /// Opens a database from a URL (`sqlite:PATH` or `sqlite://PATH`), creating it if needed, and creates
     /// the schema.
     pub async fn connect(url: &str) -> Result<SqliteStore, StoreError> {
         let options = SqliteConnectOptions::from_str(url)
-            .map_err(|e| StoreError::Unavailable(format!("invalid SQLite URL `{url}`: {e}")))?
+            .map_err(|e| StoreError::Unavailable(format!("invalid SQLite URL `{url}`: {e}")))?;
+        SqliteStore::with_options(options).await
+    }
+
+    /// Opens the database `options` name with the settings [`SqliteStore::open`] describes.
+    async fn with_options(options: SqliteConnectOptions) -> Result<SqliteStore, StoreError> {
+        let options = options
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(Duration::from_secs(5));
-        SqliteStore::with_options(options).await
-    }
-
-    async fn with_options(options: SqliteConnectOptions) -> Result<SqliteStore, StoreError> {
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
             .acquire_timeout(Duration::from_secs(5))
@@ -164,44 +158,13 @@ impl SqliteStore {
             "the key's row kept changing during the claim".into(),
         ))
     }
-
-    async fn take_over_row(
-        &self,
-        key: &Key,
-        expected: Fence,
-        lease_until_ms: u64,
-        now_ms: u64,
-    ) -> Result<Claimed, StoreError> {
-        let taken: Vec<i64> = sqlx::query_scalar(
-            "UPDATE samekey_receipts
-             SET state = 'PROCESSING', fence = fence + 1, lease_until = ?1, updated = ?2
-             WHERE key = ?3 AND fence = ?4
-               AND (state = 'UNKNOWN'
-                    OR (state IN ('RECEIVED', 'PROCESSING')
-                        AND (lease_until IS NULL OR lease_until <= ?2)))
-             RETURNING fence",
-        )
-        .bind(int(lease_until_ms)?)
-        .bind(int(now_ms)?)
-        .bind(key.digest().as_slice())
-        .bind(int(expected.0)?)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(driver)?;
-        match taken.first() {
-            Some(&fence) => Ok(Claimed::Acquired(sql::fence_of(fence)?)),
-            None => match self.row(key).await? {
-                Some(record) => Ok(Claimed::Existing(record)),
-                None => Err(StoreError::NotFound),
-            },
-        }
-    }
 }
 
 sql::sql_store!(
     SqliteStore,
     sqlx::sqlite::SqliteConnection,
-    sql::take_due("")
+    next_fence = "fence + 1",
+    locking = ""
 );
 
 /// The fence of a key's new row: `now_ms << 16`, larger than any fence the key had at an earlier
