@@ -56,10 +56,10 @@ pub use samekey_macros::KeyPart;
 
 pub use samekey_runtime::{
     current, default_runtime, key_bytes, store, try_current, Backoff, Builder, CallId, Classify,
-    CompensationEntry, CompensationState, Context, Error, ErrorClass, Fence, Fingerprint, Inbound,
-    Key, KeyBuilder, KeyBytes, KeyEncoder, KeyPart, Label, MemoryStore, ParseCallIdError, Receipt,
-    ReceiptState, RemoteStatus, Runtime, Stats, Store, StoreError, TraceId, Transition,
-    DEFAULT_BUSY_WAIT, DEFAULT_LEASE, DEFAULT_LOOKUP_POLLS,
+    Clock, CompensationEntry, CompensationState, Context, Error, ErrorClass, Fence, Fingerprint,
+    Inbound, Key, KeyBuilder, KeyBytes, KeyEncoder, KeyPart, Label, MemoryStore, ParseCallIdError,
+    Receipt, ReceiptState, RemoteStatus, Runtime, Stats, Store, StoreError, SystemClock, TraceId,
+    Transition, DEFAULT_BUSY_WAIT, DEFAULT_LEASE, DEFAULT_LOOKUP_POLLS, DEFAULT_MAX_RETRY_AFTER,
 };
 
 /// The store conformance suite, for backend authors: see [`samekey_runtime::conformance`].

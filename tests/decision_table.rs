@@ -340,7 +340,9 @@ async fn stale_owner_completion_is_refused() {
 async fn unknown_record_resolved_by_lookup_clears_compensation() {
     let p = Payments::new();
     p.remote.script([Fault::ReplyLost]);
-    p.remote.script_lookups([Err("lookup down".into())]);
+    // The lookup fails on every retry the call has.
+    p.remote
+        .script_lookups(std::iter::repeat_n(Err("lookup down".into()), 3));
     let first = p.with_lookup("o-1", 500).await;
     let call_id = p.attempts()[0].0.clone();
     assert_eq!(
@@ -412,11 +414,29 @@ async fn rate_limit_waits_at_least_retry_after() {
     assert_eq!(p.rt.stats().attempts, 2);
 }
 
-// Row 3: a retry-after beyond the backoff cap is not slept on: the caller gets the rate limit (nothing
-// ran, the claim is released).
+// Row 3: a retry-after beyond the function's backoff cap (1 s here) is still waited: "at least
+// retry_after" holds up to the runtime's max_retry_after.
 #[tokio::test(start_paused = true)]
-async fn rate_limit_beyond_the_cap_returns_at_once() {
+async fn rate_limit_beyond_the_backoff_cap_is_waited() {
     let p = Payments::new();
+    p.remote.script([Fault::RateLimited(5_000)]);
+    assert_eq!(p.plain("o-1", 500).await, Ok(500));
+    let times: Vec<Instant> = p.attempts().iter().map(|a| a.2).collect();
+    assert_eq!(times.len(), 2);
+    assert!(times[1] - times[0] >= Duration::from_secs(5));
+    assert_eq!(p.remote.executions("o-1"), 1);
+}
+
+// Row 3: a retry-after beyond max_retry_after is not slept on: the caller gets the rate limit at once
+// (nothing ran, the claim is released).
+#[tokio::test(start_paused = true)]
+async fn rate_limit_beyond_max_retry_after_returns_at_once() {
+    let p = Payments::on(
+        Runtime::builder()
+            .max_retry_after(Duration::from_secs(30))
+            .build()
+            .unwrap(),
+    );
     p.remote.script([Fault::RateLimited(60_000)]);
     let started = Instant::now();
     assert_eq!(
@@ -529,13 +549,14 @@ async fn permanent_after_uncertain_asks_the_receipt() {
     );
 }
 
-// Row 3: Unknown → the lookup itself fails → UNKNOWN, compensation, Error::Unknown.
+// Row 3: Unknown → the lookup itself keeps failing → it is asked again while retries last (each failed
+// lookup uses one), then UNKNOWN, compensation, Error::Unknown.
 #[tokio::test(start_paused = true)]
 async fn failing_lookup_leaves_the_call_unknown() {
     let p = Payments::new();
     p.remote.script([Fault::ReplyLost]);
     p.remote
-        .script_lookups([Err("receipt service down".into())]);
+        .script_lookups(std::iter::repeat_n(Err("receipt service down".into()), 3));
     let out = p.with_lookup("o-1", 500).await;
     let call_id = p.attempts()[0].0.clone();
     assert_eq!(
@@ -549,6 +570,8 @@ async fn failing_lookup_leaves_the_call_unknown() {
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0].call_id, call_id);
     assert_eq!(entries[0].state, CompensationState::Pending);
+    assert_eq!(p.remote.lookups(), 3, "asked once per retry left");
+    assert_eq!(p.remote.seen().len(), 1, "a lookup re-sends nothing");
 }
 
 // Row 3: Unknown without lookup, `hold` (the default) → no retry, UNKNOWN, compensation.

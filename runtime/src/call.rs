@@ -12,9 +12,17 @@
 //! * An uncertain outcome is never retried blindly and never reported as a failure: it is looked up by
 //!   callId, retried with the same callId only when the remote dedups (`on_unknown = "rerun"`), or
 //!   recorded `UNKNOWN`, queued for compensation and answered with [`Error::Unknown`].
-//! * A run dropped mid-way (its future cancelled) releases its claim if nothing can have run, and marks
-//!   it `UNKNOWN` for compensation otherwise; if it cannot (no tokio runtime), the lease runs out and the
+//! * Once an attempt may have run, nothing releases the key: not exhaustion, not a failed write, not a
+//!   cancelled caller. A run dropped mid-way (its future cancelled) releases its claim only if every
+//!   attempt so far was refused before taking effect; an outcome it already knows (the body returned,
+//!   the write was under way) is still recorded by a task of its own; anything else is marked `UNKNOWN`
+//!   and queued for compensation. Without a tokio runtime to run that task, the lease runs out and the
 //!   next call resolves the key through `lookup`.
+//! * A plain failure is answered only when the claim was released: a release that is refused or fails
+//!   makes the call read the receipt again (a final outcome is answered as such) or end `UNKNOWN`.
+//! * An owner that lost its key (a write fenced out after it stalled past its lease) reads the receipt
+//!   and answers the final outcome recorded there, or the outcome it knows itself; it queues nothing
+//!   for a call that another owner now holds. Ownership is confirmed before every retry is sent.
 
 use std::fmt::Display;
 use std::future::{poll_fn, Future};
@@ -225,8 +233,12 @@ pub struct Run<T, E> {
     uncertain: bool,
     /// An attempt is running (for the drop guard).
     in_flight: bool,
+    /// The outcome being written (for the drop guard: it writes it if the caller goes away meanwhile).
+    recording: Option<(ReceiptState, Option<Arc<[u8]>>)>,
     last_error: Option<E>,
     lookups_processing: u32,
+    /// Lookups that failed (no answer, an error): each one uses up a retry.
+    lookups_failed: u32,
     waited: Duration,
     /// The runtime's time when the call began, used by its first claim.
     began_ms: u64,
@@ -266,8 +278,10 @@ where
         attempts: 0,
         uncertain: false,
         in_flight: false,
+        recording: None,
         last_error: None,
         lookups_processing: 0,
+        lookups_failed: 0,
         waited: Duration::ZERO,
         began_ms: now,
         rng,
@@ -661,12 +675,36 @@ impl<T, E> Run<T, E> {
                 Step::Lookup(self.call_id.clone())
             }
             Err(e) => {
-                tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = self.attempts, error = %e, "lookup failed; outcome stays unknown");
-                self.give_up_unknown(&format!("receipt lookup failed: {e}"), now)
-                    .await
+                // Asking again re-sends nothing, so a failed lookup is asked again after a backoff, as
+                // long as the call has retries left; each failed lookup uses one up.
+                self.lookups_failed += 1;
+                if self.spent() > self.spec.retries {
+                    tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                        attempt = self.attempts, error = %e, failed_lookups = self.lookups_failed,
+                        "lookup failed and no retry is left; outcome stays unknown");
+                    return self
+                        .give_up_unknown(&format!("receipt lookup failed: {e}"), now)
+                        .await;
+                }
+                let delay = self
+                    .spec
+                    .backoff()
+                    .delay(self.lookups_failed - 1, &mut self.rng);
+                tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                    attempt = self.attempts, error = %e, failed_lookups = self.lookups_failed,
+                    delay_ms = Self::ms(delay), "lookup failed; asking again");
+                if let Err(step) = self.hold_lease(delay).await {
+                    return step;
+                }
+                tokio::time::sleep(delay).await;
+                Step::Lookup(self.call_id.clone())
             }
         }
+    }
+
+    /// Attempts sent and lookups failed: what the call's retries are spent on.
+    fn spent(&self) -> u32 {
+        self.attempts.saturating_add(self.lookups_failed)
     }
 
     /// The arm generated for functions without `lookup` (the runtime never asks for one there).
@@ -676,16 +714,18 @@ impl<T, E> Run<T, E> {
             .await
     }
 
-    /// Backs off and asks for another attempt, or gives up when the retries are spent.
+    /// Backs off and asks for another attempt, or gives up when the retries are spent. The wait is at
+    /// least `at_least` (a rate limit's `retry_after`); one longer than the runtime's
+    /// [`max_retry_after`](crate::Builder::max_retry_after) ends the call instead.
     async fn retry(&mut self, at_least: Duration) -> Step<T, E> {
-        if self.attempts > self.spec.retries {
+        if self.spent() > self.spec.retries {
             return self.exhausted().await;
         }
-        if at_least > self.spec.backoff_cap {
-            // The remote asks for a longer wait than the function would ever back off: give the
-            // caller its answer (with the retry-after it carries) instead of sleeping on it.
+        if at_least > self.rt.max_retry_after() {
             tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                attempt = self.attempts, retry_after_ms = Self::ms(at_least), "retry-after beyond the backoff cap; stopping");
+                attempt = self.attempts, retry_after_ms = Self::ms(at_least),
+                max_retry_after_ms = Self::ms(self.rt.max_retry_after()),
+                "retry-after beyond max_retry_after; stopping");
             return self.exhausted().await;
         }
         let delay = self
@@ -700,13 +740,24 @@ impl<T, E> Run<T, E> {
         tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = self.attempts, delay_ms = Self::ms(delay), "backing off");
         tokio::time::sleep(delay).await;
+        // The sleep is where an owner stalls past its lease: confirm, under the fence, that the key is
+        // still this call's before anything is sent again.
+        if let Err(step) = self.hold_lease(Duration::ZERO).await {
+            return step;
+        }
         Step::Attempt
     }
 
-    /// Extends the claim over a wait and the attempt after it; if that fails, the call stops here.
+    /// Extends the claim over a wait and the attempt after it. A refusal means another owner holds the
+    /// key now ([`Run::fenced_out`]); a failing store ends the call as [`Run::exhausted`] does.
     async fn hold_lease(&mut self, wait: Duration) -> Result<(), Step<T, E>> {
         match self.extend_lease(wait).await {
             Ok(()) => Ok(()),
+            Err(e) if lost(&e) => {
+                tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                    attempt = self.attempts, error = %e, "lease refused: another owner holds the key");
+                Err(self.fenced_out(None).await)
+            }
             Err(e) => {
                 tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                     attempt = self.attempts, error = %e, "could not extend the lease; stopping");
@@ -715,7 +766,8 @@ impl<T, E> Run<T, E> {
         }
     }
 
-    /// No attempt left: release the claim if nothing can have run, else leave the call `UNKNOWN`.
+    /// No attempt left: release the claim if nothing can have run, else leave the call `UNKNOWN`. A plain
+    /// failure is answered only when the release was applied.
     async fn exhausted(&mut self) -> Step<T, E> {
         let now = self.rt.now_ms();
         if self.uncertain {
@@ -724,14 +776,30 @@ impl<T, E> Run<T, E> {
                 .await;
         }
         if let Some(fence) = self.fence {
-            if let Err(e) = self.rt.store().release(&self.key, fence).await {
-                tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = self.attempts, error = %e, "could not release the claim; its lease will end");
+            match self.rt.store().release(&self.key, fence).await {
+                // Gone already (evicted): nothing of this call's is left to release.
+                Ok(()) | Err(StoreError::NotFound) => {}
+                Err(e) if lost(&e) => {
+                    tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                        attempt = self.attempts, error = %e, "release refused: another owner holds the key");
+                    return self.fenced_out(None).await;
+                }
+                Err(e) => {
+                    tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                        attempt = self.attempts, error = %e, "could not release the claim; the call is not reported failed");
+                    return self
+                        .give_up_unknown(
+                            &format!("retries exhausted; the claim could not be released: {e}"),
+                            now,
+                        )
+                        .await;
+                }
             }
         }
         self.rt.count(Counter::Released);
         tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = self.attempts, "retries exhausted; nothing ran; claim released");
+        self.fence = None;
         match self.last_error.take() {
             Some(error) => self.done(Err(error)),
             None => {
@@ -744,12 +812,21 @@ impl<T, E> Run<T, E> {
         }
     }
 
-    /// Records `UNKNOWN`, queues the call for compensation and answers [`Error::Unknown`].
+    /// Records `UNKNOWN`, queues the call for compensation and answers [`Error::Unknown`]. If the mark is
+    /// refused (another owner holds the key), the call answers what that owner recorded instead.
     async fn give_up_unknown(&mut self, reason: &str, now: u64) -> Step<T, E> {
         if let Some(fence) = self.fence {
-            if let Err(e) = self.rt.store().mark_unknown(&self.key, fence, now).await {
-                tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = self.attempts, error = %e, "could not mark the call unknown");
+            match self.rt.store().mark_unknown(&self.key, fence, now).await {
+                Ok(_) => {}
+                Err(e) if lost(&e) => {
+                    tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                        attempt = self.attempts, error = %e, "mark unknown refused: another owner holds the key");
+                    return self.fenced_out(None).await;
+                }
+                Err(e) => {
+                    tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                        attempt = self.attempts, error = %e, "could not mark the call unknown");
+                }
             }
         }
         tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
@@ -757,6 +834,62 @@ impl<T, E> Run<T, E> {
         self.enqueue(reason, now).await;
         let call_id = self.call_id.clone();
         self.fail_with(Error::Unknown { call_id })
+    }
+
+    /// The answer of a call whose write was refused because another owner holds its key now (it stalled
+    /// past its lease and the key was taken over, under the same callId). It reads the receipt: a final
+    /// outcome recorded there is the call's answer; else the outcome this run knows itself (`known`),
+    /// else [`Error::Unknown`] — queued only when no other owner holds the call, since the one that
+    /// does resolves it.
+    async fn fenced_out(&mut self, known: Option<Result<T, E>>) -> Step<T, E> {
+        self.fence = None;
+        let now = self.rt.now_ms();
+        let record = self.rt.store().get(&self.key, now).await;
+        let held_by_another = match &record {
+            Ok(Some(r)) if r.call_id == self.call_id => {
+                if r.state.is_terminal() {
+                    tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                        attempt = self.attempts, state = %r.state, "another owner recorded the outcome; answering it");
+                    let r = r.clone();
+                    return self.replay(&r);
+                }
+                true
+            }
+            // The store cannot say: whoever fenced this run out holds the call.
+            Err(_) => true,
+            // Gone, or the key now belongs to another call.
+            Ok(_) => false,
+        };
+        if let Some(out) = known {
+            return self.done(out);
+        }
+        if held_by_another {
+            tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                attempt = self.attempts, "another owner is resolving this call; answering unknown");
+            let call_id = self.call_id.clone();
+            return self.fail_with(Error::Unknown { call_id });
+        }
+        if self.uncertain {
+            // No record covers the call any more: the queue entry is what is left of it.
+            let reason = "lost its key with an uncertain outcome";
+            tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                attempt = self.attempts, reason, "outcome unknown; handed to compensation");
+            self.enqueue(reason, now).await;
+            let call_id = self.call_id.clone();
+            return self.fail_with(Error::Unknown { call_id });
+        }
+        tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+            attempt = self.attempts, "lost its key; nothing of this call ran");
+        match self.last_error.take() {
+            Some(error) => self.done(Err(error)),
+            None => {
+                let error = Error::Exhausted {
+                    call_id: self.call_id.clone(),
+                    attempts: self.attempts,
+                };
+                self.fail_with(error)
+            }
+        }
     }
 
     async fn enqueue(&self, reason: &str, now: u64) {
@@ -770,14 +903,12 @@ impl<T, E> Run<T, E> {
 
     async fn succeed(&mut self, value: T) -> Step<T, E> {
         let outcome = self.encoded((self.codec.encode_ok)(&value));
-        self.complete(ReceiptState::Success, outcome).await;
-        self.done(Ok(value))
+        self.settle(ReceiptState::Success, outcome, Ok(value)).await
     }
 
     async fn fail(&mut self, error: E) -> Step<T, E> {
         let outcome = self.encoded((self.codec.encode_err)(&error));
-        self.complete(ReceiptState::Failed, outcome).await;
-        self.done(Err(error))
+        self.settle(ReceiptState::Failed, outcome, Err(error)).await
     }
 
     fn encoded(&self, encoded: serde_json::Result<Vec<u8>>) -> Option<Arc<[u8]>> {
@@ -791,36 +922,76 @@ impl<T, E> Run<T, E> {
         }
     }
 
-    /// Writes the final outcome. The outcome is returned to the caller whatever the store says: it
-    /// happened. A refused write (a newer owner, an unreachable store) is logged; the record then resolves
-    /// through its lease and `lookup`.
-    async fn complete(&mut self, state: ReceiptState, outcome: Option<Arc<[u8]>>) {
+    /// Records the final outcome and answers it: it happened. If the caller goes away during the write,
+    /// the drop guard finishes it. A refused write means another owner holds the key
+    /// ([`Run::fenced_out`]); a failed one leaves the record to its lease, and the next call resolves it
+    /// through `lookup`. The compensation entry of a taken-over call is removed only once the outcome
+    /// is recorded.
+    async fn settle(
+        &mut self,
+        state: ReceiptState,
+        outcome: Option<Arc<[u8]>>,
+        out: Result<T, E>,
+    ) -> Step<T, E> {
         let Some(fence) = self.fence else {
-            return;
+            return self.done(out);
         };
+        self.recording = Some((state, outcome.clone()));
         let now = self.rt.now_ms();
         let completion = Completion {
             state,
             outcome,
             expires_at_ms: now.saturating_add(Self::ms(self.spec.ttl)),
         };
-        match self.rt.complete(&self.key, fence, completion, now).await {
+        let written = self.rt.complete(&self.key, fence, completion, now).await;
+        self.recording = None;
+        match written {
             Ok(transition) => {
                 tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                     attempt = self.attempts, state = %state, transition = ?transition, "recorded");
+                if self.took_over {
+                    finish_compensation(&self.rt, &self.key, &self.call_id).await;
+                }
+                self.done(out)
+            }
+            Err(e) if lost(&e) => {
+                tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                    attempt = self.attempts, state = %state, error = %e, "outcome refused: another owner holds the key");
+                self.fenced_out(Some(out)).await
             }
             Err(e) => {
                 tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = self.attempts, state = %state, error = %e, "outcome could not be recorded");
-            }
-        }
-        if self.took_over {
-            if let Err(e) = self.rt.store().finish_compensation(&self.call_id).await {
-                tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = self.attempts, error = %e, "could not clear the compensation entry");
+                    attempt = self.attempts, state = %state, error = %e,
+                    "outcome could not be recorded; the key stays claimed until its lease ends");
+                self.done(out)
             }
         }
     }
+}
+
+/// Whether a refused owner's write means that the key is no longer this owner's.
+fn lost(e: &StoreError) -> bool {
+    matches!(
+        e,
+        StoreError::Fenced { .. } | StoreError::NotFound | StoreError::InvalidTransition { .. }
+    )
+}
+
+async fn finish_compensation(rt: &Runtime, key: &Key, call_id: &CallId) {
+    if let Err(e) = rt.store().finish_compensation(call_id).await {
+        tracing::warn!(target: "samekey", call_id = %call_id, key = %key.short(), attempt = 0u32,
+            error = %e, "could not clear the compensation entry");
+    }
+}
+
+/// What the drop guard of a cancelled run does with the key it owns.
+enum Leftover {
+    /// Every attempt was refused before taking effect: release the claim.
+    Release,
+    /// The outcome is known: record it.
+    Record(ReceiptState, Option<Arc<[u8]>>),
+    /// An attempt may have run: mark `UNKNOWN` and queue for compensation.
+    Unknown,
 }
 
 impl<T, E> Drop for Run<T, E> {
@@ -831,23 +1002,57 @@ impl<T, E> Drop for Run<T, E> {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        let leftover = match self.recording.take() {
+            Some((state, outcome)) => Leftover::Record(state, outcome),
+            None if self.uncertain || self.in_flight => Leftover::Unknown,
+            None => Leftover::Release,
+        };
         let rt = self.rt.clone();
         let key = self.key.clone();
         let call_id = self.call_id.clone();
-        let release = !self.uncertain && !self.in_flight;
+        let took_over = self.took_over;
+        let ttl = Self::ms(self.spec.ttl);
         handle.spawn(async move {
-            let now = rt.now_ms();
             let store = rt.store();
-            let result = if release {
-                store.release(&key, fence).await
-            } else {
-                let marked = store.mark_unknown(&key, fence, now).await.map(drop);
-                let entry =
-                    CompensationEntry::new(call_id.clone(), key.clone(), "call was cancelled", now);
-                marked.and(store.enqueue_compensation(entry).await)
+            let now = rt.now_ms();
+            let (what, result) = match leftover {
+                Leftover::Release => ("released", store.release(&key, fence).await),
+                Leftover::Record(state, outcome) => {
+                    let completion = Completion {
+                        state,
+                        outcome,
+                        expires_at_ms: now.saturating_add(ttl),
+                    };
+                    match store.complete(&key, fence, completion, now).await {
+                        Ok(_) => {
+                            if took_over {
+                                finish_compensation(&rt, &key, &call_id).await;
+                            }
+                            ("recorded its outcome", Ok(()))
+                        }
+                        // Another owner holds the key: it resolves the call.
+                        Err(e) if lost(&e) => ("left to the owner that took it over", Err(e)),
+                        Err(e) => {
+                            let reason = format!("call was cancelled; its outcome {state} could not be recorded: {e}");
+                            let marked = store.mark_unknown(&key, fence, now).await.map(drop);
+                            let entry = CompensationEntry::new(call_id.clone(), key.clone(), reason, now);
+                            ("marked unknown", marked.and(store.enqueue_compensation(entry).await))
+                        }
+                    }
+                }
+                Leftover::Unknown => {
+                    let marked = store.mark_unknown(&key, fence, now).await.map(drop);
+                    let entry =
+                        CompensationEntry::new(call_id.clone(), key.clone(), "call was cancelled", now);
+                    ("marked unknown", marked.and(store.enqueue_compensation(entry).await))
+                }
             };
-            tracing::warn!(target: "samekey", call_id = %call_id, key = %key.short(), attempt = 0u32,
-                released = release, ok = result.is_ok(), "call dropped before it finished");
+            match result {
+                Ok(()) => tracing::warn!(target: "samekey", call_id = %call_id, key = %key.short(),
+                    attempt = 0u32, what, "call dropped before it finished"),
+                Err(e) => tracing::error!(target: "samekey", call_id = %call_id, key = %key.short(),
+                    attempt = 0u32, what, error = %e, "call dropped before it finished; the store refused its last write"),
+            }
         });
     }
 }

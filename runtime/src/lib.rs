@@ -11,6 +11,7 @@
 mod call;
 mod call_id;
 mod classify;
+mod clock;
 mod compensation;
 pub mod conformance;
 mod context;
@@ -24,6 +25,7 @@ pub mod store;
 
 pub use call_id::{validate_label, CallId, Label, ParseCallIdError, TraceId};
 pub use classify::{Classify, ErrorClass, RemoteStatus};
+pub use clock::{Clock, SystemClock};
 pub use compensation::{CompensationEntry, CompensationState};
 pub use context::{current, try_current, Context, Inbound};
 pub use error::{Error, StoreError};
@@ -32,6 +34,7 @@ pub use receipt::{Fence, InvalidState, InvalidTransition, Receipt, ReceiptState,
 pub use retry::Backoff;
 pub use runtime::{
     default_runtime, Builder, Runtime, DEFAULT_BUSY_WAIT, DEFAULT_LEASE, DEFAULT_LOOKUP_POLLS,
+    DEFAULT_MAX_RETRY_AFTER,
 };
 pub use stats::Stats;
 pub use store::{MemoryStore, Store};

@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use crate::call_id::{unix_ms_now, validate_label, CallId, Label, ParseCallIdError};
+use crate::call_id::{validate_label, CallId, Label, ParseCallIdError};
+use crate::clock::{Clock, RuntimeClock, SystemClock};
 use crate::compensation::CompensationEntry;
 use crate::error::{Error, StoreError};
 use crate::key::Key;
@@ -20,29 +21,8 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 pub const DEFAULT_BUSY_WAIT: Duration = Duration::from_secs(30);
 /// Default number of times a lookup answering "processing" is asked again.
 pub const DEFAULT_LOOKUP_POLLS: u32 = 5;
-
-/// Wall-clock milliseconds that advance with `tokio::time`, so tests with paused time move leases and
-/// TTLs too.
-#[derive(Debug, Clone)]
-struct Clock {
-    anchor_ms: u64,
-    anchor: tokio::time::Instant,
-}
-
-impl Clock {
-    fn new() -> Clock {
-        Clock {
-            anchor_ms: unix_ms_now(),
-            anchor: tokio::time::Instant::now(),
-        }
-    }
-
-    fn now_ms(&self) -> u64 {
-        let elapsed = tokio::time::Instant::now().saturating_duration_since(self.anchor);
-        self.anchor_ms
-            .saturating_add(u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
-    }
-}
+/// Default longest `retry_after` a rate-limited call waits before its next attempt.
+pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 
 /// Where calls claim keys and keep receipts, and how they behave around them. Cheap to clone (one `Arc`);
 /// clones share everything.
@@ -63,10 +43,11 @@ struct Inner {
     /// without a boxed future.
     memory: Option<Arc<MemoryStore>>,
     node: Label,
-    clock: Clock,
+    clock: RuntimeClock,
     lease: Duration,
     busy_wait: Duration,
     lookup_polls: u32,
+    max_retry_after: Duration,
     jitter_seed: Option<u64>,
     calls_begun: AtomicU64,
     counters: Counters,
@@ -96,6 +77,7 @@ impl Runtime {
             StoreHandle::new(Arc::new(MemoryStore::new())),
             default_node(),
             Settings::default(),
+            None,
         )
     }
 
@@ -104,17 +86,26 @@ impl Runtime {
         Builder::default()
     }
 
-    fn from_parts(store: StoreHandle, node: Label, b: Settings) -> Runtime {
+    fn from_parts(
+        store: StoreHandle,
+        node: Label,
+        b: Settings,
+        clock: Option<Arc<dyn Clock>>,
+    ) -> Runtime {
         let StoreHandle { store, memory } = store;
         Runtime {
             inner: Arc::new(Inner {
                 store,
                 memory,
                 node,
-                clock: Clock::new(),
+                clock: match clock {
+                    Some(clock) => RuntimeClock::Custom(clock),
+                    None => RuntimeClock::System(SystemClock::new()),
+                },
                 lease: b.lease,
                 busy_wait: b.busy_wait,
                 lookup_polls: b.lookup_polls,
+                max_retry_after: b.max_retry_after,
                 jitter_seed: b.jitter_seed,
                 calls_begun: AtomicU64::new(0),
                 counters: Counters::default(),
@@ -161,7 +152,8 @@ impl Runtime {
         &self.inner.node
     }
 
-    /// The runtime's time: Unix milliseconds that follow `tokio::time` (and its pause in tests).
+    /// The runtime's time: Unix milliseconds from its [`Clock`] (the system clock, read fresh, and moved
+    /// by tokio's paused time in tests, unless [`Builder::clock`] gave another).
     pub fn now_ms(&self) -> u64 {
         self.inner.clock.now_ms()
     }
@@ -176,6 +168,10 @@ impl Runtime {
 
     pub(crate) fn lookup_polls(&self) -> u32 {
         self.inner.lookup_polls
+    }
+
+    pub(crate) fn max_retry_after(&self) -> Duration {
+        self.inner.max_retry_after
     }
 
     /// The seed of a new call's jitter: from the configured seed and the call's rank when there is one
@@ -251,6 +247,7 @@ struct Settings {
     lease: Duration,
     busy_wait: Duration,
     lookup_polls: u32,
+    max_retry_after: Duration,
     jitter_seed: Option<u64>,
 }
 
@@ -260,6 +257,7 @@ impl Default for Settings {
             lease: DEFAULT_LEASE,
             busy_wait: DEFAULT_BUSY_WAIT,
             lookup_polls: DEFAULT_LOOKUP_POLLS,
+            max_retry_after: DEFAULT_MAX_RETRY_AFTER,
             jitter_seed: None,
         }
     }
@@ -287,6 +285,7 @@ pub struct Builder {
     store: Option<StoreHandle>,
     node: Option<String>,
     settings: Settings,
+    clock: Option<Arc<dyn Clock>>,
 }
 
 impl Builder {
@@ -310,7 +309,12 @@ impl Builder {
     }
 
     /// How long a claim holds a key when the function has no `timeout` (default 30 s). After it, the
-    /// owner is presumed gone and a duplicate resolves the key through `lookup`.
+    /// owner is presumed gone and a duplicate resolves the key through `lookup`. While an attempt runs,
+    /// the call renews its lease every third of it, so a slow body keeps its key.
+    ///
+    /// A function with a `timeout` does not use this setting: its lease is its timeout plus the
+    /// larger of the timeout and one second (`timeout = "3s"` holds the key 6 s at a time), since no
+    /// attempt outlives its timeout.
     pub fn lease(mut self, lease: Duration) -> Builder {
         self.settings.lease = lease;
         self
@@ -326,6 +330,25 @@ impl Builder {
     /// (default 5).
     pub fn lookup_polls(mut self, polls: u32) -> Builder {
         self.settings.lookup_polls = polls;
+        self
+    }
+
+    /// The longest `retry_after` (from [`ErrorClass::RateLimited`](crate::ErrorClass::RateLimited)) a
+    /// call waits before its next attempt (default 60 s). A rate-limited attempt is always followed by
+    /// a wait of at least its `retry_after`, even beyond the function's backoff cap; a `retry_after`
+    /// longer than this ends the call at once instead (nothing ran: the claim is released and the
+    /// caller gets the rate-limit error, with the `retry_after` it carries).
+    pub fn max_retry_after(mut self, max: Duration) -> Builder {
+        self.settings.max_retry_after = max;
+        self
+    }
+
+    /// The clock this runtime stamps callIds with, buckets `window` keys by and hands to stores that
+    /// take the caller's time (default: [`SystemClock`]). A simulation or a test of clock skew gives
+    /// its own; the shared stores (PostgreSQL, Redis) judge leases and expiries by their own clock
+    /// whatever this one says.
+    pub fn clock(mut self, clock: impl Clock) -> Builder {
+        self.clock = Some(Arc::new(clock));
         self
     }
 
@@ -349,6 +372,6 @@ impl Builder {
         let store = self
             .store
             .unwrap_or_else(|| StoreHandle::new(Arc::new(MemoryStore::new())));
-        Ok(Runtime::from_parts(store, node, self.settings))
+        Ok(Runtime::from_parts(store, node, self.settings, self.clock))
     }
 }

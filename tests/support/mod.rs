@@ -2,6 +2,7 @@
 //! nothing by itself (so a second execution is visible), keeps receipts by callId and answers lookups.
 #![allow(dead_code)]
 
+pub mod faulty;
 pub mod race;
 
 use std::collections::{HashMap, VecDeque};
@@ -195,5 +196,29 @@ impl Remote {
             .get(&call_id.to_string())
             .cloned()
             .unwrap_or(RemoteStatus::NotReceived))
+    }
+}
+
+/// A clock that a test moves forward by hand, on top of the system clock: leases and TTLs of the stores
+/// that take the caller's time (memory, SQLite) can be passed without waiting, in real time (which
+/// stores that do I/O need: tokio's paused time would fire their pool timeouts).
+#[derive(Clone, Default)]
+pub struct TestClock {
+    base: samekey::SystemClock,
+    offset_ms: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl TestClock {
+    pub fn advance(&self, by: Duration) {
+        self.offset_ms.fetch_add(
+            u64::try_from(by.as_millis()).unwrap(),
+            std::sync::atomic::Ordering::SeqCst,
+        );
+    }
+}
+
+impl samekey::Clock for TestClock {
+    fn now_ms(&self) -> u64 {
+        self.base.now_ms() + self.offset_ms.load(std::sync::atomic::Ordering::SeqCst)
     }
 }

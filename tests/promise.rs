@@ -1,0 +1,340 @@
+//! The promise at the edges: a call never takes effect twice and never answers wrong when its caller
+//! goes away mid-write, when its owner stalls past its lease and comes back, when a lookup or a
+//! release fails. Each scenario runs on the in-memory store and (feature `sqlite`) on SQLite, through
+//! a wrapper ([`support::faulty`]) that holds an operation at a gate or fails it, the way a slow pool
+//! acquire, a GC pause or a store outage would. Ordering comes from the gates; leases are passed by
+//! moving the runtime's clock ([`support::TestClock`]), in real time.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use samekey::{idempotent, CallId, Error, ReceiptState, Runtime, Store, StoreError};
+use support::faulty::{Act, Faulty, Gate};
+use support::{Fault, Remote, TestClock, TestError};
+
+/// Four functions over one operation (one explicit scope), one per way of resolving an unknown outcome.
+struct Svc {
+    rt: Runtime,
+    remote: Remote,
+    store: Arc<Faulty>,
+    clock: TestClock,
+}
+
+impl Svc {
+    fn on(store: Arc<dyn Store>) -> Arc<Svc> {
+        let store = Faulty::new(store);
+        let clock = TestClock::default();
+        Arc::new(Svc {
+            rt: Runtime::builder()
+                .node("promise")
+                .shared_store(store.clone())
+                .clock(clock.clone())
+                .build()
+                .unwrap(),
+            remote: Remote::new(),
+            store,
+            clock,
+        })
+    }
+
+    #[idempotent(key = "order", scope = "promise.charge", runtime = &self.rt)]
+    async fn plain(&self, order: &str, amount: u64) -> Result<u64, TestError> {
+        self.remote
+            .charge(samekey::current().call_id(), order, amount)
+            .await
+    }
+
+    #[idempotent(key = "order", scope = "promise.charge", runtime = &self.rt, timeout = "1s",
+                 lookup = |c| self.remote.status(c))]
+    async fn with_lookup(&self, order: &str, amount: u64) -> Result<u64, TestError> {
+        self.remote
+            .charge(samekey::current().call_id(), order, amount)
+            .await
+    }
+
+    #[idempotent(key = "order", scope = "promise.charge", runtime = &self.rt, timeout = "1s",
+                 on_unknown = "hold")]
+    async fn hold(&self, order: &str, amount: u64) -> Result<u64, TestError> {
+        self.remote
+            .charge(samekey::current().call_id(), order, amount)
+            .await
+    }
+
+    #[idempotent(key = "order", scope = "promise.charge", runtime = &self.rt, timeout = "1s",
+                 on_unknown = "rerun")]
+    async fn rerun(&self, order: &str, amount: u64) -> Result<u64, TestError> {
+        self.remote
+            .charge(samekey::current().call_id(), order, amount)
+            .await
+    }
+
+    async fn state(&self, call_id: &CallId) -> Option<ReceiptState> {
+        self.rt.receipt(call_id).await.unwrap().map(|r| r.state)
+    }
+
+    async fn queued(&self) -> Vec<CallId> {
+        let entries = self.rt.compensations().await.unwrap();
+        entries.into_iter().map(|e| e.call_id).collect()
+    }
+
+    fn first_call_id(&self) -> CallId {
+        self.remote.seen()[0].parse().unwrap()
+    }
+
+    /// Waits (up to 10 s) until the receipt of `call_id` is `state`.
+    async fn until_state(&self, call_id: &CallId, state: ReceiptState) {
+        for _ in 0..1000 {
+            if self.state(call_id).await == Some(state) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!(
+            "receipt of {call_id} never became {state}: {:?}",
+            self.state(call_id).await
+        );
+    }
+}
+
+fn unavailable() -> StoreError {
+    StoreError::Unavailable("connection reset (test)".into())
+}
+
+/// Issue 6, case 1: the attempt succeeded, and the caller went away while the outcome was being
+/// written. The outcome is still recorded and the key is never released: a duplicate replays it.
+async fn cancelled_while_recording_a_success(store: Arc<dyn Store>) {
+    let svc = Svc::on(store);
+    let gate = Gate::new();
+    svc.store.plan("complete", [Act::Before(gate.clone())]);
+    let first = tokio::spawn({
+        let svc = svc.clone();
+        async move { svc.plain("o-1", 500).await }
+    });
+    gate.reached().await;
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    let call_id = svc.first_call_id();
+    svc.until_state(&call_id, ReceiptState::Success).await;
+    assert_eq!(svc.plain("o-1", 500).await, Ok(500));
+    assert_eq!(svc.remote.executions("o-1"), 1, "the duplicate replayed");
+    assert!(svc.queued().await.is_empty());
+}
+
+/// Issue 6, case 1, for a permanent failure: recorded `FAILED` although the caller went away.
+async fn cancelled_while_recording_a_failure(store: Arc<dyn Store>) {
+    let svc = Svc::on(store);
+    svc.remote.script([Fault::Declined]);
+    let gate = Gate::new();
+    svc.store.plan("complete", [Act::Before(gate.clone())]);
+    let first = tokio::spawn({
+        let svc = svc.clone();
+        async move { svc.plain("o-1", 500).await }
+    });
+    gate.reached().await;
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    let call_id = svc.first_call_id();
+    svc.until_state(&call_id, ReceiptState::Failed).await;
+    assert_eq!(svc.plain("o-1", 500).await, Err(TestError::Declined));
+    assert_eq!(svc.remote.seen().len(), 1, "the duplicate sent nothing");
+}
+
+/// Issue 6, case 1: when the cancelled call's outcome cannot be written either, the call is left
+/// `UNKNOWN` and queued, never released.
+async fn cancelled_and_the_write_fails(store: Arc<dyn Store>) {
+    let svc = Svc::on(store);
+    let gate = Gate::new();
+    svc.store.plan(
+        "complete",
+        [Act::Before(gate.clone()), Act::Fail(unavailable())],
+    );
+    let first = tokio::spawn({
+        let svc = svc.clone();
+        async move { svc.plain("o-1", 500).await }
+    });
+    gate.reached().await;
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    let call_id = svc.first_call_id();
+    svc.until_state(&call_id, ReceiptState::Unknown).await;
+    assert_eq!(svc.queued().await, [call_id]);
+}
+
+/// Issue 6, case 5: a duplicate takes over an `UNKNOWN` call, the lookup says it succeeded, and the
+/// completion fails. The compensation entry stays until a completion is applied.
+async fn take_over_whose_completion_fails(store: Arc<dyn Store>) {
+    let svc = Svc::on(store);
+    svc.remote.script([Fault::ReplyLost]);
+    let out = svc.hold("o-1", 500).await;
+    let call_id = svc.first_call_id();
+    assert_eq!(
+        out,
+        Err(TestError::Samekey(Error::Unknown {
+            call_id: call_id.clone()
+        }))
+    );
+    assert_eq!(svc.queued().await, [call_id.clone()]);
+    svc.store.plan("complete", [Act::Fail(unavailable())]);
+    // The true answer reaches the caller, but it could not be recorded: the entry stays.
+    assert_eq!(svc.with_lookup("o-1", 500).await, Ok(500));
+    assert_eq!(svc.queued().await, [call_id.clone()]);
+    assert_ne!(svc.state(&call_id).await, Some(ReceiptState::Success));
+    // Once the taking-over call's lease ends, the next duplicate resolves it and clears the entry.
+    svc.clock.advance(Duration::from_secs(3));
+    assert_eq!(svc.with_lookup("o-1", 500).await, Ok(500));
+    assert_eq!(svc.state(&call_id).await, Some(ReceiptState::Success));
+    assert!(svc.queued().await.is_empty());
+    assert_eq!(svc.remote.executions("o-1"), 1);
+}
+
+/// Issue 6, case 6: the owner stalls (a GC pause) before it marks its uncertain call `UNKNOWN`; its
+/// lease ends, a duplicate takes the call over, finds through `lookup` that it succeeded and records
+/// it. The owner comes back, is fenced out, and answers the recorded success, queueing nothing.
+async fn owner_back_after_a_take_over_answers_the_outcome(store: Arc<dyn Store>) {
+    let svc = Svc::on(store);
+    svc.remote.script([Fault::ReplyLost]);
+    let stall = Gate::new();
+    svc.store.plan("mark_unknown", [Act::Before(stall.clone())]);
+    let owner = tokio::spawn({
+        let svc = svc.clone();
+        async move { svc.hold("o-1", 500).await }
+    });
+    stall.reached().await;
+    svc.clock.advance(Duration::from_secs(3)); // past the 2 s lease
+    assert_eq!(svc.with_lookup("o-1", 500).await, Ok(500));
+    stall.open();
+    assert_eq!(owner.await.unwrap(), Ok(500));
+    let call_id = svc.first_call_id();
+    assert_eq!(svc.state(&call_id).await, Some(ReceiptState::Success));
+    assert!(
+        svc.queued().await.is_empty(),
+        "nothing queued beside SUCCESS"
+    );
+    assert_eq!(svc.remote.executions("o-1"), 1);
+}
+
+/// Issue 6, case 6: the owner stalls right after it extended its lease for a backoff; meanwhile the key
+/// is taken over and the call run to its end under the same callId. Back, the owner confirms its key
+/// before sending again, finds it lost, and answers the recorded outcome: nothing is sent twice.
+async fn owner_confirms_its_key_before_a_retry(store: Arc<dyn Store>) {
+    let svc = Svc::on(store);
+    svc.remote.script([Fault::Unavailable]);
+    let stall = Gate::new();
+    svc.store.plan("extend_lease", [Act::After(stall.clone())]);
+    let owner = tokio::spawn({
+        let svc = svc.clone();
+        async move { svc.rerun("o-1", 500).await }
+    });
+    stall.reached().await;
+    svc.clock.advance(Duration::from_secs(15)); // past the extended lease
+    assert_eq!(svc.rerun("o-1", 500).await, Ok(500));
+    stall.open();
+    assert_eq!(owner.await.unwrap(), Ok(500));
+    assert_eq!(svc.remote.executions("o-1"), 1);
+    assert_eq!(
+        svc.remote.seen().len(),
+        2,
+        "the owner sent nothing after its stall"
+    );
+}
+
+/// Issue 6, case 7: a lookup that fails once is asked again (it re-sends nothing); the call ends with
+/// the true answer instead of `UNKNOWN`.
+async fn a_failed_lookup_is_asked_again(store: Arc<dyn Store>) {
+    let svc = Svc::on(store);
+    svc.remote.script([Fault::ReplyLost]);
+    svc.remote
+        .script_lookups([Err("503 from the receipt service".into())]);
+    assert_eq!(svc.with_lookup("o-1", 500).await, Ok(500));
+    assert_eq!(svc.remote.lookups(), 2);
+    assert_eq!(svc.remote.seen().len(), 1);
+    assert!(svc.queued().await.is_empty());
+}
+
+/// Issue 6, case 8: every attempt was refused, and releasing the claim fails (the store went down):
+/// the caller is not told a plain failure; the call is `UNKNOWN` and queued.
+async fn a_failed_release_is_not_a_plain_failure(store: Arc<dyn Store>) {
+    let svc = Svc::on(store);
+    svc.remote.script([Fault::Unavailable; 4]);
+    svc.store.plan("release", [Act::Fail(unavailable())]);
+    let out = svc.plain("o-1", 500).await;
+    let call_id = svc.first_call_id();
+    assert_eq!(
+        out,
+        Err(TestError::Samekey(Error::Unknown {
+            call_id: call_id.clone()
+        }))
+    );
+    assert_eq!(svc.state(&call_id).await, Some(ReceiptState::Unknown));
+    assert_eq!(svc.queued().await, [call_id]);
+}
+
+/// Issue 6, case 8: the owner's release is refused because, while it stalled, another node took the key
+/// over and charged under the same callId. The owner answers that charge, not "failed".
+async fn a_refused_release_answers_the_charge(store: Arc<dyn Store>) {
+    let svc = Svc::on(store);
+    svc.remote.script([Fault::Unavailable; 4]);
+    let stall = Gate::new();
+    svc.store.plan("release", [Act::Before(stall.clone())]);
+    let owner = tokio::spawn({
+        let svc = svc.clone();
+        async move { svc.rerun("o-1", 500).await }
+    });
+    stall.reached().await;
+    svc.clock.advance(Duration::from_secs(5)); // past the lease
+    assert_eq!(svc.rerun("o-1", 500).await, Ok(500));
+    stall.open();
+    assert_eq!(owner.await.unwrap(), Ok(500), "told what happened: charged");
+    assert_eq!(svc.remote.executions("o-1"), 1);
+    assert!(svc.queued().await.is_empty());
+}
+
+async fn memory() -> Arc<dyn Store> {
+    Arc::new(samekey::MemoryStore::new())
+}
+
+#[cfg(feature = "sqlite")]
+async fn sqlite() -> Arc<dyn Store> {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("promise-{:x}", samekey::TraceId::new().as_u128()));
+    std::fs::create_dir_all(&dir).unwrap();
+    Arc::new(
+        samekey::store::SqliteStore::open(dir.join("s.db"))
+            .await
+            .unwrap(),
+    )
+}
+
+/// Runs each scenario on each listed store, as a test of its own.
+macro_rules! on_stores {
+    ($($store:ident $(if $feature:literal)?),* => $scenarios:tt) => {
+        $(
+            $(#[cfg(feature = $feature)])?
+            mod $store {
+                on_stores!(@each $store $scenarios);
+            }
+        )*
+    };
+    (@each $store:ident { $($scenario:ident),* $(,)? }) => {
+        $(
+            #[tokio::test]
+            async fn $scenario() {
+                super::$scenario(super::$store().await).await;
+            }
+        )*
+    };
+}
+
+on_stores!(memory, sqlite if "sqlite" => {
+    cancelled_while_recording_a_success,
+    cancelled_while_recording_a_failure,
+    cancelled_and_the_write_fails,
+    take_over_whose_completion_fails,
+    owner_back_after_a_take_over_answers_the_outcome,
+    owner_confirms_its_key_before_a_retry,
+    a_failed_lookup_is_asked_again,
+    a_failed_release_is_not_a_plain_failure,
+    a_refused_release_answers_the_charge,
+});
