@@ -50,6 +50,45 @@
 /// Makes an `async fn` take effect at most once per idempotency key. See the crate documentation and the
 /// README for its arguments.
 pub use samekey_macros::idempotent;
+/// On an `impl` block: the default scope of every `#[idempotent]` method in it names the block's self
+/// type as written (`my_app::billing::Stripe::charge` instead of `my_app::billing::charge`).
+///
+/// A default scope is the module path and the function's name, so same-named methods of two `impl`
+/// blocks in one module would share one scope, and each other's keys. samekey refuses that at the
+/// second operation's first call ([`Error::ScopeClash`], before anything runs); `#[scoped]` gives each
+/// block's methods a scope of their own. A method with `scope = "..."` keeps its own.
+///
+/// ```
+/// # use samekey::{idempotent, scoped, Classify, ErrorClass};
+/// # #[derive(Debug, serde::Serialize, serde::Deserialize)]
+/// # struct PayError(String);
+/// # impl Classify for PayError { fn classify(&self) -> ErrorClass { ErrorClass::Permanent } }
+/// # impl From<samekey::Error> for PayError { fn from(e: samekey::Error) -> Self { PayError(e.to_string()) } }
+/// struct Stripe;
+/// struct Paypal;
+///
+/// #[scoped]
+/// impl Stripe {
+///     #[idempotent(key = "order_id")]
+///     async fn charge(&self, order_id: u64) -> Result<String, PayError> {
+///         Ok(format!("stripe-{order_id}"))
+///     }
+/// }
+///
+/// #[scoped]
+/// impl Paypal {
+///     #[idempotent(key = "order_id")]
+///     async fn charge(&self, order_id: u64) -> Result<String, PayError> {
+///         Ok(format!("paypal-{order_id}"))
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// assert_eq!(Stripe.charge(9).await.unwrap(), "stripe-9");
+/// assert_eq!(Paypal.charge(9).await.unwrap(), "paypal-9"); // not Stripe's receipt
+/// # }
+/// ```
+pub use samekey_macros::scoped;
 /// Derives [`KeyPart`] for a struct or an enum: fields in declaration order, enum variants by name.
 /// `#[key_part(skip)]` leaves a field out.
 pub use samekey_macros::KeyPart;

@@ -829,6 +829,43 @@ async fn window_buckets_split_days() {
     assert_eq!(s.sign_in(7).await.unwrap(), first + 1);
 }
 
+// A window longer than the default ttl (24 h) keeps its key for the whole window: the ttl defaults to
+// the window, so a second call two days into the same week replays instead of running again.
+#[tokio::test(start_paused = true)]
+async fn window_longer_than_the_default_ttl_keeps_the_key() {
+    /// The start of a 7-day bucket, then tokio's (paused) time.
+    struct WeekStart(Instant);
+    impl samekey::Clock for WeekStart {
+        fn now_ms(&self) -> u64 {
+            2_900 * 604_800_000 + u64::try_from(self.0.elapsed().as_millis()).unwrap()
+        }
+    }
+    struct Bonus {
+        rt: Runtime,
+        count: Mutex<u32>,
+    }
+    impl Bonus {
+        #[idempotent(key = "user", window = "7d", runtime = &self.rt)]
+        async fn weekly(&self, user: u64) -> Result<u32, TestError> {
+            let mut c = self.count.lock().unwrap();
+            *c += 1;
+            Ok(*c)
+        }
+    }
+    let b = Bonus {
+        rt: Runtime::builder()
+            .clock(WeekStart(Instant::now()))
+            .build()
+            .unwrap(),
+        count: Mutex::new(0),
+    };
+    assert_eq!(b.weekly(7).await, Ok(1));
+    tokio::time::advance(Duration::from_secs(2 * 86_400)).await;
+    assert_eq!(b.weekly(7).await, Ok(1), "same week: replayed");
+    tokio::time::advance(Duration::from_secs(5 * 86_400)).await;
+    assert_eq!(b.weekly(7).await, Ok(2), "next week: runs");
+}
+
 // The store can be shared, and keys expire after their ttl.
 #[tokio::test(start_paused = true)]
 async fn keys_expire_after_ttl() {

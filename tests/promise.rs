@@ -175,11 +175,11 @@ async fn take_over_whose_completion_fails(store: Arc<dyn Store>) {
             call_id: call_id.clone()
         }))
     );
-    assert_eq!(svc.queued().await, [call_id.clone()]);
+    assert_eq!(svc.queued().await, std::slice::from_ref(&call_id));
     svc.store.plan("complete", [Act::Fail(unavailable())]);
     // The true answer reaches the caller, but it could not be recorded: the entry stays.
     assert_eq!(svc.with_lookup("o-1", 500).await, Ok(500));
-    assert_eq!(svc.queued().await, [call_id.clone()]);
+    assert_eq!(svc.queued().await, std::slice::from_ref(&call_id));
     assert_ne!(svc.state(&call_id).await, Some(ReceiptState::Success));
     // Once the taking-over call's lease ends, the next duplicate resolves it and clears the entry.
     svc.clock.advance(Duration::from_secs(3));

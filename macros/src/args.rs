@@ -31,6 +31,10 @@ pub(crate) const NAMES: &[&str] = &[
     "on_busy",
 ];
 
+/// The argument `#[samekey::scoped]` adds to each `#[idempotent]` of its `impl` block: the self type as
+/// written, which the default scope then names. Not for users (not listed among the valid arguments).
+pub(crate) const IMPL_TYPE: &str = "__samekey_impl_type";
+
 /// A value, the span of its literal, and the tokens it was written as (`-0.1` is two tokens: an
 /// error about it should underline both).
 #[derive(Clone, Debug)]
@@ -72,6 +76,8 @@ pub(crate) struct Args {
     pub(crate) on_unknown: Option<Value<OnUnknown>>,
     pub(crate) runtime: Option<Expr>,
     pub(crate) on_busy: Option<Value<OnBusy>>,
+    /// The self type of the `impl` block, from `#[samekey::scoped]`.
+    pub(crate) impl_type: Option<LitStr>,
     /// Problems found while parsing that did not stop it.
     pub(crate) errors: Option<syn::Error>,
     /// Names already seen, to report duplicates.
@@ -138,6 +144,12 @@ impl Args {
     /// Stores one `name = value`, or records why it cannot be stored.
     fn set(&mut self, name: &Ident, value: Expr) {
         let name_str = name.unraw().to_string();
+        if name_str == IMPL_TYPE {
+            if let Err(err) = string(&name_str, &value).map(|v| self.impl_type = Some(v)) {
+                self.error(err);
+            }
+            return;
+        }
         if !NAMES.contains(&name_str.as_str()) {
             let hint = crate::key::closest(&name_str, NAMES.iter().copied())
                 .map(|c| format!("did you mean `{c}`? "))

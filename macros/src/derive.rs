@@ -54,14 +54,26 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream> {
         },
         Data::Enum(data) => {
             let mut arms = Vec::new();
+            let mut names: Vec<(String, &Ident)> = Vec::new();
             for variant in &data.variants {
-                let name = match variant_name(&variant.attrs, &variant.ident) {
-                    Ok(name) => name,
+                let (name, span) = match variant_name(&variant.attrs, &variant.ident) {
+                    Ok(named) => named,
                     Err(e) => {
                         push(e);
                         continue;
                     }
                 };
+                if let Some((_, first)) = names.iter().find(|(n, _)| *n == name) {
+                    push(syn::Error::new(
+                        span,
+                        format!(
+                            "variants `{}` and `{}` both encode as \"{name}\" in keys: two different values would get the same key, and one call would replay the other's outcome; give each variant a name of its own with `#[key_part(rename = \"...\")]`",
+                            first.unraw(),
+                            variant.ident.unraw(),
+                        ),
+                    ));
+                }
+                names.push((name.clone(), &variant.ident));
                 match fields(&variant.fields) {
                     Ok(kept) => {
                         let n = kept.len();
@@ -163,13 +175,15 @@ fn skipped(attrs: &[Attribute]) -> syn::Result<bool> {
 }
 
 /// The name a variant has in keys: its own, or `#[key_part(rename = "...")]`.
-fn variant_name(attrs: &[Attribute], ident: &Ident) -> syn::Result<String> {
-    let mut name = ident.unraw().to_string();
+/// The name a variant is encoded under, and where it is written (the `rename` literal, else the
+/// variant's name).
+fn variant_name(attrs: &[Attribute], ident: &Ident) -> syn::Result<(String, Span)> {
+    let mut named = (ident.unraw().to_string(), ident.span());
     for attr in attrs.iter().filter(|a| a.path().is_ident("key_part")) {
         attr.parse_nested_meta(|meta| {
             if meta.path.is_ident("rename") {
                 let lit: LitStr = meta.value()?.parse()?;
-                name = lit.value();
+                named = (lit.value(), lit.span());
                 Ok(())
             } else {
                 Err(meta.error(
@@ -178,7 +192,7 @@ fn variant_name(attrs: &[Attribute], ident: &Ident) -> syn::Result<String> {
             }
         })?;
     }
-    Ok(name)
+    Ok(named)
 }
 
 /// `member: binding` patterns and the encode call of each binding. The binding is spanned at the

@@ -130,6 +130,9 @@ fn expand(args: TokenStream, func: &Func) -> syn::Result<TokenStream> {
         .as_ref()
         .map(|value| errors.take(key::parts("verify", value, &params)));
     let policy = errors.take(policy::check(&args, &func.sig.ident));
+    if args.scope.is_none() {
+        errors.take(check_generics(&func.sig));
+    }
 
     match (errors.0, ret_ty, key, verify, policy, &func.body) {
         (None, Some(ret_ty), Some(key), None, Some(policy), Some(body)) => Ok(generate(
@@ -221,6 +224,44 @@ fn check_signature(func: &Func) -> syn::Result<&Type> {
     }
 }
 
+/// With a default scope, every type or const parameter must be carried by a parameter of the function:
+/// one that is not (`subscribe::<Premium>(user)`) makes each instantiation a different operation that
+/// the key cannot tell apart from the others. Parameters that only adapt an argument (`s: S` with
+/// `S: Into<String>`, `impl Trait`) are fine: the argument is the same business value either way.
+fn check_generics(sig: &Signature) -> syn::Result<()> {
+    let mut errors = Errors::default();
+    let name = sig.ident.unraw();
+    for param in &sig.generics.params {
+        let (ident, what) = match param {
+            syn::GenericParam::Type(t) => (&t.ident, "type"),
+            syn::GenericParam::Const(c) => (&c.ident, "const"),
+            syn::GenericParam::Lifetime(_) => continue,
+        };
+        let carried = sig.inputs.iter().any(|input| match input {
+            FnArg::Typed(pt) => mentions(pt.ty.to_token_stream(), ident),
+            FnArg::Receiver(_) => false,
+        });
+        if !carried {
+            errors.add(syn::Error::new(
+                ident.span(),
+                format!(
+                    "{what} parameter `{ident}` of `{name}` is carried by no parameter, so `{name}::<A>` and `{name}::<B>` are different operations that would share one key scope (and each other's outcomes); pass what tells them apart as a parameter and name it in `key`, or, if every instantiation is the same operation, say so with `#[idempotent(scope = \"...\")]`"
+                ),
+            ));
+        }
+    }
+    errors.0.map_or(Ok(()), Err)
+}
+
+/// Whether `tokens` name `ident` anywhere.
+fn mentions(tokens: TokenStream, ident: &Ident) -> bool {
+    tokens.into_iter().any(|tt| match tt {
+        proc_macro2::TokenTree::Ident(i) => i == *ident,
+        proc_macro2::TokenTree::Group(g) => mentions(g.stream(), ident),
+        _ => false,
+    })
+}
+
 /// `self`, `mut self`, `self: Box<Self>`, `self: Arc<Self>`, … — anything but a reference or a
 /// `Pin` of one.
 fn receiver_is_owned(r: &syn::Receiver) -> bool {
@@ -267,7 +308,7 @@ fn generate(
     let fake = hygienic("__samekey_fake");
     let call = hygienic("__samekey_call");
 
-    let spec_value = spec_tokens(&sig.ident, policy);
+    let spec_value = spec_tokens(&sig.ident, args, policy);
 
     let build = |parts: &[Part]| {
         let calls = parts.iter().map(|part| {
@@ -292,6 +333,14 @@ fn generate(
             quote!(::core::option::Option::Some(#b))
         }
         None => quote!(::core::option::Option::None),
+    };
+
+    // For a method, `Self` tells apart the operations of one item under a default scope (a trait's
+    // default method for each implementor, a generic `impl` for each type).
+    let self_type = if params.receiver {
+        quote!(::core::any::type_name::<Self>())
+    } else {
+        quote!("")
     };
 
     let runtime = match &args.runtime {
@@ -352,11 +401,14 @@ fn generate(
     let lookup_arm = match &args.lookup {
         Some(lookup) => {
             let lookup_var = hygienic("__samekey_lookup");
-            let ask = quote_spanned!(lookup.span()=> #lookup_var(&#call));
+            // Spanned at the `lookup` argument: a lookup of the wrong shape is reported there.
+            let ask = quote_spanned!(lookup.span()=>
+                ::samekey::__private::Run::resolve(&mut #run, #lookup_var(&#call)).await
+            );
             quote! {
                 ::samekey::__private::Step::Lookup(#call) => {
                     let #lookup_var = #lookup;
-                    #run.resolve(#ask).await
+                    #ask
                 }
             }
         }
@@ -378,7 +430,7 @@ fn generate(
             let #key_var = #key_value;
             let #verify_var: ::core::option::Option<::samekey::__private::KeyBuilder> = #verify_value;
             #(#mut_uses)*
-            let mut #run = #begin(#runtime, &#spec, #key_var, #verify_var);
+            let mut #run = #begin(#runtime, &#spec, #self_type, #key_var, #verify_var);
             let mut #step = #start.await;
             loop {
                 #step = match #step {
@@ -399,7 +451,7 @@ fn generate(
 }
 
 /// The `Spec` literal: every value already checked by `policy.rs`.
-fn spec_tokens(fn_ident: &Ident, policy: &Policy) -> TokenStream {
+fn spec_tokens(fn_ident: &Ident, args: &Args, policy: &Policy) -> TokenStream {
     let name = fn_ident.unraw().to_string();
     let millis = |ms: u64| quote!(::core::time::Duration::from_millis(#ms));
     let optional = |ms: Option<u64>| match ms {
@@ -409,10 +461,14 @@ fn spec_tokens(fn_ident: &Ident, policy: &Policy) -> TokenStream {
         }
         None => quote!(::core::option::Option::None),
     };
-    let scope = match &policy.scope {
-        Some(scope) => quote!(#scope),
-        None => quote!(::core::concat!(::core::module_path!(), "::", #name)),
+    let scope = match (&policy.scope, &args.impl_type) {
+        (Some(scope), _) => quote!(#scope),
+        (None, Some(self_type)) => {
+            quote!(::core::concat!(::core::module_path!(), "::", #self_type, "::", #name))
+        }
+        (None, None) => quote!(::core::concat!(::core::module_path!(), "::", #name)),
     };
+    let scope_given = policy.scope.is_some();
     let prefix = &policy.prefix;
     let retries = policy.retries;
     let base = millis(policy.backoff.0);
@@ -433,6 +489,8 @@ fn spec_tokens(fn_ident: &Ident, policy: &Policy) -> TokenStream {
     quote! {
         ::samekey::__private::Spec {
             scope: #scope,
+            scope_given: #scope_given,
+            operation: ::samekey::__private::OperationCell::new(),
             prefix: #prefix,
             name: #name,
             retries: #retries,
@@ -508,8 +566,13 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("has_lookup : true"), "{out}");
+        assert!(out.contains("scope_given : false"), "{out}");
         assert!(
-            out.contains("let __samekey_lookup = | c | self . gw . status (c) ; __samekey_run . resolve (__samekey_lookup (& __samekey_call)) . await"),
+            out.contains("(:: samekey :: __private :: default_runtime () , & __SAMEKEY_SPEC , :: core :: any :: type_name :: < Self > () ,"),
+            "a method's `Self` tells its operations apart: {out}"
+        );
+        assert!(
+            out.contains("let __samekey_lookup = | c | self . gw . status (c) ; :: samekey :: __private :: Run :: resolve (& mut __samekey_run , __samekey_lookup (& __samekey_call)) . await"),
             "{out}"
         );
         assert!(
@@ -567,7 +630,11 @@ mod tests {
             out.contains("let mut c = :: samekey :: __private :: clone_param (& c) ;"),
             "{out}"
         );
-        for skipped in ["(& d)", "(& e)", "(& g)"] {
+        assert!(
+            out.contains("let d = :: samekey :: __private :: clone_param (& d) ;"),
+            "an `impl Trait` argument is owned: {out}"
+        );
+        for skipped in ["(& e)", "(& g)"] {
             assert!(
                 !out.contains(&format!("clone_param {skipped}")),
                 "{skipped}: {out}"

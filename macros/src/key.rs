@@ -65,7 +65,9 @@ impl Params {
                 FnArg::Receiver(_) => params.receiver = true,
                 FnArg::Typed(pt) => {
                     let ty = strip_group(&pt.ty);
-                    let owned = !matches!(ty, Type::Reference(_) | Type::ImplTrait(_));
+                    // An `impl Trait` argument is a value the function owns (a hidden type
+                    // parameter): each attempt gets its own copy, like any owned parameter.
+                    let owned = !matches!(ty, Type::Reference(_));
                     let declared = match &*pt.pat {
                         Pat::Ident(_) => Some(ty.clone()),
                         _ => None,
@@ -749,7 +751,7 @@ mod tests {
         assert!(b.mutability.is_some() && b.ty.is_none());
         let p = params("async fn f(x: impl AsRef<str>, ref y: String, _: u8) -> Result<(), E>");
         assert!(!p.receiver);
-        assert!(!p.list[0].owned);
+        assert!(p.list[0].owned, "an `impl Trait` argument is owned");
         assert!(p.list[1].by_ref);
         assert_eq!(p.list.len(), 2);
     }

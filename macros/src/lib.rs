@@ -16,6 +16,7 @@ mod duration;
 mod expand;
 mod key;
 mod policy;
+mod scoped;
 
 use proc_macro::TokenStream;
 
@@ -25,6 +26,15 @@ use proc_macro::TokenStream;
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::idempotent(args.into(), item.into()).into()
+}
+
+/// On an `impl` block: the default scope of each `#[idempotent]` method in it names the block's self
+/// type, so that same-named methods of two `impl` blocks in one module do not share keys.
+///
+/// See the `samekey` crate for the full rule.
+#[proc_macro_attribute]
+pub fn scoped(args: TokenStream, item: TokenStream) -> TokenStream {
+    scoped::scoped(args.into(), item.into()).into()
 }
 
 /// Derives `samekey::KeyPart` for a struct or an enum: its fields in declaration order

@@ -203,7 +203,28 @@ pub(crate) fn check(args: &Args, fn_name: &Ident) -> syn::Result<Policy> {
     if args.timeout.is_some() && timeout.is_none() || args.ttl.is_some() && ttl.is_none() {
         span_inputs_ok = false;
     }
-    let ttl_value = ttl.unwrap_or(DEFAULT_TTL);
+    // A window's record must live until its bucket ends: the ttl defaults to cover the window, and an
+    // explicit one shorter than the window is refused.
+    let ttl_value = match (ttl, window) {
+        (Some(ttl), _) => ttl,
+        (None, Some(window)) => DEFAULT_TTL.max(window),
+        (None, None) => DEFAULT_TTL,
+    };
+    if let (Some(ttl), Some(window), Some(lit), Some(window_lit)) =
+        (ttl, window, &args.ttl, &args.window)
+    {
+        if ttl < window {
+            errors.push(
+                lit.span(),
+                format!(
+                    "`#[idempotent(ttl = {:?})]` is shorter than `window = {:?}`: the record would expire inside its window, and a second call in the same window would run again; set `ttl` to at least {:?}, or leave `ttl` out (it then defaults to the window, when longer than 24h)",
+                    lit.value(),
+                    window_lit.value(),
+                    window_lit.value(),
+                ),
+            );
+        }
+    }
 
     if span_inputs_ok {
         let worst = worst_case_span(retries, backoff, jitter, timeout);

@@ -40,6 +40,7 @@ use crate::compensation::CompensationEntry;
 use crate::context::{self, Context};
 use crate::error::{Error, StoreError};
 use crate::key::{Fingerprint, Key, KeyBuilder};
+use crate::operation::{self, OperationCell};
 use crate::receipt::{Fence, Receipt, ReceiptState};
 use crate::retry::Backoff;
 use crate::runtime::Runtime;
@@ -65,10 +66,14 @@ pub enum OnUnknown {
 }
 
 /// The policy of one `#[idempotent]` function, as the macro writes it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub struct Spec {
     /// The key's name space.
     pub scope: &'static str,
+    /// Whether `scope` was written by the user (else it is the default, checked per operation).
+    pub scope_given: bool,
+    /// The operation that first used a default scope.
+    pub operation: OperationCell,
     /// The callId prefix.
     pub prefix: &'static str,
     /// The function's name, for traces.
@@ -175,6 +180,26 @@ impl<T: CallOutput, E: CallError> Codec<T, E> {
     }
 }
 
+/// What a `lookup` returns: a future of the remote's answer about the call, where an `Err` (of any type
+/// that implements `Display`) means that the lookup itself failed.
+#[diagnostic::on_unimplemented(
+    message = "`lookup` must return a future of `Result<samekey::RemoteStatus<T, E>, impl Display>`, with the function's own `T` and `E`",
+    label = "this `lookup` is called with the call's `&samekey::CallId`",
+    note = "map the remote's status into `samekey::RemoteStatus` (`NotReceived`, `Processing`, `Succeeded(T)`, `Failed(E)`); an `Err` means the lookup itself failed (it is asked again while retries last), and its type must implement `Display`, which is logged"
+)]
+pub trait LookupAnswer<T, E>: Future<Output = Result<RemoteStatus<T, E>, Self::Failure>> {
+    /// Why the lookup itself failed.
+    type Failure: Display;
+}
+
+impl<F, T, E, LE> LookupAnswer<T, E> for F
+where
+    F: Future<Output = Result<RemoteStatus<T, E>, LE>>,
+    LE: Display,
+{
+    type Failure = LE;
+}
+
 /// Clones an owned parameter for one attempt.
 #[diagnostic::on_unimplemented(
     message = "owned parameter of type `{Self}` must be `Clone` in an #[idempotent] function",
@@ -243,14 +268,20 @@ pub struct Run<T, E> {
     /// The runtime's time when the call began, used by its first claim.
     began_ms: u64,
     rng: u64,
+    /// Why the call may not run at all (its operation shares a default scope with another).
+    refused: Option<Error>,
     codec: Codec<T, E>,
 }
 
 /// Starts a call: fixes the key (with its window bucket) and the callId (adopted from an inbound context,
 /// or new), once, before any attempt.
+///
+/// `self_type` is the type of `Self` for a method (`""` otherwise): with a default scope, it tells the
+/// operations of one annotated item apart (see [`Error::ScopeClash`]).
 pub fn begin<R>(
     rt: &Runtime,
     spec: &'static Spec,
+    self_type: &'static str,
     mut key: KeyBuilder,
     verify: Option<KeyBuilder>,
 ) -> Run<R::Ok, R::Err>
@@ -259,6 +290,12 @@ where
     R::Ok: CallOutput,
     R::Err: CallError,
 {
+    let refused = if spec.scope_given {
+        None
+    } else {
+        let addr = std::ptr::from_ref(spec) as usize;
+        operation::check(&spec.operation, addr, spec.scope, spec.name, self_type).err()
+    };
     let now = rt.now_ms();
     if let Some(window) = spec.window {
         key.window(u64::try_from(window.as_millis()).unwrap_or(u64::MAX), now);
@@ -285,6 +322,7 @@ where
         waited: Duration::ZERO,
         began_ms: now,
         rng,
+        refused,
         codec: Codec::new(),
     }
 }
@@ -332,6 +370,11 @@ impl<T, E> Run<T, E> {
 
     /// Claims the key; answers a duplicate from the record it finds.
     pub async fn start(&mut self) -> Step<T, E> {
+        if let Some(error) = self.refused.take() {
+            tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                attempt = 0u32, error = %error, "refused before claiming");
+            return self.fail_with(error);
+        }
         let mut now = self.began_ms;
         loop {
             let claim = Claim {
@@ -618,11 +661,7 @@ impl<T, E> Run<T, E> {
 
     /// Asks `lookup(callId)` (under the function's `timeout`, or 10 s, with the lease extended over it)
     /// and acts on the answer.
-    pub async fn resolve<F, LE>(&mut self, lookup: F) -> Step<T, E>
-    where
-        F: Future<Output = Result<RemoteStatus<T, E>, LE>>,
-        LE: Display,
-    {
+    pub async fn resolve<F: LookupAnswer<T, E>>(&mut self, lookup: F) -> Step<T, E> {
         self.rt.count(Counter::Lookups);
         let limit = self.spec.timeout.unwrap_or(LOOKUP_LIMIT);
         if let Err(step) = self.hold_lease(limit).await {

@@ -56,6 +56,18 @@ pub enum Error {
         /// The call.
         call_id: CallId,
     },
+    /// Two different operations (a trait's default method for two implementors, a generic `impl` for
+    /// two types, same-named methods of two `impl` blocks in one module) would share one default key
+    /// scope, and so each other's keys. Nothing ran and nothing was claimed.
+    #[error("operations {first} and {second} share the default key scope `{scope}`: each would replay the other's outcome; give each its own `#[idempotent(scope = \"...\")]`, or put `#[samekey::scoped]` on their `impl` blocks")]
+    ScopeClash {
+        /// The scope both would use.
+        scope: String,
+        /// The operation that used it first.
+        first: String,
+        /// The operation that was refused.
+        second: String,
+    },
     /// [`Runtime::install_default`](crate::Runtime::install_default) was called after the default runtime
     /// was set or first used.
     #[error("the default samekey runtime is already set; install it before the first call")]
@@ -70,6 +82,7 @@ impl Classify for Error {
             Error::KeyReuse { .. }
             | Error::Decode { .. }
             | Error::NotReplayable { .. }
+            | Error::ScopeClash { .. }
             | Error::DefaultAlreadySet => ErrorClass::Permanent,
         }
     }

@@ -17,6 +17,7 @@ pub mod conformance;
 mod context;
 mod error;
 mod key;
+mod operation;
 mod receipt;
 mod retry;
 mod runtime;
@@ -43,9 +44,10 @@ pub use store::{MemoryStore, Store};
 #[doc(hidden)]
 pub mod __private {
     pub use crate::call::{
-        begin, clone_param, CallError, CallOutput, CallResult, OnBusy, OnUnknown, RetryClone, Run,
-        Spec, Step,
+        begin, clone_param, CallError, CallOutput, CallResult, LookupAnswer, OnBusy, OnUnknown,
+        RetryClone, Run, Spec, Step,
     };
     pub use crate::key::KeyBuilder;
+    pub use crate::operation::OperationCell;
     pub use crate::runtime::default_runtime;
 }

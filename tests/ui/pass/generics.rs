@@ -1,5 +1,5 @@
-// Generics with bounds and a `where` clause, explicit lifetimes, `impl Trait` arguments (not
-// cloned), `&mut` arguments, destructured parameters, a `Result` alias as return type, attributes
+// Generics with bounds and a `where` clause, explicit lifetimes, `impl Trait` arguments (cloned per
+// attempt, and moved by the body), `&mut` arguments, destructured parameters, a `Result` alias as return type, attributes
 // and docs on the function.
 #![deny(warnings)]
 use samekey::{idempotent, Classify, ErrorClass, KeyPart};
@@ -31,7 +31,8 @@ pub(crate) async fn generic<'a, T, K: KeyPart + ?Sized>(
     value: T,
     pair: (u64, &'a str),
     (a, mut b): (u32, u32),
-    name: impl AsRef<str>,
+    name: impl AsRef<str> + Clone,
+    note: impl Into<String> + Clone,
     counter: &mut u64,
 ) -> Res<Vec<T>>
 where
@@ -40,6 +41,7 @@ where
     b += a;
     *counter += u64::from(b);
     let _ = name.as_ref().len();
+    let _note: String = note.into();
     let _ = pair.1;
     Ok(vec![value])
 }
