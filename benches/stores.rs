@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion, Throughput};
 use samekey::store::{CachedStore, PgStore, RedisStore, SqliteStore};
 use samekey::{idempotent, Classify, ErrorClass, Runtime, Store};
+use samekey::{redis, sqlx};
 use serde::{Deserialize, Serialize};
 
 const CALLERS: [u64; 3] = [1, 16, 64];
@@ -151,9 +152,9 @@ impl Raw {
                     .invoke_async(&mut conn.clone())
                     .await
                     .expect("claim");
-                let taken: i64 = redis::from_redis_value(&answer[0]).expect("code");
+                let taken: i64 = redis::from_redis_value(answer[0].clone()).expect("code");
                 (taken == 1).then(|| {
-                    let fence: String = redis::from_redis_value(&answer[1]).expect("fence");
+                    let fence: String = redis::from_redis_value(answer[1].clone()).expect("fence");
                     fence.parse().expect("numeric fence")
                 })
             }
@@ -223,10 +224,10 @@ impl Raw {
 
 /// The arguments of a completion statement (the same on both SQL backends).
 fn complete<'q, DB: sqlx::Database>(
-    query: sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments<'q>>,
+    query: sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>,
     key: [u8; 32],
     fence: i64,
-) -> sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments<'q>>
+) -> sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>
 where
     &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     Vec<u8>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,

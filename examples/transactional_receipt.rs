@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use samekey::sqlx;
 use samekey::store::PgStore;
 use samekey::{idempotent, Classify, ErrorClass, ReceiptState, Runtime};
 use serde::{Deserialize, Serialize};

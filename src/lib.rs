@@ -101,6 +101,15 @@ pub use samekey_runtime::{
     Transition, DEFAULT_BUSY_WAIT, DEFAULT_LEASE, DEFAULT_LOOKUP_POLLS, DEFAULT_MAX_RETRY_AFTER,
 };
 
+/// The SQL driver of the SQLite and PostgreSQL stores (features `sqlite`, `postgres`): use it for the
+/// pools and transactions you hand samekey, so that both sides agree on its version.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use samekey_runtime::sqlx;
+
+/// The Redis client of the Redis store (feature `redis`): use it for the connections you hand samekey.
+#[cfg(feature = "redis")]
+pub use samekey_runtime::redis;
+
 /// The store conformance suite, for backend authors: see [`samekey_runtime::conformance`].
 pub use samekey_runtime::conformance;
 /// Generates one test per conformance check for a store: see [`samekey_runtime::conformance`].

@@ -7,6 +7,7 @@ mod support;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use samekey::sqlx;
 use samekey::store::PgStore;
 use samekey::{idempotent, Error, ReceiptState, Runtime, StoreError};
 use support::TestError;
@@ -43,11 +44,14 @@ impl Shop {
     async fn place(&self, order_id: u64, fail_between: bool) -> Result<u64, TestError> {
         let db = |_| TestError::Refused;
         let mut tx = self.store.pool().begin().await.map_err(db)?;
-        sqlx::query(&format!("INSERT INTO {} (id) VALUES ($1)", self.orders))
-            .bind(order_id as i64)
-            .execute(&mut *tx)
-            .await
-            .map_err(db)?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {} (id) VALUES ($1)",
+            self.orders
+        )))
+        .bind(order_id as i64)
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
         PgStore::complete_in(&mut tx, &samekey::current(), &order_id)
             .await
             .map_err(|e| TestError::Samekey(Error::Store(e)))?;
@@ -60,10 +64,10 @@ impl Shop {
     }
 
     async fn order_rows(&self, order_id: u64) -> i64 {
-        sqlx::query_scalar(&format!(
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT COUNT(*) FROM {} WHERE id = $1",
             self.orders
-        ))
+        )))
         .bind(order_id as i64)
         .fetch_one(self.store.pool())
         .await
@@ -75,10 +79,12 @@ impl Shop {
 async fn business_row_and_receipt_commit_or_roll_back_together() {
     let Some(store) = pg().await else { return };
     let orders = table("orders");
-    sqlx::query(&format!("CREATE TABLE {orders} (id BIGINT PRIMARY KEY)"))
-        .execute(store.pool())
-        .await
-        .expect("orders table");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {orders} (id BIGINT PRIMARY KEY)"
+    )))
+    .execute(store.pool())
+    .await
+    .expect("orders table");
     let shop = Shop {
         rt: Runtime::builder().store(store.clone()).build().unwrap(),
         store,
@@ -127,10 +133,10 @@ async fn worker_process() {
         #[idempotent(key = "scope_tag + key", scope = "race", runtime = &self.rt)]
         async fn effect(&self, scope_tag: &str, key: u64) -> Result<u32, TestError> {
             tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-            sqlx::query(&format!(
+            sqlx::query(sqlx::AssertSqlSafe(format!(
                 "INSERT INTO {} (key, pid) VALUES ($1, $2)",
                 self.effects
-            ))
+            )))
             .bind(key as i64)
             .bind(i64::from(std::process::id()))
             .execute(self.store.pool())
@@ -155,23 +161,25 @@ async fn worker_process() {
 async fn two_processes_race_and_each_key_runs_once() {
     let Some(store) = pg().await else { return };
     let effects = table("effects");
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "CREATE TABLE {effects} (key BIGINT NOT NULL, pid BIGINT NOT NULL)"
-    ))
+    )))
     .execute(store.pool())
     .await
     .expect("effects table");
     support::race::run_two_workers("worker_process", &[("SAMEKEY_WORKER_TABLE", &effects)]);
-    let rows: Vec<(i64, i64)> = sqlx::query_as(&format!(
+    let rows: Vec<(i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT key, COUNT(*) FROM {effects} GROUP BY key ORDER BY key"
-    ))
+    )))
     .fetch_all(store.pool())
     .await
     .expect("effects");
-    let pids: Vec<(i64,)> = sqlx::query_as(&format!("SELECT DISTINCT pid FROM {effects}"))
-        .fetch_all(store.pool())
-        .await
-        .expect("pids");
+    let pids: Vec<(i64,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT DISTINCT pid FROM {effects}"
+    )))
+    .fetch_all(store.pool())
+    .await
+    .expect("pids");
     support::race::assert_each_key_ran_once(&rows, pids.len(), KEYS);
 }
 

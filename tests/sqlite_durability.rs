@@ -7,6 +7,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use samekey::sqlx;
 use samekey::store::SqliteStore;
 use samekey::{idempotent, Runtime};
 use support::TestError;

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use samekey::store::{CachedStore, RedisStore, SqliteStore};
 use samekey::{idempotent, Error, Key, Runtime, Store, StoreError};
+use samekey::sqlx;
 use support::TestError;
 
 struct Svc {
@@ -129,13 +130,13 @@ async fn a_corrupted_redis_record_is_a_typed_error_and_runs_nothing() {
     let Some(redis) = own_redis("corrupt") else {
         return;
     };
-    let client = ::redis::Client::open(redis.url()).unwrap();
+    let client = samekey::redis::Client::open(redis.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let key = Key::build("faults", &7u64);
     // A hash written by something else under samekey's key name: no fence, a state samekey never
     // writes.
     let name = format!("samekey:r:{{{}}}", key.to_hex());
-    let _: () = ::redis::cmd("HSET")
+    let _: () = samekey::redis::cmd("HSET")
         .arg(&name)
         .arg("state")
         .arg("DONE")

@@ -402,7 +402,7 @@ pub(crate) fn entropy() -> &'static Entropy {
 /// stack address (still different per process, though no longer secret).
 fn random_seed() -> [u64; 5] {
     let mut bytes = [0u8; 40];
-    if getrandom::getrandom(&mut bytes).is_err() {
+    if getrandom::fill(&mut bytes).is_err() {
         use std::collections::hash_map::RandomState;
         use std::hash::BuildHasher;
         let state = RandomState::new();

@@ -270,8 +270,8 @@ impl RedisStore {
         let client = redis::Client::open(url)
             .map_err(|e| StoreError::Unavailable(format!("invalid Redis URL `{url}`: {e}")))?;
         let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Duration::from_secs(2))
-            .set_response_timeout(Duration::from_secs(2))
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(Duration::from_secs(2)))
             .set_number_of_retries(1);
         let conn = ConnectionManager::new_with_config(client, config)
             .await
@@ -739,10 +739,10 @@ impl Store for RedisStore {
                 let (next, batch): (u64, Vec<String>) = match (&node, self.conn()) {
                     (Some(route), Connection::Cluster(mut c)) => {
                         let answer = c
-                            .route_command(&scan, RoutingInfo::SingleNode(route.clone()))
+                            .route_command(scan.clone(), RoutingInfo::SingleNode(route.clone()))
                             .await
                             .map_err(unavailable)?;
-                        redis::from_redis_value(&answer).map_err(unavailable)?
+                        redis::from_redis_value(answer).map_err(corrupt)?
                     }
                     (_, mut conn) => scan.query_async(&mut conn).await.map_err(unavailable)?,
                 };
@@ -918,12 +918,12 @@ impl RedisStore {
         };
         let answer = c
             .route_command(
-                redis::cmd("CLUSTER").arg("NODES"),
+                redis::cmd("CLUSTER").arg("NODES").clone(),
                 RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
             )
             .await
             .map_err(unavailable)?;
-        let text: String = redis::from_redis_value(&answer).map_err(unavailable)?;
+        let text: String = redis::from_redis_value(answer).map_err(corrupt)?;
         let mut nodes = Vec::new();
         for line in text.lines() {
             let fields: Vec<&str> = line.split_whitespace().collect();
