@@ -105,8 +105,11 @@ enum Raw {
     Redis(redis::aio::ConnectionManager, redis::Script, redis::Script),
 }
 
-/// The time every raw statement is sent at.
+/// The time every raw statement is sent at (SQLite judges by it; PostgreSQL and Redis by their clocks).
 const NOW: i64 = 1_700_000_000_000;
+/// The lease of a raw claim and the ttl of a raw completion (ms).
+const LEASE: i64 = 30_000;
+const TTL: i64 = 86_400_000;
 
 impl Raw {
     /// The claim statement or script; the fence when it took the key, `None` when the key is held.
@@ -118,7 +121,7 @@ impl Raw {
                     .bind("bench.raw")
                     .bind("raw-1-00000000000000ff-n")
                     .bind(NOW << 16)
-                    .bind(NOW + 30_000)
+                    .bind(LEASE)
                     .bind(None::<&[u8]>)
                     .bind(NOW)
                     .fetch_all(pool)
@@ -131,7 +134,7 @@ impl Raw {
                     .bind(key.as_slice())
                     .bind("bench.raw")
                     .bind("raw-1-00000000000000ff-n")
-                    .bind(NOW + 30_000)
+                    .bind(LEASE)
                     .bind(None::<&[u8]>)
                     .bind(NOW)
                     .fetch_one(pool)
@@ -145,9 +148,8 @@ impl Raw {
                     .key(redis_key(&key))
                     .arg("bench.raw")
                     .arg("raw-1-00000000000000ff-n")
-                    .arg(NOW + 30_000)
+                    .arg(LEASE)
                     .arg("")
-                    .arg(NOW)
                     .arg(key.as_slice())
                     .invoke_async(&mut conn.clone())
                     .await
@@ -185,16 +187,13 @@ impl Raw {
                     .arg(fence)
                     .arg("RECEIVED PROCESSING UNKNOWN")
                     .arg(86_460_000)
+                    .arg(format!("updated:0 expires_at:{TTL}"))
                     .arg("state")
                     .arg("SUCCESS")
                     .arg("outcome")
                     .arg("42")
                     .arg("lease_until")
-                    .arg("")
-                    .arg("expires_at")
-                    .arg(NOW + 86_400_000)
-                    .arg("updated")
-                    .arg(NOW);
+                    .arg("");
                 let mut pipe = redis::pipe();
                 pipe.cmd("SET")
                     .arg(format!("bench-raw:c:{{{}}}", hex(&key)))
@@ -236,7 +235,7 @@ where
     query
         .bind("SUCCESS")
         .bind(b"42".to_vec())
-        .bind(NOW + 86_400_000)
+        .bind(TTL)
         .bind(NOW)
         .bind(key.to_vec())
         .bind(fence)

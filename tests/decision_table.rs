@@ -98,7 +98,7 @@ impl Payments {
                 key: samekey::Key::build(scope, &order),
                 call_id: call_id.clone(),
                 fingerprint: None,
-                lease_until_ms: now + 10,
+                lease_ms: 10,
                 now_ms: now,
             })
             .await
@@ -325,7 +325,7 @@ async fn stale_owner_completion_is_refused() {
     let late = samekey::store::Completion {
         state: ReceiptState::Failed,
         outcome: None,
-        expires_at_ms: p.rt.now_ms() + 1_000,
+        ttl_ms: 1_000,
     };
     assert!(matches!(
         store.complete(&key, old, late, p.rt.now_ms()).await,
@@ -665,6 +665,7 @@ impl Store for DownStore {
         &self,
         _: &samekey::Key,
         _: samekey::Fence,
+        _: u64,
         _: u64,
     ) -> Result<(), StoreError> {
         Err(StoreError::Unavailable("down".into()))

@@ -40,9 +40,9 @@ impl<S: Store> Store for Counted<S> {
         self.note("take_over");
         self.inner.take_over(key, f, l, n).await
     }
-    async fn extend_lease(&self, key: &Key, f: Fence, l: u64) -> Result<(), StoreError> {
+    async fn extend_lease(&self, key: &Key, f: Fence, l: u64, n: u64) -> Result<(), StoreError> {
         self.note("extend_lease");
-        self.inner.extend_lease(key, f, l).await
+        self.inner.extend_lease(key, f, l, n).await
     }
     async fn complete(
         &self,

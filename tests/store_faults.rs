@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use samekey::sqlx;
 use samekey::store::{CachedStore, RedisStore, SqliteStore};
 use samekey::{idempotent, Error, Key, Runtime, Store, StoreError};
-use samekey::sqlx;
 use support::TestError;
 
 struct Svc {
@@ -116,7 +116,7 @@ async fn a_corrupted_postgres_row_is_a_typed_error_and_runs_nothing() {
         key,
         call_id: samekey::CallId::new("t", "t").unwrap(),
         fingerprint: None,
-        lease_until_ms: 10,
+        lease_ms: 9,
         now_ms: 1,
     };
     assert!(matches!(

@@ -69,7 +69,7 @@ pub(crate) fn format_millis(ms: u64) -> String {
         return format!("{ms}ms");
     }
     if ms < 60_000 {
-        return if ms % 1_000 == 0 {
+        return if ms.is_multiple_of(1_000) {
             format!("{}s", ms / 1_000)
         } else {
             let s = format!("{:.3}", ms as f64 / 1_000.0);

@@ -381,7 +381,7 @@ impl<T, E> Run<T, E> {
                 key: self.key.clone(),
                 call_id: self.call_id.clone(),
                 fingerprint: self.fingerprint,
-                lease_until_ms: now.saturating_add(Self::ms(self.lease())),
+                lease_ms: Self::ms(self.lease()),
                 now_ms: now,
             };
             match self.rt.claim(claim).await {
@@ -420,52 +420,53 @@ impl<T, E> Run<T, E> {
                     }));
                 }
             }
-            // The clock is read only where a lease matters: a replay needs none.
-            match record.state {
-                ReceiptState::Success | ReceiptState::Failed => {
-                    return Held::Step(self.replay(&record));
-                }
-                ReceiptState::Processing | ReceiptState::Received
-                    if record.lease_alive(self.rt.now_ms()) =>
-                {
-                    let now = self.rt.now_ms();
-                    if self.spec.on_busy == OnBusy::Reject {
-                        return Held::Step(self.fail_with(Error::InProgress {
-                            call_id: record.call_id,
-                        }));
-                    }
-                    let left = self.rt.busy_wait().saturating_sub(self.waited);
-                    if left.is_zero() {
-                        return Held::Step(self.fail_with(Error::InProgress {
-                            call_id: record.call_id,
-                        }));
-                    }
-                    let lease_left = Duration::from_millis(
-                        record.lease_until_ms.unwrap_or(now).saturating_sub(now) + 1,
-                    );
-                    tracing::debug!(target: "samekey", call_id = %record.call_id, key = %self.key.short(),
-                        attempt = 0u32, "key busy; waiting for its outcome");
-                    self.rt.count(Counter::Waits);
-                    let started = tokio::time::Instant::now();
-                    let settled = self
-                        .rt
-                        .store()
-                        .wait_settled(&self.key, left.min(lease_left), now)
-                        .await;
-                    self.waited += started.elapsed();
-                    match settled {
-                        Err(e) => return Held::Step(self.store_failed(e)),
-                        Ok(None) => return Held::Reclaim,
-                        Ok(Some(next)) => record = next,
-                    }
-                }
-                ReceiptState::Processing | ReceiptState::Received | ReceiptState::Unknown => {
-                    match self.take_over(record).await {
-                        Ok(step) => return Held::Step(step),
-                        Err(Some(next)) => record = next,
-                        Err(None) => return Held::Reclaim,
-                    }
-                }
+            if record.state.is_terminal() {
+                return Held::Step(self.replay(&record));
+            }
+            // `UNKNOWN`, or an owner's claim: whether that owner's lease ended is the store's to judge
+            // (by its own clock, where nodes share it), so ask it to hand the key over. It refuses, with
+            // the record as it is, while the lease is alive.
+            let seen = record.fence;
+            record = match self.take_over(record).await {
+                Ok(step) => return Held::Step(step),
+                Err(None) => return Held::Reclaim,
+                Err(Some(next)) => next,
+            };
+            let alive = record.fence == seen
+                && matches!(
+                    record.state,
+                    ReceiptState::Processing | ReceiptState::Received
+                );
+            if !alive {
+                continue;
+            }
+            if self.spec.on_busy == OnBusy::Reject {
+                return Held::Step(self.fail_with(Error::InProgress {
+                    call_id: record.call_id,
+                }));
+            }
+            let left = self.rt.busy_wait().saturating_sub(self.waited);
+            if left.is_zero() {
+                return Held::Step(self.fail_with(Error::InProgress {
+                    call_id: record.call_id,
+                }));
+            }
+            tracing::debug!(target: "samekey", call_id = %record.call_id, key = %self.key.short(),
+                attempt = 0u32, "key busy; waiting for its outcome");
+            self.rt.count(Counter::Waits);
+            // Woken by the outcome, or at the latest after one lease (this function's), to ask again
+            // whether the owner is still there.
+            let started = tokio::time::Instant::now();
+            let settled = self
+                .rt
+                .store()
+                .wait_settled(&self.key, left.min(self.lease()), self.rt.now_ms())
+                .await;
+            self.waited += started.elapsed();
+            match settled {
+                Err(e) => return Held::Step(self.store_failed(e)),
+                Ok(None) => return Held::Reclaim,
+                Ok(Some(next)) => record = next,
             }
         }
         Held::Step(self.fail_with(Error::InProgress {
@@ -478,13 +479,12 @@ impl<T, E> Run<T, E> {
     /// (`on_unknown = "rerun"`). `Err` hands back a newer record (or `None`: gone) to look at again.
     async fn take_over(&mut self, record: Receipt) -> Result<Step<T, E>, Option<Receipt>> {
         let now = self.rt.now_ms();
-        let lease_until = now.saturating_add(Self::ms(self.lease()));
         // The store checks, atomically, that the lease really ended (or the record is UNKNOWN) and
         // that nobody took over first; only then does this call own the key, under a new fence.
         let fence = match self
             .rt
             .store()
-            .take_over(&self.key, record.fence, lease_until, now)
+            .take_over(&self.key, record.fence, Self::ms(self.lease()), now)
             .await
         {
             Err(StoreError::NotFound) => return Err(None),
@@ -631,11 +631,11 @@ impl<T, E> Run<T, E> {
         let Some(fence) = self.fence else {
             return Ok(());
         };
-        let until = self
-            .rt
-            .now_ms()
-            .saturating_add(Self::ms(wait.saturating_add(self.lease())));
-        self.rt.store().extend_lease(&self.key, fence, until).await
+        let lease = Self::ms(wait.saturating_add(self.lease()));
+        self.rt
+            .store()
+            .extend_lease(&self.key, fence, lease, self.rt.now_ms())
+            .await
     }
 
     async fn unknown_outcome(&mut self, error: Option<E>) -> Step<T, E> {
@@ -980,7 +980,7 @@ impl<T, E> Run<T, E> {
         let completion = Completion {
             state,
             outcome,
-            expires_at_ms: now.saturating_add(Self::ms(self.spec.ttl)),
+            ttl_ms: Self::ms(self.spec.ttl),
         };
         let written = self.rt.complete(&self.key, fence, completion, now).await;
         self.recording = None;
@@ -1060,7 +1060,7 @@ impl<T, E> Drop for Run<T, E> {
                     let completion = Completion {
                         state,
                         outcome,
-                        expires_at_ms: now.saturating_add(ttl),
+                        ttl_ms: ttl,
                     };
                     match store.complete(&key, fence, completion, now).await {
                         Ok(_) => {

@@ -20,7 +20,9 @@ use crate::key::{Fingerprint, Key};
 use crate::receipt::{Fence, ReceiptState, Transition};
 use crate::store::{Claim, Claimed, Completion, Store};
 
-/// A fixed point in time for the checks: 2024-03-09T16:00:00Z.
+/// A fixed point in time for the checks: 2024-03-09T16:00:00Z. A store that takes the caller's time
+/// is driven from it; one that judges by its own clock ignores it, and the checks that need time to
+/// pass sleep for real (briefly: their leases and TTLs are a few hundred ms).
 pub const T0: u64 = 1_710_000_000_000;
 
 /// The time of the checks that purge: a day before [`T0`], so that their purges (which evict every
@@ -40,8 +42,38 @@ fn claim(key: &Key, call_id: &CallId, now: u64, lease_ms: u64) -> Claim {
         key: key.clone(),
         call_id: call_id.clone(),
         fingerprint: Some(Fingerprint([7; 32])),
-        lease_until_ms: now + lease_ms,
+        lease_ms,
         now_ms: now,
+    }
+}
+
+/// The checks' time: the caller's (`now`, moved by [`Timeline::pass`]) for a store that takes it, real
+/// time for a store that judges by its own clock.
+struct Timeline {
+    now: u64,
+    own_clock: bool,
+}
+
+impl Timeline {
+    async fn of(store: &dyn Store, start: u64) -> Timeline {
+        let judged = store.now_ms(start).await.expect("the store's time");
+        Timeline {
+            now: start,
+            own_clock: judged != start,
+        }
+    }
+
+    /// Lets `ms` pass: moves the caller's time, or sleeps while the store's own clock moves.
+    async fn pass(&mut self, ms: u64) {
+        if self.own_clock {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        self.now += ms;
+    }
+
+    /// The store's time now, as it judges it.
+    async fn store_now(&self, store: &dyn Store) -> u64 {
+        store.now_ms(self.now).await.expect("the store's time")
     }
 }
 
@@ -52,11 +84,11 @@ async fn acquire(store: &dyn Store, key: &Key, call_id: &CallId, now: u64) -> Fe
     }
 }
 
-fn success(payload: &[u8], expires_at_ms: u64) -> Completion {
+fn success(payload: &[u8], ttl_ms: u64) -> Completion {
     Completion {
         state: ReceiptState::Success,
         outcome: Some(Arc::from(payload)),
-        expires_at_ms,
+        ttl_ms,
     }
 }
 
@@ -97,7 +129,11 @@ pub async fn claim_records_processing(store: Arc<dyn Store>) {
     assert_eq!(record.state, ReceiptState::Processing);
     assert_eq!(record.call_id, me);
     assert_eq!(record.fence, fence);
-    assert_eq!(record.lease_until_ms, Some(T0 + 1_000));
+    assert_eq!(record.lease_until_ms, Some(record.updated_ms + 1_000));
+    assert_eq!(record.created_ms, record.updated_ms);
+    if !Timeline::of(&*store, T0).await.own_clock {
+        assert_eq!(record.created_ms, T0);
+    }
     assert_eq!(record.fingerprint, Some(Fingerprint([7; 32])));
     assert_eq!(record.key, key);
     let by_call = store.get_by_call_id(&me).await.expect("get_by_call_id");
@@ -114,7 +150,7 @@ pub async fn fences_grow(store: Arc<dyn Store>) {
     assert!(second > first);
     store.mark_unknown(&key, second, T0).await.expect("mark");
     match store
-        .take_over(&key, second, T0 + 500, T0)
+        .take_over(&key, second, 500, T0)
         .await
         .expect("take over")
     {
@@ -129,23 +165,21 @@ pub async fn complete_is_fenced_and_reentrant(store: Arc<dyn Store>) {
     let fence = acquire(&*store, &key, &call(), T0).await;
     let stale = Fence(fence.0.wrapping_sub(1));
     assert!(matches!(
-        store
-            .complete(&key, stale, success(b"1", T0 + 60_000), T0)
-            .await,
+        store.complete(&key, stale, success(b"1", 60_000), T0).await,
         Err(StoreError::Fenced { .. })
     ));
     let first = store
-        .complete(&key, fence, success(b"\"ok\"", T0 + 60_000), T0 + 5)
+        .complete(&key, fence, success(b"\"ok\"", 60_000), T0 + 5)
         .await;
     assert_eq!(first, Ok(Transition::Applied));
     let again = store
-        .complete(&key, fence, success(b"\"ok\"", T0 + 60_000), T0 + 6)
+        .complete(&key, fence, success(b"\"ok\"", 60_000), T0 + 6)
         .await;
     assert_eq!(again, Ok(Transition::AlreadyApplied));
     let other = Completion {
         state: ReceiptState::Failed,
         outcome: None,
-        expires_at_ms: T0 + 60_000,
+        ttl_ms: 60_000,
     };
     assert!(matches!(
         store.complete(&key, fence, other, T0 + 7).await,
@@ -163,11 +197,13 @@ pub async fn complete_is_fenced_and_reentrant(store: Arc<dyn Store>) {
     assert_eq!(record.state, ReceiptState::Success);
     assert_eq!(record.outcome.as_deref(), Some(&b"\"ok\""[..]));
     assert_eq!(record.lease_until_ms, None);
-    assert_eq!(record.expires_at_ms, Some(T0 + 60_000));
-    assert_eq!(record.updated_ms, T0 + 5);
+    assert_eq!(record.expires_at_ms, Some(record.updated_ms + 60_000));
+    if !Timeline::of(&*store, T0).await.own_clock {
+        assert_eq!(record.updated_ms, T0 + 5);
+    }
     assert!(matches!(
         store
-            .complete(&fresh_key("none"), fence, success(b"1", T0), T0)
+            .complete(&fresh_key("none"), fence, success(b"1", 0), T0)
             .await,
         Err(StoreError::NotFound)
     ));
@@ -189,9 +225,7 @@ pub async fn unknown_moves_forward(store: Arc<dyn Store>) {
     assert_eq!(record.state, ReceiptState::Unknown);
     assert_eq!(record.expires_at_ms, None);
     assert_eq!(
-        store
-            .complete(&key, fence, success(b"2", T0 + 10), T0 + 4)
-            .await,
+        store.complete(&key, fence, success(b"2", 10), T0 + 4).await,
         Ok(Transition::Applied)
     );
 }
@@ -215,7 +249,7 @@ pub async fn release_frees_the_key(store: Arc<dyn Store>) {
     let again = acquire(&*store, &key, &call(), T0).await;
     assert!(again > fence);
     store
-        .complete(&key, again, success(b"3", T0 + 1_000), T0)
+        .complete(&key, again, success(b"3", 1_000), T0)
         .await
         .expect("complete");
     assert!(matches!(
@@ -229,18 +263,26 @@ pub async fn release_frees_the_key(store: Arc<dyn Store>) {
 pub async fn take_over_rules(store: Arc<dyn Store>) {
     let key = fresh_key("takeover");
     let owner = call();
-    let fence = acquire(&*store, &key, &owner, T0).await;
+    let mut time = Timeline::of(&*store, T0).await;
+    let fence = match store
+        .claim(claim(&key, &owner, time.now, 300))
+        .await
+        .expect("claim")
+    {
+        Claimed::Acquired(fence) => fence,
+        other => panic!("a fresh key must be acquired, got {other:?}"),
+    };
     match store
-        .take_over(&key, fence, T0 + 5_000, T0 + 10)
+        .take_over(&key, fence, 5_000, time.now + 10)
         .await
         .expect("take over")
     {
         Claimed::Existing(r) => assert_eq!(r.fence, fence),
         other => panic!("a live lease must not be taken over, got {other:?}"),
     }
-    let late = T0 + 1_001;
+    time.pass(301).await;
     let newer = match store
-        .take_over(&key, fence, late + 5_000, late)
+        .take_over(&key, fence, 5_000, time.now)
         .await
         .expect("take over")
     {
@@ -248,12 +290,16 @@ pub async fn take_over_rules(store: Arc<dyn Store>) {
         other => panic!("an expired lease must be taken over, got {other:?}"),
     };
     assert!(newer > fence);
-    let record = store.get(&key, late).await.expect("get").expect("record");
+    let record = store
+        .get(&key, time.now)
+        .await
+        .expect("get")
+        .expect("record");
     assert_eq!(record.state, ReceiptState::Processing);
     assert_eq!(record.call_id, owner, "take-over keeps the recorded callId");
-    assert_eq!(record.lease_until_ms, Some(late + 5_000));
+    assert_eq!(record.lease_until_ms, Some(record.updated_ms + 5_000));
     match store
-        .take_over(&key, fence, late + 5_000, late + 9_000)
+        .take_over(&key, fence, 5_000, time.now + 9_000)
         .await
         .expect("take over")
     {
@@ -262,31 +308,38 @@ pub async fn take_over_rules(store: Arc<dyn Store>) {
     }
     assert!(matches!(
         store
-            .complete(&key, fence, success(b"4", late + 60_000), late)
+            .complete(&key, fence, success(b"4", 60_000), time.now)
             .await,
         Err(StoreError::Fenced { .. })
     ));
     assert!(matches!(
         store
-            .take_over(&fresh_key("absent"), fence, late, late)
+            .take_over(&fresh_key("absent"), fence, 0, time.now)
             .await,
         Err(StoreError::NotFound)
     ));
 }
 
-/// Leases extend for their owner only.
+/// Leases extend for their owner only, to the given length from now.
 pub async fn extend_lease_is_fenced(store: Arc<dyn Store>) {
     let key = fresh_key("lease");
     let fence = acquire(&*store, &key, &call(), T0).await;
+    let time = Timeline::of(&*store, T0).await;
+    let before = time.store_now(&*store).await;
     store
-        .extend_lease(&key, fence, T0 + 9_000)
+        .extend_lease(&key, fence, 9_000, T0)
         .await
         .expect("extend");
+    let after = time.store_now(&*store).await;
     let record = store.get(&key, T0).await.expect("get").expect("record");
-    assert_eq!(record.lease_until_ms, Some(T0 + 9_000));
+    let until = record.lease_until_ms.expect("a lease");
+    assert!(
+        (before + 9_000..=after + 9_000).contains(&until),
+        "lease until {until}, asked at {before}..{after} for 9 s"
+    );
     assert!(matches!(
         store
-            .extend_lease(&key, Fence(fence.0.wrapping_add(1_000_000)), T0)
+            .extend_lease(&key, Fence(fence.0.wrapping_add(1_000_000)), 0, T0)
             .await,
         Err(StoreError::Fenced { .. })
     ));
@@ -295,35 +348,37 @@ pub async fn extend_lease_is_fenced(store: Arc<dyn Store>) {
 /// Finished records expire at their TTL: then the key may be claimed anew and purging evicts them.
 pub async fn ttl_expiry(store: Arc<dyn Store>) {
     let key = fresh_key("ttl");
-    let fence = acquire(&*store, &key, &call(), PURGE_T0).await;
+    let mut time = Timeline::of(&*store, PURGE_T0).await;
+    let fence = acquire(&*store, &key, &call(), time.now).await;
     store
-        .complete(&key, fence, success(b"5", PURGE_T0 + 100), PURGE_T0)
+        .complete(&key, fence, success(b"5", 300), time.now)
         .await
         .expect("complete");
-    assert!(store.get(&key, PURGE_T0 + 99).await.expect("get").is_some());
-    assert_eq!(store.get(&key, PURGE_T0 + 100).await.expect("get"), None);
+    assert!(store.get(&key, time.now).await.expect("get").is_some());
     match store
-        .claim(claim(&key, &call(), PURGE_T0 + 50, 1_000))
+        .claim(claim(&key, &call(), time.now + 50, 1_000))
         .await
         .expect("claim")
     {
         Claimed::Existing(r) => assert_eq!(r.state, ReceiptState::Success),
         other => panic!("a live record must be returned, got {other:?}"),
     }
-    let renewed = acquire(&*store, &key, &call(), PURGE_T0 + 100).await;
-    assert!(renewed > fence);
     let other = fresh_key("ttl-purge");
-    let f = acquire(&*store, &other, &call(), PURGE_T0).await;
+    let f = acquire(&*store, &other, &call(), time.now).await;
     store
-        .complete(&other, f, success(b"6", PURGE_T0 + 100), PURGE_T0)
+        .complete(&other, f, success(b"6", 300), time.now)
         .await
         .expect("complete");
-    let purged = store.purge_expired(PURGE_T0 + 200).await.expect("purge");
+    time.pass(300).await;
+    assert_eq!(store.get(&key, time.now).await.expect("get"), None);
+    let renewed = acquire(&*store, &key, &call(), time.now).await;
+    assert!(renewed > fence);
+    let purged = store.purge_expired(time.now + 100).await.expect("purge");
     assert!(purged >= 1, "the expired record is purged");
-    assert_eq!(store.get(&other, PURGE_T0).await.expect("get"), None);
+    assert_eq!(store.get(&other, time.now).await.expect("get"), None);
     assert!(
         store
-            .get(&key, PURGE_T0 + 200)
+            .get(&key, time.now + 100)
             .await
             .expect("get")
             .is_some(),
@@ -345,9 +400,7 @@ pub async fn wait_settled_wakes(store: Arc<dyn Store>) {
         let (store, key) = (store.clone(), key.clone());
         tokio::spawn(async move {
             tokio::task::yield_now().await;
-            store
-                .complete(&key, fence, success(b"7", T0 + 60_000), T0)
-                .await
+            store.complete(&key, fence, success(b"7", 60_000), T0).await
         })
     };
     let settled = store
@@ -462,7 +515,7 @@ pub async fn take_over_is_exclusive_and_fences_out(store: Arc<dyn Store>) {
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..32 {
         let (store, key) = (store.clone(), key.clone());
-        set.spawn(async move { store.take_over(&key, old, T0 + 10_000, T0 + 2).await });
+        set.spawn(async move { store.take_over(&key, old, 10_000, T0 + 2).await });
     }
     let mut winners = Vec::new();
     while let Some(joined) = set.join_next().await {
@@ -480,7 +533,7 @@ pub async fn take_over_is_exclusive_and_fences_out(store: Arc<dyn Store>) {
         Err(StoreError::Fenced { .. })
     ));
     assert!(matches!(
-        store.extend_lease(&key, old, T0 + 20_000).await,
+        store.extend_lease(&key, old, 20_000, T0 + 3).await,
         Err(StoreError::Fenced { .. })
     ));
     let record = store

@@ -85,7 +85,7 @@ mod cluster {
                 key: samekey_runtime::Key::build("spread", &n),
                 call_id: samekey_runtime::CallId::new("t", "t").unwrap(),
                 fingerprint: None,
-                lease_until_ms: 10,
+                lease_ms: 9,
                 now_ms: 1,
             };
             store.claim(claim).await.expect("claim");

@@ -151,8 +151,8 @@ impl Store for Faulty {
         self.run("take_over", self.inner.take_over(key, f, l, n))
             .await
     }
-    async fn extend_lease(&self, key: &Key, f: Fence, l: u64) -> Result<(), StoreError> {
-        self.run("extend_lease", self.inner.extend_lease(key, f, l))
+    async fn extend_lease(&self, key: &Key, f: Fence, l: u64, n: u64) -> Result<(), StoreError> {
+        self.run("extend_lease", self.inner.extend_lease(key, f, l, n))
             .await
     }
     async fn complete(

@@ -199,26 +199,39 @@ impl Remote {
     }
 }
 
-/// A clock that a test moves forward by hand, on top of the system clock: leases and TTLs of the stores
-/// that take the caller's time (memory, SQLite) can be passed without waiting, in real time (which
-/// stores that do I/O need: tokio's paused time would fire their pool timeouts).
+/// A clock that a test moves by hand, on top of the system clock: leases and TTLs of the stores that
+/// take the caller's time (memory, SQLite) can be passed without waiting, in real time (which stores
+/// that do I/O need: tokio's paused time would fire their pool timeouts); and a node can be made to run
+/// ahead of or behind the others.
 #[derive(Clone, Default)]
 pub struct TestClock {
     base: samekey::SystemClock,
-    offset_ms: Arc<std::sync::atomic::AtomicU64>,
+    offset_ms: Arc<std::sync::atomic::AtomicI64>,
 }
 
 impl TestClock {
+    /// Moves the clock forward.
     pub fn advance(&self, by: Duration) {
         self.offset_ms.fetch_add(
-            u64::try_from(by.as_millis()).unwrap(),
+            i64::try_from(by.as_millis()).unwrap(),
             std::sync::atomic::Ordering::SeqCst,
         );
+    }
+
+    /// A clock that runs `by` behind the system clock.
+    pub fn behind(by: Duration) -> TestClock {
+        let clock = TestClock::default();
+        clock.offset_ms.store(
+            -i64::try_from(by.as_millis()).unwrap(),
+            std::sync::atomic::Ordering::SeqCst,
+        );
+        clock
     }
 }
 
 impl samekey::Clock for TestClock {
     fn now_ms(&self) -> u64 {
-        self.base.now_ms() + self.offset_ms.load(std::sync::atomic::Ordering::SeqCst)
+        let offset = self.offset_ms.load(std::sync::atomic::Ordering::SeqCst);
+        self.base.now_ms().saturating_add_signed(offset)
     }
 }

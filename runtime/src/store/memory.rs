@@ -9,12 +9,13 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::pin::pin;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::sync::futures::OwnedNotified;
 use tokio::sync::Notify;
 
 use super::{Claim, Claimed, Completion, Store};
@@ -194,14 +195,23 @@ impl MemoryStore {
         Ok(entry)
     }
 
-    /// The record of `key` if it is live at `now_ms`, and, when it is `PROCESSING`, the notifier that its
-    /// next change will wake.
-    fn settled_or_waiter(&self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, Arc<Notify>> {
+    /// The record of `key` if it is live at `now_ms`, or, when it is `PROCESSING`, a registration for
+    /// its next change. The registration is made and enabled under the shard's lock, which every
+    /// change holds while it wakes the waiters: no change can fall between the look and the
+    /// registration, and a record replaced meanwhile (released and claimed anew) is never waited on.
+    fn settled_or_waiter(
+        &self,
+        key: &Key,
+        now_ms: u64,
+    ) -> Result<Option<Receipt>, Pin<Box<OwnedNotified>>> {
         let mut shard = self.shard(key.digest());
         match shard.records.get_mut(key.digest()) {
             Some(entry) if !entry.receipt.expired(now_ms) => {
                 if entry.receipt.state == ReceiptState::Processing {
-                    Err(entry.waiters.get_or_insert_with(Default::default).clone())
+                    let notify = entry.waiters.get_or_insert_with(Default::default).clone();
+                    let mut waiter = Box::pin(notify.notified_owned());
+                    waiter.as_mut().enable();
+                    Err(waiter)
                 } else {
                     Ok(Some(entry.receipt.clone()))
                 }
@@ -232,7 +242,7 @@ impl MemoryStore {
                     call_id: claim.call_id,
                     state: ReceiptState::Processing,
                     fence,
-                    lease_until_ms: Some(claim.lease_until_ms),
+                    lease_until_ms: Some(claim.now_ms.saturating_add(claim.lease_ms)),
                     expires_at_ms: None,
                     fingerprint: claim.fingerprint,
                     outcome: None,
@@ -261,12 +271,11 @@ impl MemoryStore {
             r.state = completion.state;
             r.outcome = completion.outcome;
             r.lease_until_ms = None;
-            r.expires_at_ms = Some(completion.expires_at_ms);
+            let expires_at_ms = now_ms.saturating_add(completion.ttl_ms);
+            r.expires_at_ms = Some(expires_at_ms);
             r.updated_ms = now_ms;
             entry.wake();
-            shard
-                .expiry
-                .push(Reverse((completion.expires_at_ms, *key.digest())));
+            shard.expiry.push(Reverse((expires_at_ms, *key.digest())));
         }
         Ok(transition)
     }
@@ -289,7 +298,7 @@ impl Store for MemoryStore {
         &self,
         key: &Key,
         expected: Fence,
-        lease_until_ms: u64,
+        lease_ms: u64,
         now_ms: u64,
     ) -> Result<Claimed, StoreError> {
         let mut shard = self.shard(key.digest());
@@ -308,7 +317,7 @@ impl Store for MemoryStore {
         }
         r.fence = self.next_fence();
         r.state = ReceiptState::Processing;
-        r.lease_until_ms = Some(lease_until_ms);
+        r.lease_until_ms = Some(now_ms.saturating_add(lease_ms));
         r.updated_ms = now_ms;
         let fence = r.fence;
         entry.wake();
@@ -319,7 +328,8 @@ impl Store for MemoryStore {
         &self,
         key: &Key,
         fence: Fence,
-        lease_until_ms: u64,
+        lease_ms: u64,
+        now_ms: u64,
     ) -> Result<(), StoreError> {
         let mut shard = self.shard(key.digest());
         let entry = Self::owned(&mut shard, key, fence)?;
@@ -329,7 +339,7 @@ impl Store for MemoryStore {
                 to: ReceiptState::Processing,
             });
         }
-        entry.receipt.lease_until_ms = Some(lease_until_ms);
+        entry.receipt.lease_until_ms = Some(now_ms.saturating_add(lease_ms));
         Ok(())
     }
 
@@ -407,16 +417,10 @@ impl Store for MemoryStore {
         timeout: Duration,
         now_ms: u64,
     ) -> Result<Option<Receipt>, StoreError> {
-        let notify = match self.settled_or_waiter(key, now_ms) {
+        let notified = match self.settled_or_waiter(key, now_ms) {
             Ok(settled) => return Ok(settled),
-            Err(notify) => notify,
+            Err(notified) => notified,
         };
-        let mut notified = pin!(notify.notified());
-        notified.as_mut().enable();
-        // A change between the first look and `enable` would be missed: look again, now registered.
-        if let Ok(settled) = self.settled_or_waiter(key, now_ms) {
-            return Ok(settled);
-        }
         let started = tokio::time::Instant::now();
         let _ = tokio::time::timeout(timeout, notified).await;
         let waited = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -519,7 +523,7 @@ mod tests {
                 key: key.clone(),
                 call_id,
                 fingerprint: None,
-                lease_until_ms: now + 10,
+                lease_ms: 10,
                 now_ms: now,
             }) {
                 Ok(Claimed::Acquired(fence)) => fence,
@@ -528,7 +532,7 @@ mod tests {
             let completion = Completion {
                 state: ReceiptState::Success,
                 outcome: None,
-                expires_at_ms: now + 100,
+                ttl_ms: 100,
             };
             store.complete_now(&key, fence, completion, now).unwrap();
         }
@@ -546,5 +550,46 @@ mod tests {
         );
         assert!(store.purge_expired(u64::MAX).await.unwrap() > 0);
         assert!(store.is_empty());
+    }
+
+    /// A waiter registered on a claim is woken by whatever happens to the key next, even when the
+    /// record it looked at is released and the key claimed anew before anything settles: it then
+    /// answers the new record (or its absence) at once instead of sleeping out its timeout.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_is_woken_across_a_release_and_a_new_claim() {
+        let store = Arc::new(MemoryStore::new());
+        let key = Key::build("wake", &1u64);
+        let claim = |call: &str| Claim {
+            key: key.clone(),
+            call_id: CallId::new("w", call).unwrap(),
+            fingerprint: None,
+            lease_ms: 60_000,
+            now_ms: 1_000,
+        };
+        let Ok(Claimed::Acquired(first)) = store.claim_now(claim("first")) else {
+            panic!("fresh key")
+        };
+        let waiter = tokio::spawn({
+            let (store, key) = (store.clone(), key.clone());
+            async move {
+                let started = tokio::time::Instant::now();
+                let out = store
+                    .wait_settled(&key, Duration::from_secs(30), 1_000)
+                    .await;
+                (out, started.elapsed())
+            }
+        });
+        tokio::task::yield_now().await;
+        store.release(&key, first).await.unwrap();
+        let Ok(Claimed::Acquired(_)) = store.claim_now(claim("second")) else {
+            panic!("released key")
+        };
+        let (out, waited) = waiter.await.unwrap();
+        assert!(
+            waited < Duration::from_secs(1),
+            "woken at once, after {waited:?}"
+        );
+        let record = out.unwrap();
+        assert!(record.is_none_or(|r| r.call_id.to_string().contains("second")));
     }
 }

@@ -22,8 +22,13 @@
 //! * **Compensation queue.** Uncertain calls are enqueued once per callId, taken by one worker at a time
 //!   (a lease, like `FOR UPDATE SKIP LOCKED`), rescheduled at growing intervals, and either finished or
 //!   escalated to `MANUAL` — never dropped.
-//! * **Time is given.** Every operation that depends on time takes `now_ms` (Unix milliseconds) from the
-//!   caller, so tests drive time and stores need no clock of their own.
+//! * **Time is judged where it is shared.** Leases and expiries are durations (`lease_ms`, `ttl_ms`)
+//!   that the store turns into times, and the store alone compares them with "now". Every operation
+//!   that depends on time also takes the caller's `now_ms` (Unix milliseconds): a store that one
+//!   process or one machine owns (memory, SQLite) judges by it, so tests drive time; a store that
+//!   several nodes share (PostgreSQL, Redis) judges by its own clock and ignores the caller's, since
+//!   nodes disagree about time. [`Store::now_ms`] says which time a store judges by. (The compensation
+//!   queue's times are still the caller's.)
 //! * **Failing closed.** An unreachable store answers [`StoreError::Unavailable`]; callers run nothing.
 
 mod memory;
@@ -65,9 +70,9 @@ pub struct Claim {
     pub call_id: CallId,
     /// The fingerprint of the `verify` parts, kept to check replays.
     pub fingerprint: Option<Fingerprint>,
-    /// The owner's lease ends at this time (Unix ms).
-    pub lease_until_ms: u64,
-    /// The current time (Unix ms).
+    /// How long the owner's lease lasts from the claim (ms).
+    pub lease_ms: u64,
+    /// The caller's time (Unix ms); see the module docs for who judges time.
     pub now_ms: u64,
 }
 
@@ -89,8 +94,8 @@ pub struct Completion {
     pub state: ReceiptState,
     /// The encoded result or error; `None` if it could not be encoded.
     pub outcome: Option<std::sync::Arc<[u8]>>,
-    /// When the record may be evicted (Unix ms): now + the function's `ttl`.
-    pub expires_at_ms: u64,
+    /// How long the finished record is kept from now (ms): the function's `ttl`.
+    pub ttl_ms: u64,
 }
 
 /// A receipt store. See the [module documentation](self) for the contract every implementation keeps.
@@ -101,23 +106,25 @@ pub trait Store: std::any::Any + Send + Sync {
     async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError>;
 
     /// Takes over a key whose record carries `expected` and is `UNKNOWN`, or `RECEIVED`/`PROCESSING`
-    /// with a lease that ended before `now_ms`: the record becomes `PROCESSING` under a new fence and
-    /// lease, with its callId unchanged. Otherwise answers [`Claimed::Existing`] with the current record (someone else
-    /// took over, or the owner finished). [`StoreError::NotFound`] if there is no record.
+    /// with a lease that has ended (by the store's judge of time): the record becomes `PROCESSING`
+    /// under a new fence and a lease of `lease_ms`, with its callId unchanged. Otherwise answers
+    /// [`Claimed::Existing`] with the current record (the lease is alive, someone else took over, or the
+    /// owner finished). [`StoreError::NotFound`] if there is no record.
     async fn take_over(
         &self,
         key: &Key,
         expected: Fence,
-        lease_until_ms: u64,
+        lease_ms: u64,
         now_ms: u64,
     ) -> Result<Claimed, StoreError>;
 
-    /// Extends the lease of the owner holding `fence`.
+    /// Extends the lease of the owner holding `fence` to `lease_ms` from now.
     async fn extend_lease(
         &self,
         key: &Key,
         fence: Fence,
-        lease_until_ms: u64,
+        lease_ms: u64,
+        now_ms: u64,
     ) -> Result<(), StoreError>;
 
     /// Records the final outcome, if `fence` still owns the key.
@@ -147,8 +154,9 @@ pub trait Store: std::any::Any + Send + Sync {
     async fn get_by_call_id(&self, call_id: &CallId) -> Result<Option<Receipt>, StoreError>;
 
     /// Waits until the record of `key` changes from `PROCESSING` (completed, marked unknown, released,
-    /// taken over) or `timeout` passes, then returns the record as it is. The default implementation
-    /// polls [`Store::get`] at growing intervals; backends with notifications override it.
+    /// taken over) or `timeout` passes, then returns the record as it is. It may return earlier (when
+    /// the owner's lease ends, say): the caller looks again. The default implementation polls
+    /// [`Store::get`] at growing intervals; backends with notifications override it.
     async fn wait_settled(
         &self,
         key: &Key,
@@ -172,7 +180,13 @@ pub trait Store: std::any::Any + Send + Sync {
         }
     }
 
-    /// Evicts records that expired before `now_ms`; returns how many.
+    /// The time this store judges leases and expiries by (Unix ms): `caller_now_ms` for a store that
+    /// takes the caller's time (the default), the store's own clock for one that several nodes share.
+    async fn now_ms(&self, caller_now_ms: u64) -> Result<u64, StoreError> {
+        Ok(caller_now_ms)
+    }
+
+    /// Evicts records that expired by now; returns how many.
     async fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError>;
 
     /// Queues an uncertain call for compensation. Enqueuing a callId that is already queued changes

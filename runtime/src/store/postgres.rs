@@ -8,6 +8,12 @@
 //! that inserts the row (or reuses a released or expired one) and, when the key is held, returns the
 //! existing record in the same answer.
 //!
+//! # Time
+//!
+//! Leases and expiries are judged by the database server's clock (`clock_timestamp()`, through the
+//! `samekey_now` function of the schema), never by an instance's: instances whose clocks disagree by
+//! seconds still agree on whose lease is alive and which record expired.
+//!
 //! # Receipts in your own transaction
 //!
 //! [`PgStore::complete_in`] writes the call's outcome inside a transaction of yours, so the business row
@@ -29,6 +35,11 @@ use crate::receipt::{ReceiptState, Transition};
 /// together do not race.
 pub const SCHEMA: &str = "
 CREATE SEQUENCE IF NOT EXISTS samekey_fence;
+-- The time every instance's leases and expiries are judged by: the server's clock, never a caller's
+-- (nodes disagree about time). The caller's time is taken, and ignored, so that the statements are the
+-- same as on SQLite, where the caller's time is the judge.
+CREATE OR REPLACE FUNCTION samekey_now(caller BIGINT) RETURNS BIGINT
+    LANGUAGE sql VOLATILE AS 'SELECT (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT';
 CREATE TABLE IF NOT EXISTS samekey_receipts (
     key         BYTEA PRIMARY KEY,          -- SHA-256 of scope and key parts: the unique index
     scope       TEXT NOT NULL,
@@ -92,13 +103,14 @@ impl PgStore {
     INSERT INTO samekey_receipts AS r
         (key, scope, call_id, state, fence, lease_until, expires_at, fingerprint, outcome, created,
          updated)
-    VALUES ($1, $2, $3, 'PROCESSING', nextval('samekey_fence'), $4, NULL, $5, NULL, $6, $6)
+    VALUES ($1, $2, $3, 'PROCESSING', nextval('samekey_fence'), samekey_now($6) + $4, NULL, $5, NULL,
+        samekey_now($6), samekey_now($6))
     ON CONFLICT (key) DO UPDATE SET
         scope = EXCLUDED.scope, call_id = EXCLUDED.call_id, state = 'PROCESSING',
         fence = nextval('samekey_fence'), lease_until = EXCLUDED.lease_until, expires_at = NULL,
         fingerprint = EXCLUDED.fingerprint, outcome = NULL, created = EXCLUDED.created,
         updated = EXCLUDED.updated
-    WHERE r.state = 'RELEASED' OR r.expires_at <= $6
+    WHERE r.state = 'RELEASED' OR r.expires_at <= samekey_now($6)
     RETURNING true AS acquired, key, scope, call_id, state, fence, lease_until, expires_at,
         fingerprint, outcome, created, updated)
 SELECT * FROM taken
@@ -106,11 +118,8 @@ UNION ALL
 SELECT false AS acquired, key, scope, call_id, state, fence, lease_until, expires_at, fingerprint,
     outcome, created, updated
 FROM samekey_receipts
-WHERE key = $1 AND (expires_at IS NULL OR expires_at > $6) AND NOT EXISTS (SELECT 1 FROM taken)";
-
-    /// The statement a completion sends (`$1` state, `$2` outcome, `$3` expiry, `$4` now, `$5` key,
-    /// `$6` fence); it changes one row or none.
-    pub const COMPLETE_SQL: &'static str = sql::COMPLETE;
+WHERE key = $1 AND (expires_at IS NULL OR expires_at > samekey_now($6))
+    AND NOT EXISTS (SELECT 1 FROM taken)";
 
     /// Creates the sequence, tables and indexes if they are missing. Idempotent, and safe to run from
     /// several instances at once (a transaction-scoped advisory lock serializes them).
@@ -120,7 +129,8 @@ WHERE key = $1 AND (expires_at IS NULL OR expires_at > $6) AND NOT EXISTS (SELEC
         let present: bool = sqlx::query_scalar(
             "SELECT to_regclass('samekey_compensation_due') IS NOT NULL
                 AND to_regclass('samekey_receipts_expires_at') IS NOT NULL
-                AND to_regclass('samekey_fence') IS NOT NULL",
+                AND to_regclass('samekey_fence') IS NOT NULL
+                AND to_regprocedure('samekey_now(bigint)') IS NOT NULL",
         )
         .fetch_one(&self.pool)
         .await
@@ -167,7 +177,7 @@ WHERE key = $1 AND (expires_at IS NULL OR expires_at > $6) AND NOT EXISTS (SELEC
         let completion = Completion {
             state: ReceiptState::Success,
             outcome: Some(outcome.into()),
-            expires_at_ms: call.expires_at_ms(),
+            ttl_ms: call.expires_at_ms().saturating_sub(now),
         };
         PgStore::complete_on(conn, call.key(), call.fence(), completion, now).await
     }
@@ -183,7 +193,7 @@ impl PgStore {
                 .bind(claim.key.digest().as_slice())
                 .bind(claim.key.scope())
                 .bind(claim.call_id.to_string())
-                .bind(int(claim.lease_until_ms)?)
+                .bind(int(claim.lease_ms)?)
                 .bind(claim.fingerprint.as_ref().map(|f| f.0.as_slice()))
                 .bind(now)
                 .fetch_optional(&self.pool)
@@ -194,9 +204,7 @@ impl PgStore {
             let record = sql::receipt(&row)?;
             match (acquired, record) {
                 (true, Some(record)) => return Ok(Claimed::Acquired(record.fence)),
-                // The statement's snapshot may show a row that another instance has since
-                // re-claimed: never answer with an expired record.
-                (false, Some(record)) if record.expired(claim.now_ms) => continue,
+                // The statement's second half reads only rows alive by the server's clock.
                 (false, Some(record)) => return Ok(Claimed::Existing(record)),
                 // A released tombstone read in the race above: claim again.
                 (_, None) => continue,
@@ -212,5 +220,6 @@ sql::sql_store!(
     PgStore,
     PgConnection,
     next_fence = "nextval('samekey_fence')",
-    locking = "FOR UPDATE SKIP LOCKED"
+    locking = "FOR UPDATE SKIP LOCKED",
+    now = ("samekey_now(", ")")
 );

@@ -26,9 +26,15 @@
 //!
 //! # Fences and time
 //!
-//! A record's first fence is the claim's time in ms; a reused record's fence is its previous one plus
-//! one. Expiry follows the caller's clock (`now_ms`), as every store does: the record carries
+//! Every script that judges or writes a time reads it from the server (`TIME`), on the node that holds
+//! the record: leases and expiries are the server's, never an instance's, so instances whose clocks
+//! disagree still agree on whose lease is alive. A record's first fence is the server's time in µs'
+//! worth of ms; a reused record's fence is its previous one plus one. A finished record carries
 //! `expires_at`, and Redis removes it on its own a while after that (`PEXPIRE`, relative).
+//!
+//! [`CachedStore`] keeps finished receipts of the durable store: an entry expires (by Redis's own
+//! relative `PEXPIRE`) when the receipt does, as far as the instance that wrote it can tell; the
+//! durable store alone decides every claim once the entry is gone.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -56,9 +62,18 @@ pub const DEFAULT_INDEX_TTL: Duration = Duration::from_secs(8 * 24 * 3600);
 /// How long after its `expires_at` Redis drops a finished record by itself.
 const EXPIRY_GRACE_MS: u64 = 60_000;
 
-const CLAIM: &str = r#"
-local r = KEYS[1]
-local now = tonumber(ARGV[5])
+/// The server's time in ms, for the scripts that judge time.
+macro_rules! lua_now {
+    () => {
+        "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+    };
+}
+
+/// ARGV: scope, callId, lease (ms), fingerprint, digest.
+const CLAIM: &str = concat!(
+    "local r = KEYS[1]\n",
+    lua_now!(),
+    r#"
 local h = redis.call('HMGET', r, 'state', 'expires_at', 'fence')
 local state, exp, fence = h[1], h[2], h[3]
 if (exp and exp ~= '' and not tonumber(exp)) or (fence and not tonumber(fence)) then
@@ -74,14 +89,19 @@ local f = now * 1000
 if fence then f = tonumber(fence) + 1 end
 f = string.format('%.0f', f)
 redis.call('DEL', r)
-redis.call('HSET', r, 'digest', ARGV[6], 'scope', ARGV[1], 'call_id', ARGV[2], 'state', 'PROCESSING',
-  'fence', f, 'lease_until', ARGV[3], 'fingerprint', ARGV[4], 'created', ARGV[5], 'updated', ARGV[5])
+local at = string.format('%.0f', now)
+redis.call('HSET', r, 'digest', ARGV[5], 'scope', ARGV[1], 'call_id', ARGV[2], 'state', 'PROCESSING',
+  'fence', f, 'lease_until', string.format('%.0f', now + tonumber(ARGV[3])), 'fingerprint', ARGV[4],
+  'created', at, 'updated', at)
 return {1, f}
-"#;
+"#
+);
 
-const TAKE_OVER: &str = r#"
-local r = KEYS[1]
-local now = tonumber(ARGV[3])
+/// ARGV: expected fence, lease (ms).
+const TAKE_OVER: &str = concat!(
+    "local r = KEYS[1]\n",
+    lua_now!(),
+    r#"
 local h = redis.call('HMGET', r, 'state', 'fence', 'lease_until')
 local state, fence, lease = h[1], h[2], h[3]
 if not state or state == 'RELEASED' then return {-1} end
@@ -94,13 +114,16 @@ if fence ~= ARGV[1] or not open then
   return {0, redis.call('HGETALL', r)}
 end
 local f = string.format('%.0f', tonumber(fence) + 1)
-redis.call('HSET', r, 'state', 'PROCESSING', 'fence', f, 'lease_until', ARGV[2], 'updated', ARGV[3])
+redis.call('HSET', r, 'state', 'PROCESSING', 'fence', f,
+  'lease_until', string.format('%.0f', now + tonumber(ARGV[2])), 'updated', string.format('%.0f', now))
 return {1, f, redis.call('HGET', r, 'call_id')}
-"#;
+"#
+);
 
-/// ARGV: fence, allowed states (space-separated), then field/value pairs to set; a field whose value is
-/// the empty string is removed. Answers 1, or the record (0) / nothing (-1) to explain the refusal.
-/// `ARGV[3]` is a relative expiry in ms for the whole record ("" to keep it, "0" to persist).
+/// ARGV: fence, allowed states (space-separated), a relative expiry in ms for the whole record ("" to
+/// keep it, "0" to persist), times to write (space-separated `field:offset`, each set to the server's
+/// time plus `offset` ms), then field/value pairs to set; a field whose value is the empty string is
+/// removed. Answers 1, or the record (0) / nothing (-1) to explain the refusal.
 const WRITE: &str = r#"
 local r = KEYS[1]
 local h = redis.call('HMGET', r, 'state', 'fence')
@@ -109,21 +132,37 @@ if not state or state == 'RELEASED' then return {-1} end
 if fence ~= ARGV[1] or not string.find(' ' .. ARGV[2] .. ' ', ' ' .. state .. ' ', 1, true) then
   return {0, redis.call('HGETALL', r)}
 end
-for i = 4, #ARGV, 2 do
+for i = 5, #ARGV, 2 do
   if ARGV[i + 1] == '' then redis.call('HDEL', r, ARGV[i]) else redis.call('HSET', r, ARGV[i], ARGV[i + 1]) end
+end
+if ARGV[4] ~= '' then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  for field, offset in string.gmatch(ARGV[4], '(%S+):(%d+)') do
+    redis.call('HSET', r, field, string.format('%.0f', now + tonumber(offset)))
+  end
 end
 if ARGV[3] == '0' then redis.call('PERSIST', r) elseif ARGV[3] ~= '' then redis.call('PEXPIRE', r, ARGV[3]) end
 return {1}
 "#;
 
-const PURGE_ONE: &str = r#"
+/// A record as it is and the server's time, to judge its expiry by: `{now, fields}`.
+const READ: &str = concat!(
+    lua_now!(),
+    "return {string.format('%.0f', now), redis.call('HGETALL', KEYS[1])}\n"
+);
+
+const PURGE_ONE: &str = concat!(
+    lua_now!(),
+    r#"
 local exp = redis.call('HGET', KEYS[1], 'expires_at')
-if exp and exp ~= '' and tonumber(exp) <= tonumber(ARGV[1]) then
+if exp and exp ~= '' and tonumber(exp) <= now then
   redis.call('DEL', KEYS[1])
   return 1
 end
 return 0
-"#;
+"#
+);
 
 const TAKE_DUE: &str = r#"
 local q = KEYS[1]
@@ -237,6 +276,7 @@ struct Scripts {
     claim: Script,
     take_over: Script,
     write: Script,
+    read: Script,
     purge_one: Script,
     take_due: Script,
     update_entry: Script,
@@ -309,6 +349,7 @@ impl RedisStore {
                 claim: Script::new(CLAIM),
                 take_over: Script::new(TAKE_OVER),
                 write: Script::new(WRITE),
+                read: Script::new(READ),
                 purge_one: Script::new(PURGE_ONE),
                 take_due: Script::new(TAKE_DUE),
                 update_entry: Script::new(UPDATE_ENTRY),
@@ -361,10 +402,15 @@ impl RedisStore {
         fence: Fence,
         from: &str,
         expiry: &str,
+        times: &str,
         fields: &[(&str, Vec<u8>)],
     ) -> Result<Result<(), Option<Receipt>>, StoreError> {
         let mut invocation = self.scripts.write.key(self.record_key(key));
-        invocation.arg(fence.0.to_string()).arg(from).arg(expiry);
+        invocation
+            .arg(fence.0.to_string())
+            .arg(from)
+            .arg(expiry)
+            .arg(times);
         for (name, value) in fields {
             invocation.arg(*name).arg(value.as_slice());
         }
@@ -543,7 +589,7 @@ impl Store for RedisStore {
         invocation
             .arg(claim.key.scope())
             .arg(claim.call_id.to_string())
-            .arg(claim.lease_until_ms)
+            .arg(claim.lease_ms)
             .arg(
                 claim
                     .fingerprint
@@ -551,7 +597,6 @@ impl Store for RedisStore {
                     .map(|f| f.0.to_vec())
                     .unwrap_or_default(),
             )
-            .arg(claim.now_ms)
             .arg(claim.key.digest().as_slice());
         let answer: redis::Value = invocation
             .invoke_async(&mut self.conn())
@@ -574,16 +619,15 @@ impl Store for RedisStore {
         &self,
         key: &Key,
         expected: Fence,
-        lease_until_ms: u64,
-        now_ms: u64,
+        lease_ms: u64,
+        _now_ms: u64,
     ) -> Result<Claimed, StoreError> {
         let answer: redis::Value = self
             .scripts
             .take_over
             .key(self.record_key(key))
             .arg(expected.0.to_string())
-            .arg(lease_until_ms)
-            .arg(now_ms)
+            .arg(lease_ms)
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
@@ -609,10 +653,11 @@ impl Store for RedisStore {
         &self,
         key: &Key,
         fence: Fence,
-        lease_until_ms: u64,
+        lease_ms: u64,
+        _now_ms: u64,
     ) -> Result<(), StoreError> {
-        let fields = [("lease_until", lease_until_ms.to_string().into_bytes())];
-        self.write(key, fence, "PROCESSING", "", &fields)
+        let times = format!("lease_until:{lease_ms}");
+        self.write(key, fence, "PROCESSING", "", &times, &[])
             .await?
             .map_err(|current| not_owned(current.as_ref(), fence, ReceiptState::Processing))
     }
@@ -622,13 +667,9 @@ impl Store for RedisStore {
         key: &Key,
         fence: Fence,
         completion: Completion,
-        now_ms: u64,
+        _now_ms: u64,
     ) -> Result<Transition, StoreError> {
-        let keep = completion
-            .expires_at_ms
-            .saturating_sub(now_ms)
-            .saturating_add(EXPIRY_GRACE_MS)
-            .max(1);
+        let keep = completion.ttl_ms.saturating_add(EXPIRY_GRACE_MS).max(1);
         let fields = [
             ("state", completion.state.as_str().as_bytes().to_vec()),
             (
@@ -636,18 +677,15 @@ impl Store for RedisStore {
                 completion.outcome.as_deref().unwrap_or_default().to_vec(),
             ),
             ("lease_until", Vec::new()),
-            (
-                "expires_at",
-                completion.expires_at_ms.to_string().into_bytes(),
-            ),
-            ("updated", now_ms.to_string().into_bytes()),
         ];
+        let times = format!("updated:0 expires_at:{}", completion.ttl_ms);
         match self
             .write(
                 key,
                 fence,
                 "RECEIVED PROCESSING UNKNOWN",
                 &keep.to_string(),
+                &times,
                 &fields,
             )
             .await?
@@ -661,16 +699,15 @@ impl Store for RedisStore {
         &self,
         key: &Key,
         fence: Fence,
-        now_ms: u64,
+        _now_ms: u64,
     ) -> Result<Transition, StoreError> {
         let fields = [
             ("state", b"UNKNOWN".to_vec()),
             ("lease_until", Vec::new()),
             ("expires_at", Vec::new()),
-            ("updated", now_ms.to_string().into_bytes()),
         ];
         match self
-            .write(key, fence, "RECEIVED PROCESSING", "0", &fields)
+            .write(key, fence, "RECEIVED PROCESSING", "0", "updated:0", &fields)
             .await?
         {
             Ok(()) => Ok(Transition::Applied),
@@ -685,14 +722,36 @@ impl Store for RedisStore {
             ("outcome", Vec::new()),
         ];
         let day = (24 * 3600 * 1000u64).to_string();
-        match self.write(key, fence, "PROCESSING", &day, &fields).await? {
+        match self
+            .write(key, fence, "PROCESSING", &day, "", &fields)
+            .await?
+        {
             Ok(()) | Err(None) => Ok(()),
             Err(current) => Err(not_owned(current.as_ref(), fence, ReceiptState::Received)),
         }
     }
 
-    async fn get(&self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, StoreError> {
-        Ok(self.record(key).await?.filter(|r| !r.expired(now_ms)))
+    async fn get(&self, key: &Key, _now_ms: u64) -> Result<Option<Receipt>, StoreError> {
+        let answer: redis::Value = self
+            .scripts
+            .read
+            .key(self.record_key(key))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        let now = match answer_items(&answer)?.first() {
+            Some(redis::Value::BulkString(now)) => number(now, "the server's time")?,
+            other => return Err(corrupt(format!("unexpected time {other:?}"))),
+        };
+        Ok(parse_record(key.scope(), &answer_fields(&answer)?)?.filter(|r| !r.expired(now)))
+    }
+
+    async fn now_ms(&self, _caller_now_ms: u64) -> Result<u64, StoreError> {
+        let (secs, micros): (u64, u64) = redis::cmd("TIME")
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(secs * 1000 + micros / 1000)
     }
 
     async fn get_by_call_id(&self, call_id: &CallId) -> Result<Option<Receipt>, StoreError> {
@@ -723,7 +782,7 @@ impl Store for RedisStore {
         Ok(self.record(&key).await?.filter(|r| &r.call_id == call_id))
     }
 
-    async fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
+    async fn purge_expired(&self, _now_ms: u64) -> Result<usize, StoreError> {
         let pattern = format!("{}:r:*", self.prefix);
         let mut names = Vec::new();
         for node in self.primaries().await? {
@@ -759,7 +818,6 @@ impl Store for RedisStore {
                 .scripts
                 .purge_one
                 .key(name)
-                .arg(now_ms)
                 .invoke_async(&mut self.conn())
                 .await
                 .map_err(unavailable)?;
@@ -1193,11 +1251,11 @@ impl<D: Store> Store for CachedStore<D> {
         &self,
         key: &Key,
         expected: Fence,
-        lease_until_ms: u64,
+        lease_ms: u64,
         now_ms: u64,
     ) -> Result<Claimed, StoreError> {
         self.durable
-            .take_over(key, expected, lease_until_ms, now_ms)
+            .take_over(key, expected, lease_ms, now_ms)
             .await
     }
 
@@ -1205,9 +1263,16 @@ impl<D: Store> Store for CachedStore<D> {
         &self,
         key: &Key,
         fence: Fence,
-        lease_until_ms: u64,
+        lease_ms: u64,
+        now_ms: u64,
     ) -> Result<(), StoreError> {
-        self.durable.extend_lease(key, fence, lease_until_ms).await
+        self.durable
+            .extend_lease(key, fence, lease_ms, now_ms)
+            .await
+    }
+
+    async fn now_ms(&self, caller_now_ms: u64) -> Result<u64, StoreError> {
+        self.durable.now_ms(caller_now_ms).await
     }
 
     async fn complete(
@@ -1218,10 +1283,12 @@ impl<D: Store> Store for CachedStore<D> {
         now_ms: u64,
     ) -> Result<Transition, StoreError> {
         let owned = self.disown(key, fence);
+        // The durable store's expiry as far as this instance's clock tells: the cache entry expires by
+        // Redis's relative `PEXPIRE`, from it.
         let (state, outcome, expires_at_ms) = (
             completion.state,
             completion.outcome.clone(),
-            completion.expires_at_ms,
+            now_ms.saturating_add(completion.ttl_ms),
         );
         let transition = self
             .durable

@@ -156,19 +156,6 @@ pub(crate) const ROW: &str = "SELECT key, scope, call_id, state, fence, lease_un
     fingerprint, outcome, created, updated
 FROM samekey_receipts WHERE key = $1";
 
-/// A completion (`$1` state, `$2` outcome, `$3` expiry, `$4` now, `$5` key, `$6` fence); it changes
-/// one row or none.
-pub(crate) const COMPLETE: &str = "UPDATE samekey_receipts
-SET state = $1, outcome = $2, lease_until = NULL, expires_at = $3, updated = $4
-WHERE key = $5 AND fence = $6 AND state IN ('RECEIVED', 'PROCESSING', 'UNKNOWN')";
-
-pub(crate) const EXTEND_LEASE: &str = "UPDATE samekey_receipts SET lease_until = $1
-WHERE key = $2 AND fence = $3 AND state = 'PROCESSING'";
-
-pub(crate) const MARK_UNKNOWN: &str = "UPDATE samekey_receipts
-SET state = 'UNKNOWN', lease_until = NULL, expires_at = NULL, updated = $1
-WHERE key = $2 AND fence = $3 AND state IN ('RECEIVED', 'PROCESSING')";
-
 pub(crate) const RELEASE: &str = "UPDATE samekey_receipts
 SET state = 'RELEASED', lease_until = NULL, outcome = NULL, expires_at = updated
 WHERE key = $1 AND fence = $2 AND state = 'PROCESSING'";
@@ -177,9 +164,6 @@ pub(crate) const BY_CALL_ID: &str =
     "SELECT key, scope, call_id, state, fence, lease_until, expires_at,
     fingerprint, outcome, created, updated
 FROM samekey_receipts WHERE call_id = $1 AND state <> 'RELEASED' LIMIT 1";
-
-pub(crate) const PURGE: &str =
-    "DELETE FROM samekey_receipts WHERE expires_at IS NOT NULL AND expires_at <= $1";
 
 pub(crate) const ENQUEUE: &str = "INSERT INTO samekey_compensation
     (call_id, key, scope, reason, round, next_at, state, lease_until, enqueued)
@@ -202,22 +186,100 @@ FROM samekey_compensation ORDER BY enqueued, call_id";
 
 /// Everything of [`Store`](super::Store) the SQL backends do alike, for a store type with a `pool`
 /// field (an sqlx pool of `$conn` connections) and an inherent `claim_row` (the claim is where their
-/// dialects differ most). Two fragments differ too: `next_fence`, the SQL expression of a taken-over
-/// row's new fence, and `locking`, the clause after the `LIMIT` of the statement that takes due
-/// compensation entries (`FOR UPDATE SKIP LOCKED` on PostgreSQL). Every statement uses `$n`
-/// placeholders, which PostgreSQL and SQLite both read; the code is the same for both pools.
+/// dialects differ most). Three fragments differ too: `next_fence`, the SQL expression of a taken-over
+/// row's new fence; `locking`, the clause after the `LIMIT` of the statement that takes due
+/// compensation entries (`FOR UPDATE SKIP LOCKED` on PostgreSQL); and `now = (open, close)`, what is
+/// written around the caller's time parameter to get the time the store judges by (nothing on
+/// SQLite, which takes the caller's time; `samekey_now(...)` on PostgreSQL, which ignores it and reads
+/// the server's clock). Every statement uses `$n` placeholders, which PostgreSQL and SQLite both read;
+/// the code is the same for both pools.
 macro_rules! sql_store {
-    ($store:ty, $conn:ty, next_fence = $next_fence:literal, locking = $locking:literal) => {
+    ($store:ty, $conn:ty, next_fence = $next_fence:literal, locking = $locking:literal,
+     now = ($now_open:literal, $now_close:literal)) => {
         impl $store {
+            /// The statement a completion sends (`$1` state, `$2` outcome, `$3` ttl, `$4` now, `$5` key,
+            /// `$6` fence); it changes one row or none.
+            pub const COMPLETE_SQL: &'static str = concat!(
+                "UPDATE samekey_receipts
+SET state = $1, outcome = $2, lease_until = NULL, expires_at = ",
+                $now_open,
+                "$4",
+                $now_close,
+                " + $3, updated = ",
+                $now_open,
+                "$4",
+                $now_close,
+                "
+WHERE key = $5 AND fence = $6 AND state IN ('RECEIVED', 'PROCESSING', 'UNKNOWN')"
+            );
+
+            /// A lease extension (`$1` lease, `$2` key, `$3` fence, `$4` now).
+            const EXTEND_LEASE_SQL: &'static str = concat!(
+                "UPDATE samekey_receipts SET lease_until = ",
+                $now_open,
+                "$4",
+                $now_close,
+                " + $1
+WHERE key = $2 AND fence = $3 AND state = 'PROCESSING'"
+            );
+
+            /// `UNKNOWN` (`$1` now, `$2` key, `$3` fence).
+            const MARK_UNKNOWN_SQL: &'static str = concat!(
+                "UPDATE samekey_receipts
+SET state = 'UNKNOWN', lease_until = NULL, expires_at = NULL, updated = ",
+                $now_open,
+                "$1",
+                $now_close,
+                "
+WHERE key = $2 AND fence = $3 AND state IN ('RECEIVED', 'PROCESSING')"
+            );
+
+            /// Evicts expired rows (`$1` now).
+            const PURGE_SQL: &'static str = concat!(
+                "DELETE FROM samekey_receipts WHERE expires_at IS NOT NULL AND expires_at <= ",
+                $now_open,
+                "$1",
+                $now_close
+            );
+
+            /// A key's row unless it expired (`$1` key, `$2` now).
+            const LIVE_ROW_SQL: &'static str = concat!(
+                "SELECT key, scope, call_id, state, fence, lease_until, expires_at,
+    fingerprint, outcome, created, updated
+FROM samekey_receipts WHERE key = $1 AND (expires_at IS NULL OR expires_at > ",
+                $now_open,
+                "$2",
+                $now_close,
+                ")"
+            );
+
+            /// The time the store judges by (`$1` the caller's).
+            const NOW_SQL: &'static str = concat!("SELECT ", $now_open, "$1", $now_close);
+
             /// The statement a take-over sends: the record becomes `PROCESSING` under a new fence if it
             /// still carries the expected one and is `UNKNOWN` or past its lease (`$1` lease, `$2` now,
             /// `$3` key, `$4` expected fence).
             const TAKE_OVER_SQL: &'static str = concat!(
                 "UPDATE samekey_receipts
-SET state = 'PROCESSING', fence = ", $next_fence, ", lease_until = $1, updated = $2
+SET state = 'PROCESSING', fence = ",
+                $next_fence,
+                ", lease_until = ",
+                $now_open,
+                "$2",
+                $now_close,
+                " + $1, updated = ",
+                $now_open,
+                "$2",
+                $now_close,
+                "
 WHERE key = $3 AND fence = $4
     AND (state = 'UNKNOWN'
-         OR (state IN ('RECEIVED', 'PROCESSING') AND (lease_until IS NULL OR lease_until <= $2)))
+         OR (state IN ('RECEIVED', 'PROCESSING')
+             AND (lease_until IS NULL OR lease_until <= ",
+                $now_open,
+                "$2",
+                $now_close,
+                ")))
 RETURNING fence"
             );
 
@@ -227,7 +289,9 @@ RETURNING fence"
 WHERE call_id IN (
     SELECT call_id FROM samekey_compensation
     WHERE (state = 'PENDING' AND next_at <= $2) OR (state = 'TAKEN' AND lease_until <= $2)
-    ORDER BY next_at, enqueued LIMIT $3 ", $locking, ")
+    ORDER BY next_at, enqueued LIMIT $3 ",
+                $locking,
+                ")
 RETURNING call_id, key, scope, reason, round, next_at, state, lease_until, enqueued"
             );
 
@@ -269,11 +333,11 @@ RETURNING call_id, key, scope, reason, round, next_at, state, lease_until, enque
                 now_ms: u64,
             ) -> Result<$crate::receipt::Transition, $crate::error::StoreError> {
                 use $crate::store::already_or_not_owned;
-                use $crate::store::sql::{driver, int, COMPLETE};
-                let done = sqlx::query(COMPLETE)
+                use $crate::store::sql::{driver, int};
+                let done = sqlx::query(Self::COMPLETE_SQL)
                     .bind(completion.state.as_str())
                     .bind(completion.outcome.as_deref())
-                    .bind(int(completion.expires_at_ms)?)
+                    .bind(int(completion.ttl_ms)?)
                     .bind(int(now_ms)?)
                     .bind(key.digest().as_slice())
                     .bind(int(fence.0)?)
@@ -301,7 +365,7 @@ RETURNING call_id, key, scope, reason, round, next_at, state, lease_until, enque
                 &self,
                 key: &$crate::key::Key,
                 expected: $crate::receipt::Fence,
-                lease_until_ms: u64,
+                lease_ms: u64,
                 now_ms: u64,
             ) -> Result<$crate::store::Claimed, $crate::error::StoreError> {
                 use $crate::store::sql::{driver, fence_of, int};
@@ -309,7 +373,7 @@ RETURNING call_id, key, scope, reason, round, next_at, state, lease_until, enque
                 // `fetch_all`: on SQLite a statement commits when it runs to its end, and only then is
                 // a failed commit reported.
                 let taken: Vec<i64> = sqlx::query_scalar(Self::TAKE_OVER_SQL)
-                    .bind(int(lease_until_ms)?)
+                    .bind(int(lease_ms)?)
                     .bind(int(now_ms)?)
                     .bind(key.digest().as_slice())
                     .bind(int(expected.0)?)
@@ -329,14 +393,16 @@ RETURNING call_id, key, scope, reason, round, next_at, state, lease_until, enque
                 &self,
                 key: &$crate::key::Key,
                 fence: $crate::receipt::Fence,
-                lease_until_ms: u64,
+                lease_ms: u64,
+                now_ms: u64,
             ) -> Result<(), $crate::error::StoreError> {
                 use $crate::store::not_owned;
-                use $crate::store::sql::{driver, int, EXTEND_LEASE};
-                let done = sqlx::query(EXTEND_LEASE)
-                    .bind(int(lease_until_ms)?)
+                use $crate::store::sql::{driver, int};
+                let done = sqlx::query(Self::EXTEND_LEASE_SQL)
+                    .bind(int(lease_ms)?)
                     .bind(key.digest().as_slice())
                     .bind(int(fence.0)?)
+                    .bind(int(now_ms)?)
                     .execute(&self.pool)
                     .await
                     .map_err(driver)?;
@@ -373,8 +439,8 @@ RETURNING call_id, key, scope, reason, round, next_at, state, lease_until, enque
                 now_ms: u64,
             ) -> Result<$crate::receipt::Transition, $crate::error::StoreError> {
                 use $crate::store::already_or_not_owned;
-                use $crate::store::sql::{driver, int, MARK_UNKNOWN};
-                let done = sqlx::query(MARK_UNKNOWN)
+                use $crate::store::sql::{driver, int};
+                let done = sqlx::query(Self::MARK_UNKNOWN_SQL)
                     .bind(int(now_ms)?)
                     .bind(key.digest().as_slice())
                     .bind(int(fence.0)?)
@@ -423,7 +489,29 @@ RETURNING call_id, key, scope, reason, round, next_at, state, lease_until, enque
                 key: &$crate::key::Key,
                 now_ms: u64,
             ) -> Result<Option<$crate::receipt::Receipt>, $crate::error::StoreError> {
-                Ok(self.row(key).await?.filter(|r| !r.expired(now_ms)))
+                use $crate::store::sql::{driver, int, receipt};
+                let row = sqlx::query(Self::LIVE_ROW_SQL)
+                    .bind(key.digest().as_slice())
+                    .bind(int(now_ms)?)
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(driver)?;
+                match row {
+                    Some(row) => receipt(&row),
+                    None => Ok(None),
+                }
+            }
+
+            async fn now_ms(&self, caller_now_ms: u64) -> Result<u64, $crate::error::StoreError> {
+                use $crate::store::sql::{driver, int};
+                let now: i64 = sqlx::query_scalar(Self::NOW_SQL)
+                    .bind(int(caller_now_ms)?)
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(driver)?;
+                u64::try_from(now).map_err(|_| {
+                    $crate::error::StoreError::Corrupt(format!("the store's time is {now}"))
+                })
             }
 
             async fn get_by_call_id(
@@ -443,8 +531,8 @@ RETURNING call_id, key, scope, reason, round, next_at, state, lease_until, enque
             }
 
             async fn purge_expired(&self, now_ms: u64) -> Result<usize, $crate::error::StoreError> {
-                use $crate::store::sql::{driver, int, PURGE};
-                let done = sqlx::query(PURGE)
+                use $crate::store::sql::{driver, int};
+                let done = sqlx::query(Self::PURGE_SQL)
                     .bind(int(now_ms)?)
                     .execute(&self.pool)
                     .await

@@ -97,7 +97,7 @@ impl SqliteStore {
     /// answers its fence, or changes nothing (the key is held: its row is read next).
     pub const CLAIM_SQL: &'static str = "INSERT INTO samekey_receipts
     (key, scope, call_id, state, fence, lease_until, expires_at, fingerprint, outcome, created, updated)
-VALUES (?1, ?2, ?3, 'PROCESSING', ?4, ?5, NULL, ?6, NULL, ?7, ?7)
+VALUES (?1, ?2, ?3, 'PROCESSING', ?4, ?7 + ?5, NULL, ?6, NULL, ?7, ?7)
 ON CONFLICT (key) DO UPDATE SET
     scope = excluded.scope, call_id = excluded.call_id, state = 'PROCESSING',
     fence = samekey_receipts.fence + 1, lease_until = excluded.lease_until, expires_at = NULL,
@@ -105,10 +105,6 @@ ON CONFLICT (key) DO UPDATE SET
     updated = excluded.updated
 WHERE samekey_receipts.state = 'RELEASED' OR samekey_receipts.expires_at <= ?7
 RETURNING fence";
-
-    /// The statement a completion sends (`$1` state, `$2` outcome, `$3` expiry, `$4` now, `$5` key,
-    /// `$6` fence); the same text as on PostgreSQL.
-    pub const COMPLETE_SQL: &'static str = sql::COMPLETE;
 
     /// The statement that reads a key's row.
     pub const ROW_SQL: &'static str = sql::ROW;
@@ -141,7 +137,7 @@ impl SqliteStore {
                 .bind(claim.key.scope())
                 .bind(claim.call_id.to_string())
                 .bind(fence)
-                .bind(int(claim.lease_until_ms)?)
+                .bind(int(claim.lease_ms)?)
                 .bind(claim.fingerprint.as_ref().map(|f| f.0.as_slice()))
                 .bind(now)
                 .fetch_all(&self.pool)
@@ -164,7 +160,8 @@ sql::sql_store!(
     SqliteStore,
     sqlx::sqlite::SqliteConnection,
     next_fence = "fence + 1",
-    locking = ""
+    locking = "",
+    now = ("", "")
 );
 
 /// The fence of a key's new row: `now_ms << 16`, larger than any fence the key had at an earlier

@@ -1,0 +1,212 @@
+//! Nodes disagree about time: two runtimes on one shared store, one of them with a clock 5 s ahead (or
+//! behind). The store's clock judges leases and expiries, so the fast node neither takes over a live
+//! lease nor finds a finished record expired early, and the slow one does not keep a dead owner's
+//! lease alive. Runs on PostgreSQL (`SAMEKEY_PG_URL`) and Redis (`SAMEKEY_REDIS_URL`), in real time.
+#![cfg(any(feature = "postgres", feature = "redis"))]
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use samekey::{idempotent, Error, Runtime, Store};
+use support::{TestClock, TestError};
+use tokio::sync::Notify;
+
+/// A service on one node: its own runtime (and clock) over the shared store.
+struct Node {
+    rt: Runtime,
+    runs: Arc<AtomicU32>,
+    /// While set, a charge holds its key until the gate opens (at most 900 ms: under its timeout).
+    hold: AtomicBool,
+    gate: Arc<Notify>,
+}
+
+impl Node {
+    fn on(store: Arc<dyn Store>, skew: Skew, runs: Arc<AtomicU32>, gate: Arc<Notify>) -> Node {
+        let clock = TestClock::default();
+        let rt = Runtime::builder().node("skewed").shared_store(store);
+        let rt = match skew {
+            Skew::None => rt,
+            Skew::Ahead(by) => {
+                clock.advance(by);
+                rt.clock(clock)
+            }
+            Skew::Behind(by) => rt.clock(TestClock::behind(by)),
+        };
+        Node {
+            rt: rt.build().unwrap(),
+            runs,
+            hold: AtomicBool::new(false),
+            gate,
+        }
+    }
+
+    /// A charge; its lease is 2 s.
+    #[idempotent(key = "order", scope = "skew.charge", runtime = &self.rt, timeout = "1s",
+                 on_unknown = "rerun", on_busy = "reject", retries = 0, ttl = "3s")]
+    async fn charge(&self, order: &str) -> Result<u32, TestError> {
+        let n = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.hold.load(Ordering::SeqCst) {
+            let _ = tokio::time::timeout(Duration::from_millis(900), self.gate.notified()).await;
+        }
+        Ok(n)
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Skew {
+    None,
+    Ahead(Duration),
+    Behind(Duration),
+}
+
+fn order() -> String {
+    format!("o-{:x}", samekey::TraceId::new().as_u128())
+}
+
+fn nodes(store: Arc<dyn Store>, second: Skew) -> (Node, Node) {
+    let runs = Arc::new(AtomicU32::new(0));
+    let gate = Arc::new(Notify::new());
+    (
+        Node::on(store.clone(), Skew::None, runs.clone(), gate.clone()),
+        Node::on(store, second, runs, gate),
+    )
+}
+
+/// A node 5 s ahead sees a live 2 s lease as long expired by its own clock: it must still find the
+/// key busy, not take it over and run the charge a second time.
+async fn fast_node_does_not_take_over_a_live_lease(store: Arc<dyn Store>) {
+    let (a, b) = nodes(store, Skew::Ahead(Duration::from_secs(5)));
+    let a = Arc::new(a);
+    a.hold.store(true, Ordering::SeqCst);
+    let order = order();
+    let first = tokio::spawn({
+        let (a, order) = (a.clone(), order.clone());
+        async move { a.charge(&order).await }
+    });
+    while a.runs.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let second = b.charge(&order).await;
+    assert!(
+        matches!(second, Err(TestError::Samekey(Error::InProgress { .. }))),
+        "{second:?}"
+    );
+    a.gate.notify_waiters();
+    assert_eq!(first.await.unwrap(), Ok(1));
+    assert_eq!(a.runs.load(Ordering::SeqCst), 1, "the charge ran once");
+    assert_eq!(b.charge(&order).await, Ok(1), "and is replayed");
+}
+
+/// A node 5 s ahead finds a record finished with a 3 s ttl expired by its own clock: it must still
+/// replay it, not run the charge again.
+async fn fast_node_does_not_expire_a_record_early(store: Arc<dyn Store>) {
+    let (a, b) = nodes(store, Skew::Ahead(Duration::from_secs(5)));
+    let order = order();
+    assert_eq!(a.charge(&order).await, Ok(1));
+    assert_eq!(b.charge(&order).await, Ok(1), "replayed, not run again");
+    assert_eq!(a.runs.load(Ordering::SeqCst), 1);
+}
+
+/// A node 5 s behind sees a dead owner's lease as still running by its own clock: once the lease
+/// ended by the store's clock, it takes the key over (here: `rerun`, with the recorded callId).
+async fn slow_node_takes_over_an_ended_lease(store: Arc<dyn Store>) {
+    let (a, b) = nodes(store.clone(), Skew::Behind(Duration::from_secs(5)));
+    let order = order();
+    // The owner claims and vanishes (its future dropped without a runtime to clean up is modelled by
+    // a claim made straight on the store, whose 300 ms lease then ends).
+    let claimed = store
+        .claim(samekey::store::Claim {
+            key: samekey::Key::build("skew.charge", &order.as_str()),
+            call_id: samekey::CallId::new("cha", "gone").unwrap(),
+            fingerprint: None,
+            lease_ms: 300,
+            now_ms: a.rt.now_ms(),
+        })
+        .await
+        .unwrap();
+    assert!(matches!(claimed, samekey::store::Claimed::Acquired(_)));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(b.charge(&order).await, Ok(1), "taken over and run");
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::*;
+
+    async fn store() -> Option<Arc<dyn Store>> {
+        let Ok(url) = std::env::var("SAMEKEY_PG_URL") else {
+            samekey::conformance::skipped(
+                "set SAMEKEY_PG_URL (scripts/services start) to run the clock-skew tests on PostgreSQL",
+            );
+            return None;
+        };
+        let store = samekey::store::PgStore::connect(&url)
+            .await
+            .expect("connect to SAMEKEY_PG_URL");
+        Some(Arc::new(store))
+    }
+
+    #[tokio::test]
+    async fn fast_node_does_not_take_over_a_live_lease() {
+        if let Some(store) = store().await {
+            super::fast_node_does_not_take_over_a_live_lease(store).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn fast_node_does_not_expire_a_record_early() {
+        if let Some(store) = store().await {
+            super::fast_node_does_not_expire_a_record_early(store).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn slow_node_takes_over_an_ended_lease() {
+        if let Some(store) = store().await {
+            super::slow_node_takes_over_an_ended_lease(store).await;
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+mod redis {
+    use super::*;
+
+    async fn store() -> Option<Arc<dyn Store>> {
+        let Ok(url) = std::env::var("SAMEKEY_REDIS_URL") else {
+            samekey::conformance::skipped(
+                "set SAMEKEY_REDIS_URL (scripts/services start) to run the clock-skew tests on Redis",
+            );
+            return None;
+        };
+        let prefix = format!("skew-{:x}", samekey::TraceId::new().as_u128());
+        let store = samekey::store::RedisStore::connect_with_prefix(&url, &prefix)
+            .await
+            .expect("connect to SAMEKEY_REDIS_URL");
+        Some(Arc::new(store))
+    }
+
+    #[tokio::test]
+    async fn fast_node_does_not_take_over_a_live_lease() {
+        if let Some(store) = store().await {
+            super::fast_node_does_not_take_over_a_live_lease(store).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn fast_node_does_not_expire_a_record_early() {
+        if let Some(store) = store().await {
+            super::fast_node_does_not_expire_a_record_early(store).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn slow_node_takes_over_an_ended_lease() {
+        if let Some(store) = store().await {
+            super::slow_node_takes_over_an_ended_lease(store).await;
+        }
+    }
+}
