@@ -170,6 +170,14 @@ impl OwnRedis {
     }
 
     fn start_on(dir: &Path, port: u16) -> Option<OwnRedis> {
+        OwnRedis::start_with(
+            dir,
+            port,
+            &["--appendonly", "yes", "--appendfsync", "always"],
+        )
+    }
+
+    fn start_with(dir: &Path, port: u16, settings: &[&str]) -> Option<OwnRedis> {
         let child = Command::new("redis-server")
             .args([
                 "--port",
@@ -179,7 +187,7 @@ impl OwnRedis {
                 "--save",
                 "",
             ])
-            .args(["--appendonly", "yes", "--appendfsync", "always"])
+            .args(settings)
             .arg("--dir")
             .arg(dir)
             .stdout(std::process::Stdio::null())
@@ -215,6 +223,42 @@ impl Drop for OwnRedis {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A Redis that may lose claims (one that evicts, one that does not persist) is refused as the store of
+/// record, with a typed error that says which setting and why; it still serves as a cache.
+#[tokio::test]
+async fn a_redis_that_may_lose_claims_is_refused() {
+    for (name, settings, says) in [
+        (
+            "evicting",
+            &["--appendonly", "yes", "--maxmemory-policy", "allkeys-lru"][..],
+            "maxmemory-policy is `allkeys-lru`",
+        ),
+        (
+            "volatile",
+            &["--appendonly", "no"][..],
+            "appendonly is `no`",
+        ),
+    ] {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let Some(redis) = OwnRedis::start_with(&temp(name), port, settings) else {
+            samekey::conformance::skipped(
+                "no `redis-server` to start (scripts/services installs it)",
+            );
+            return;
+        };
+        match RedisStore::connect(&redis.url()).await {
+            Err(StoreError::NotDurable(why)) => assert!(why.contains(says), "{why}"),
+            other => panic!("{name}: expected NotDurable, got {other:?}"),
+        }
+        let cache = RedisStore::connect_unverified(&redis.url(), "cache").await;
+        assert!(cache.is_ok(), "{name}: a cache is not checked");
     }
 }
 

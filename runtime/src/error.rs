@@ -109,6 +109,10 @@ pub enum StoreError {
     /// A stored record could not be read: corrupted, or written by something else.
     #[error("corrupt store record: {0}")]
     Corrupt(String),
+    /// The store is configured so that it may lose an acknowledged claim (a Redis that evicts, or does
+    /// not persist): samekey refuses to use it as the store of record.
+    #[error("store may lose claims: {0}")]
+    NotDurable(String),
     /// The receipt state machine refused the change.
     #[error("receipt cannot move from {from} to {to}")]
     InvalidTransition {

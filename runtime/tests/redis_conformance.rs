@@ -113,7 +113,7 @@ mod cache_over_memory {
 
     async fn store() -> Option<Arc<CachedStore<MemoryStore>>> {
         let url = redis_url()?;
-        let cache = RedisStore::connect_with_prefix(&url, &prefix())
+        let cache = RedisStore::connect_unverified(&url, &prefix())
             .await
             .expect("connect to SAMEKEY_REDIS_URL");
         Some(Arc::new(CachedStore::new(MemoryStore::new(), cache)))
@@ -135,7 +135,7 @@ mod cache_over_postgres {
             );
             return None;
         };
-        let cache = RedisStore::connect_with_prefix(&url, &prefix())
+        let cache = RedisStore::connect_unverified(&url, &prefix())
             .await
             .expect("connect to SAMEKEY_REDIS_URL");
         let durable = PgStore::connect(&pg)

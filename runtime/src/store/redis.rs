@@ -13,9 +13,21 @@
 //!
 //! # Durability
 //!
-//! Redis keeps what it acknowledged only as far as its persistence settings say: run it with
-//! `appendonly yes` and `appendfsync always` when it is the store of record (as `scripts/services` does),
-//! or use it as [`CachedStore`] in front of PostgreSQL, where the durable store decides every claim.
+//! Redis keeps what it acknowledged only as far as its settings say, and a claim it forgets is a call
+//! that runs twice. As the store of record it must:
+//!
+//! * never evict: `maxmemory-policy noeviction` (an evicted claim frees its key);
+//! * persist every write: `appendonly yes`, with `appendfsync always` (`everysec` loses up to a second
+//!   of claims in a crash);
+//! * not fail over to a replica that lags: Redis replicates asynchronously, so a promoted replica may
+//!   lack the last claims. Run without automatic failover, or put [`CachedStore`] in front of
+//!   PostgreSQL instead.
+//!
+//! [`RedisStore::connect`] and the other checked constructors read `maxmemory-policy` and `appendonly`
+//! of every primary (`CONFIG GET`) and refuse with [`StoreError::NotDurable`] when one says the server
+//! may lose claims, or cannot be asked. [`RedisStore::connect_unverified`] skips the check: for the
+//! cache of a [`CachedStore`] (which may evict at will: the durable store decides every claim), or for
+//! a managed Redis whose durability you vouch for. `scripts/services` runs Redis as a store of record.
 //!
 //! # The callId index
 //!
@@ -305,8 +317,18 @@ impl RedisStore {
         RedisStore::connect_with_prefix(url, "samekey").await
     }
 
-    /// Connects with another key prefix (several applications on one Redis).
+    /// Connects with another key prefix (several applications on one Redis), and checks that the server
+    /// keeps what it acknowledges (see [Durability](self#durability)).
     pub async fn connect_with_prefix(url: &str, prefix: &str) -> Result<RedisStore, StoreError> {
+        let store = RedisStore::connect_unverified(url, prefix).await?;
+        store.verify_durable().await?;
+        Ok(store)
+    }
+
+    /// Connects without checking the server's durability settings: for the cache of a
+    /// [`CachedStore`], or a server whose durability you vouch for (a managed service that hides
+    /// `CONFIG`, say).
+    pub async fn connect_unverified(url: &str, prefix: &str) -> Result<RedisStore, StoreError> {
         let client = redis::Client::open(url)
             .map_err(|e| StoreError::Unavailable(format!("invalid Redis URL `{url}`: {e}")))?;
         let config = redis::aio::ConnectionManagerConfig::new()
@@ -325,8 +347,20 @@ impl RedisStore {
         RedisStore::connect_cluster_with_prefix(nodes, "samekey").await
     }
 
-    /// Connects to a Redis Cluster with another key prefix.
+    /// Connects to a Redis Cluster with another key prefix, and checks that every primary keeps what it
+    /// acknowledges.
     pub async fn connect_cluster_with_prefix(
+        nodes: &[&str],
+        prefix: &str,
+    ) -> Result<RedisStore, StoreError> {
+        let store = RedisStore::connect_cluster_unverified(nodes, prefix).await?;
+        store.verify_durable().await?;
+        Ok(store)
+    }
+
+    /// Connects to a Redis Cluster without checking its durability settings (see
+    /// [`RedisStore::connect_unverified`]).
+    pub async fn connect_cluster_unverified(
         nodes: &[&str],
         prefix: &str,
     ) -> Result<RedisStore, StoreError> {
@@ -922,6 +956,67 @@ impl Store for RedisStore {
 }
 
 impl RedisStore {
+    /// Checks, on every primary, the settings that decide whether Redis may lose an acknowledged claim:
+    /// `maxmemory-policy` must be `noeviction` and `appendonly` must be `yes`. A server that cannot be
+    /// asked (`CONFIG` disabled or renamed) is refused too: use [`RedisStore::connect_unverified`] for
+    /// one whose durability you know.
+    pub async fn verify_durable(&self) -> Result<(), StoreError> {
+        for node in self.primaries().await? {
+            let where_ = match &node {
+                Some(SingleNodeRoutingInfo::ByAddress { host, port }) => {
+                    format!(" on {host}:{port}")
+                }
+                _ => String::new(),
+            };
+            let setting = |name: &'static str| {
+                let node = node.clone();
+                let mut conn = self.conn();
+                async move {
+                    let get = redis::cmd("CONFIG").arg("GET").arg(name).clone();
+                    let answer: redis::RedisResult<Vec<String>> = match (&node, &mut conn) {
+                        (Some(route), Connection::Cluster(c)) => c
+                            .route_command(get, RoutingInfo::SingleNode(route.clone()))
+                            .await
+                            .and_then(|v| redis::from_redis_value(v).map_err(Into::into)),
+                        (_, conn) => get.query_async(conn).await,
+                    };
+                    match answer {
+                        Ok(pair) => pair
+                            .get(1)
+                            .cloned()
+                            .ok_or_else(|| format!("`CONFIG GET {name}` answered nothing")),
+                        Err(e) => Err(format!("`CONFIG GET {name}` failed ({e})")),
+                    }
+                }
+            };
+            let problems: Vec<String> = match (
+                setting("maxmemory-policy").await,
+                setting("appendonly").await,
+            ) {
+                (Ok(policy), Ok(aof)) => {
+                    let mut problems = Vec::new();
+                    if policy != "noeviction" {
+                        problems.push(format!("maxmemory-policy is `{policy}`, so Redis may evict a claim and free its key (set `noeviction`)"));
+                    }
+                    if aof != "yes" {
+                        problems.push(format!("appendonly is `{aof}`, so a restart loses the claims since the last snapshot (set `appendonly yes`, `appendfsync always`)"));
+                    }
+                    problems
+                }
+                (Err(e), _) | (_, Err(e)) => {
+                    vec![format!("its durability settings cannot be read: {e}")]
+                }
+            };
+            if !problems.is_empty() {
+                return Err(StoreError::NotDurable(format!(
+                    "Redis{where_} is not safe as the store of record: {}; a forgotten claim is a call that runs twice. Use RedisStore::connect_unverified for a cache, or for a server whose durability you vouch for",
+                    problems.join("; ")
+                )));
+            }
+        }
+        Ok(())
+    }
+
     async fn update_entry(
         &self,
         call_id: &CallId,
@@ -1113,13 +1208,15 @@ const CACHE_COOL_DOWN: Duration = Duration::from_secs(5);
 const MAX_BACKGROUND_WRITES: usize = 1024;
 
 impl<D: Store> CachedStore<D> {
-    /// `durable` behind a cache at `redis_url`, with keys prefixed `samekey-cache`.
+    /// `durable` behind a cache at `redis_url`, with keys prefixed `samekey-cache`. A cache may evict
+    /// and need not persist (the durable store decides every claim): its settings are not checked.
     pub async fn connect(durable: D, redis_url: &str) -> Result<CachedStore<D>, StoreError> {
-        let cache = RedisStore::connect_with_prefix(redis_url, "samekey-cache").await?;
+        let cache = RedisStore::connect_unverified(redis_url, "samekey-cache").await?;
         Ok(CachedStore::new(durable, cache))
     }
 
-    /// `durable` behind an already connected cache.
+    /// `durable` behind an already connected cache (connect it with
+    /// [`RedisStore::connect_unverified`]: a cache's durability does not matter).
     pub fn new(durable: D, cache: RedisStore) -> CachedStore<D> {
         CachedStore {
             durable,
