@@ -1,6 +1,7 @@
 //! The durable backends, side by side in one run with their raw drivers sending the same statements:
-//! a fresh call (claim + complete) and a replay, at 1, 16 and 64 concurrent callers; and a
-//! PostgreSQL-backed replay with and without the Redis front cache.
+//! a fresh call (claim + complete) and a replay, at 1, 16 and 64 concurrent callers; how late a
+//! duplicate waiting for a busy key hears the outcome, notified and polled; and a PostgreSQL-backed
+//! replay with and without the Redis front cache.
 //!
 //! ```text
 //! eval "$(scripts/services start)"
@@ -326,6 +327,81 @@ fn backend(
     group.finish();
 }
 
+/// How late a duplicate that waits for a busy key hears the owner's outcome: the time from the owner's
+/// completion (acknowledged by the store) to the waiter's return, with the store's notification
+/// (`wait_settled`: LISTEN/NOTIFY on PostgreSQL, pub/sub on Redis) beside polling
+/// (`samekey::store::poll_settled`, 20 ms growing to 1 s), and one plain round trip (`get`) for scale.
+fn waiter(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, store: Arc<dyn Store>) {
+    let mut group = c.benchmark_group(format!("{name}/waiter"));
+    let run = unique_run();
+    let next = Arc::new(AtomicU64::new(0));
+    for how in ["notified", "polled"] {
+        group.bench_function(how, |b| {
+            b.to_async(rt).iter_custom(|iters| {
+                let (store, next) = (store.clone(), next.clone());
+                async move {
+                    let mut late = Duration::ZERO;
+                    for _ in 0..iters {
+                        let key = samekey::Key::build(
+                            "bench.waiter",
+                            &(run, next.fetch_add(1, Ordering::Relaxed)),
+                        );
+                        let claim = samekey::store::Claim {
+                            key: key.clone(),
+                            call_id: samekey::CallId::new("wait", "bench").expect("labels"),
+                            fingerprint: None,
+                            lease_ms: 30_000,
+                            now_ms: 0,
+                        };
+                        let Ok(samekey::store::Claimed::Acquired(fence)) = store.claim(claim).await
+                        else {
+                            panic!("a fresh key is taken")
+                        };
+                        let waiter = tokio::spawn({
+                            let (store, key) = (store.clone(), key.clone());
+                            async move {
+                                let limit = Duration::from_secs(10);
+                                let settled = if how == "notified" {
+                                    store.wait_settled(&key, limit, 0).await
+                                } else {
+                                    samekey::store::poll_settled(&*store, &key, limit, 0).await
+                                };
+                                assert!(settled
+                                    .expect("wait")
+                                    .is_some_and(|r| r.state.is_terminal()));
+                                Instant::now()
+                            }
+                        });
+                        // The waiter subscribes and looks (a few round trips) before the owner finishes.
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        let completion = samekey::store::Completion {
+                            state: samekey::ReceiptState::Success,
+                            outcome: Some(Arc::from(&b"1"[..])),
+                            ttl_ms: 60_000,
+                        };
+                        store
+                            .complete(&key, fence, completion, 0)
+                            .await
+                            .expect("complete");
+                        let completed = Instant::now();
+                        let heard = waiter.await.expect("waiter");
+                        late += heard.saturating_duration_since(completed);
+                    }
+                    late
+                }
+            })
+        });
+    }
+    let key = samekey::Key::build("bench.waiter", &(run, u64::MAX));
+    group.bench_function("round_trip", |b| {
+        b.to_async(rt).iter(|| {
+            let (store, key) = (store.clone(), key.clone());
+            async move { store.get(&key, 0).await.expect("get") }
+        })
+    });
+    group.finish();
+}
+
 fn cache(c: &mut Criterion, rt: &tokio::runtime::Runtime, pg: &str, redis_url: &str) {
     let (plain, cached) = rt.block_on(async {
         let pg_store = PgStore::connect(pg).await.expect("postgres");
@@ -389,7 +465,9 @@ fn main() {
         Ok(url) => {
             let store = rt.block_on(PgStore::connect(&url)).expect("postgres");
             let raw = Raw::Postgres(store.pool().clone());
-            backend(&mut c, &rt, "postgres", Arc::new(store), raw);
+            let store = Arc::new(store);
+            backend(&mut c, &rt, "postgres", store.clone(), raw);
+            waiter(&mut c, &rt, "postgres", store);
         }
         Err(_) => println!("skipped: set SAMEKEY_PG_URL to benchmark PostgreSQL"),
     }
@@ -411,7 +489,9 @@ fn main() {
                 redis::Script::new(RedisStore::CLAIM_SCRIPT),
                 redis::Script::new(RedisStore::WRITE_SCRIPT),
             );
-            backend(&mut c, &rt, "redis", Arc::new(store), raw);
+            let store = Arc::new(store);
+            backend(&mut c, &rt, "redis", store.clone(), raw);
+            waiter(&mut c, &rt, "redis", store);
         }
         Err(_) => println!("skipped: set SAMEKEY_REDIS_URL to benchmark Redis"),
     }

@@ -18,7 +18,7 @@ use crate::compensation::{CompensationEntry, CompensationState};
 use crate::error::StoreError;
 use crate::key::{Fingerprint, Key};
 use crate::receipt::{Fence, ReceiptState, Transition};
-use crate::store::{Claim, Claimed, Completion, Store};
+use crate::store::{Claim, Claimed, Completion, Store, StoreClock};
 
 /// A fixed point in time for the checks: 2024-03-09T16:00:00Z. A store that takes the caller's time
 /// is driven from it; one that judges by its own clock ignores it, and the checks that need time to
@@ -56,10 +56,16 @@ struct Timeline {
 
 impl Timeline {
     async fn of(store: &dyn Store, start: u64) -> Timeline {
+        let own_clock = store.clock() == StoreClock::Own;
         let judged = store.now_ms(start).await.expect("the store's time");
+        assert_eq!(
+            judged == start,
+            !own_clock,
+            "a store that judges by the caller's clock answers the caller's time, and only it"
+        );
         Timeline {
             now: start,
-            own_clock: judged != start,
+            own_clock,
         }
     }
 

@@ -98,6 +98,15 @@ pub struct Completion {
     pub ttl_ms: u64,
 }
 
+/// Whose clock judges a store's leases and expiries (see the [module documentation](self)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreClock {
+    /// The caller's `now_ms`: a store one process or one machine owns (memory, SQLite).
+    Caller,
+    /// The store's own: a store that several nodes share (PostgreSQL, Redis).
+    Own,
+}
+
 /// A receipt store. See the [module documentation](self) for the contract every implementation keeps.
 #[async_trait]
 pub trait Store: std::any::Any + Send + Sync {
@@ -163,21 +172,12 @@ pub trait Store: std::any::Any + Send + Sync {
         timeout: Duration,
         now_ms: u64,
     ) -> Result<Option<Receipt>, StoreError> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let start = tokio::time::Instant::now();
-        let mut interval = Duration::from_millis(20);
-        loop {
-            let elapsed = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
-            let record = self.get(key, now_ms.saturating_add(elapsed)).await?;
-            let settled = record
-                .as_ref()
-                .is_none_or(|r| r.state != ReceiptState::Processing);
-            if settled || tokio::time::Instant::now() >= deadline {
-                return Ok(record);
-            }
-            tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + interval)).await;
-            interval = (interval * 2).min(Duration::from_secs(1));
-        }
+        poll_settled(self, key, timeout, now_ms).await
+    }
+
+    /// Whose clock judges this store's leases and expiries.
+    fn clock(&self) -> StoreClock {
+        StoreClock::Caller
     }
 
     /// The time this store judges leases and expiries by (Unix ms): `caller_now_ms` for a store that
@@ -218,6 +218,31 @@ pub trait Store: std::any::Any + Send + Sync {
 
     /// All queued entries, pending and manual, oldest first (for inspection).
     async fn list_compensations(&self) -> Result<Vec<CompensationEntry>, StoreError>;
+}
+
+/// [`Store::wait_settled`] by polling [`Store::get`] at growing intervals (20 ms to 1 s): the default,
+/// and what a backend without notifications for some of its deployments falls back to.
+pub async fn poll_settled<S: Store + ?Sized>(
+    store: &S,
+    key: &Key,
+    timeout: Duration,
+    now_ms: u64,
+) -> Result<Option<Receipt>, StoreError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let start = tokio::time::Instant::now();
+    let mut interval = Duration::from_millis(20);
+    loop {
+        let elapsed = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let record = store.get(key, now_ms.saturating_add(elapsed)).await?;
+        let settled = record
+            .as_ref()
+            .is_none_or(|r| r.state != ReceiptState::Processing);
+        if settled || tokio::time::Instant::now() >= deadline {
+            return Ok(record);
+        }
+        tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + interval)).await;
+        interval = (interval * 2).min(Duration::from_secs(1));
+    }
 }
 
 /// Why an owner's write (under `fence`, towards `to`) changed nothing, from the record as it is now

@@ -10,9 +10,16 @@
 //!
 //! # Time
 //!
-//! Leases and expiries are judged by the database server's clock (`clock_timestamp()`, through the
+//! Leases and expiries are judged by the database server's clock (`statement_timestamp()`, through the
 //! `samekey_now` function of the schema), never by an instance's: instances whose clocks disagree by
 //! seconds still agree on whose lease is alive and which record expired.
+//!
+//! # Waiting for a busy key
+//!
+//! A duplicate that waits for a running call listens (`LISTEN`, on a pooled connection it holds while
+//! it waits) on its key's channel and marks the record waited-for; the record's next change notifies
+//! it (`pg_notify`, from a trigger, when the change commits), so the waiter hears the outcome within
+//! about one round trip of the owner's commit, with no polling.
 //!
 //! # Receipts in your own transaction
 //!
@@ -23,23 +30,26 @@
 use std::time::Duration;
 
 use serde::Serialize;
-use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions};
 
 use super::sql::{self, driver, int};
 use super::{Claim, Claimed, Completion};
 use crate::context::Context;
 use crate::error::StoreError;
-use crate::receipt::{ReceiptState, Transition};
+use crate::key::Key;
+use crate::receipt::{Receipt, ReceiptState, Transition};
+use crate::store::Store as _;
 
 /// The schema, idempotent: run by [`PgStore::migrate`] under an advisory lock, so that instances starting
 /// together do not race.
 pub const SCHEMA: &str = "
 CREATE SEQUENCE IF NOT EXISTS samekey_fence;
 -- The time every instance's leases and expiries are judged by: the server's clock, never a caller's
--- (nodes disagree about time). The caller's time is taken, and ignored, so that the statements are the
--- same as on SQLite, where the caller's time is the judge.
+-- (nodes disagree about time), read once per statement (a lease and the time it was granted agree).
+-- The caller's time is taken, and ignored, so that the statements are the same as on SQLite, where
+-- the caller's time is the judge.
 CREATE OR REPLACE FUNCTION samekey_now(caller BIGINT) RETURNS BIGINT
-    LANGUAGE sql VOLATILE AS 'SELECT (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT';
+    LANGUAGE sql STABLE AS 'SELECT (extract(epoch FROM statement_timestamp()) * 1000)::BIGINT';
 CREATE TABLE IF NOT EXISTS samekey_receipts (
     key         BYTEA PRIMARY KEY,          -- SHA-256 of scope and key parts: the unique index
     scope       TEXT NOT NULL,
@@ -51,8 +61,25 @@ CREATE TABLE IF NOT EXISTS samekey_receipts (
     fingerprint BYTEA,
     outcome     BYTEA,
     created     BIGINT NOT NULL,
-    updated     BIGINT NOT NULL
+    updated     BIGINT NOT NULL,
+    waited      BOOLEAN NOT NULL DEFAULT false  -- a duplicate listens for the record's next change
 );
+ALTER TABLE samekey_receipts ADD COLUMN IF NOT EXISTS waited BOOLEAN NOT NULL DEFAULT false;
+-- A waited-for record's change (an outcome, UNKNOWN, a release, a take-over) notifies its waiters, on
+-- the channel samekey_ + the first 32 hex digits of its key, when the change commits. Records nobody
+-- waits for notify nobody: the trigger's condition is all they cost.
+CREATE OR REPLACE FUNCTION samekey_settled() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('samekey_' || substr(encode(NEW.key, 'hex'), 1, 32), NEW.state);
+    RETURN NULL;
+END $$;
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'samekey_settled') THEN
+        CREATE TRIGGER samekey_settled AFTER UPDATE ON samekey_receipts FOR EACH ROW
+            WHEN (OLD.waited AND (OLD.state IS DISTINCT FROM NEW.state OR OLD.fence <> NEW.fence))
+            EXECUTE FUNCTION samekey_settled();
+    END IF;
+END $$;
 CREATE INDEX IF NOT EXISTS samekey_receipts_call_id ON samekey_receipts (call_id);
 CREATE INDEX IF NOT EXISTS samekey_receipts_expires_at ON samekey_receipts (expires_at)
     WHERE expires_at IS NOT NULL;
@@ -109,7 +136,7 @@ impl PgStore {
         scope = EXCLUDED.scope, call_id = EXCLUDED.call_id, state = 'PROCESSING',
         fence = nextval('samekey_fence'), lease_until = EXCLUDED.lease_until, expires_at = NULL,
         fingerprint = EXCLUDED.fingerprint, outcome = NULL, created = EXCLUDED.created,
-        updated = EXCLUDED.updated
+        updated = EXCLUDED.updated, waited = false
     WHERE r.state = 'RELEASED' OR r.expires_at <= samekey_now($6)
     RETURNING true AS acquired, key, scope, call_id, state, fence, lease_until, expires_at,
         fingerprint, outcome, created, updated)
@@ -130,7 +157,8 @@ WHERE key = $1 AND (expires_at IS NULL OR expires_at > samekey_now($6))
             "SELECT to_regclass('samekey_compensation_due') IS NOT NULL
                 AND to_regclass('samekey_receipts_expires_at') IS NOT NULL
                 AND to_regclass('samekey_fence') IS NOT NULL
-                AND to_regprocedure('samekey_now(bigint)') IS NOT NULL",
+                AND to_regprocedure('samekey_now(bigint)') IS NOT NULL
+                AND EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'samekey_settled')",
         )
         .fetch_one(&self.pool)
         .await
@@ -184,6 +212,43 @@ WHERE key = $1 AND (expires_at IS NULL OR expires_at > samekey_now($6))
 }
 
 impl PgStore {
+    /// Marks the key's record waited-for and reads it (`$1` key, `$2` now).
+    const WAITED_SQL: &'static str = "UPDATE samekey_receipts SET waited = true
+WHERE key = $1 AND (expires_at IS NULL OR expires_at > samekey_now($2))
+RETURNING key, scope, call_id, state, fence, lease_until, expires_at, fingerprint, outcome, created,
+    updated";
+
+    /// [`Store::wait_settled`](super::Store::wait_settled) by `LISTEN`: subscribe first, then mark the
+    /// record and look at it, so that no change falls between the look and the subscription.
+    async fn wait_notified(
+        &self,
+        key: &Key,
+        timeout: Duration,
+        now_ms: u64,
+    ) -> Result<Option<Receipt>, StoreError> {
+        let mut listener = PgListener::connect_with(&self.pool).await.map_err(driver)?;
+        let channel = format!("samekey_{}", &key.to_hex()[..32]);
+        listener.listen(&channel).await.map_err(driver)?;
+        let row = sqlx::query(Self::WAITED_SQL)
+            .bind(key.digest().as_slice())
+            .bind(int(now_ms)?)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(driver)?;
+        let record = match row {
+            Some(row) => sql::receipt(&row)?,
+            None => None,
+        };
+        match &record {
+            Some(r) if r.state == ReceiptState::Processing => {}
+            _ => return Ok(record),
+        }
+        // A notification, a lost listening connection or the end of the wait: look again either way.
+        let _ = tokio::time::timeout(timeout, listener.recv()).await;
+        drop(listener);
+        self.get(key, now_ms).await
+    }
+
     async fn claim_row(&self, claim: Claim) -> Result<Claimed, StoreError> {
         let now = int(claim.now_ms)?;
         // One statement: take the key, or read the record that holds it. A row committed by another
@@ -221,5 +286,7 @@ sql::sql_store!(
     PgConnection,
     next_fence = "nextval('samekey_fence')",
     locking = "FOR UPDATE SKIP LOCKED",
-    now = ("samekey_now(", ")")
+    now = ("samekey_now(", ")"),
+    clock = Own,
+    wait_settled = wait_notified
 );

@@ -54,6 +54,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::StreamExt;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
@@ -61,7 +62,7 @@ use redis::{AsyncCommands, RedisFuture, Script};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
-use super::{already_or_not_owned, not_owned, Claim, Claimed, Completion, Store};
+use super::{already_or_not_owned, not_owned, Claim, Claimed, Completion, Store, StoreClock};
 use crate::call_id::CallId;
 use crate::compensation::{CompensationEntry, CompensationState};
 use crate::error::StoreError;
@@ -128,6 +129,7 @@ end
 local f = string.format('%.0f', tonumber(fence) + 1)
 redis.call('HSET', r, 'state', 'PROCESSING', 'fence', f,
   'lease_until', string.format('%.0f', now + tonumber(ARGV[2])), 'updated', string.format('%.0f', now))
+if redis.call('HEXISTS', r, 'waited') == 1 then redis.call('PUBLISH', r .. ':settled', 'PROCESSING') end
 return {1, f, redis.call('HGET', r, 'call_id')}
 "#
 );
@@ -155,13 +157,24 @@ if ARGV[4] ~= '' then
   end
 end
 if ARGV[3] == '0' then redis.call('PERSIST', r) elseif ARGV[3] ~= '' then redis.call('PEXPIRE', r, ARGV[3]) end
+local now_state = redis.call('HGET', r, 'state')
+if now_state ~= state and redis.call('HEXISTS', r, 'waited') == 1 then
+  redis.call('PUBLISH', r .. ':settled', now_state)
+end
 return {1}
 "#;
 
-/// A record as it is and the server's time, to judge its expiry by: `{now, fields}`.
+/// A record as it is and the server's time, to judge its expiry by: `{now, fields}`. With `ARGV[1]` =
+/// `wait`, a `PROCESSING` record is marked waited-for first: its next change is published on
+/// `KEYS[1]:settled`.
 const READ: &str = concat!(
     lua_now!(),
-    "return {string.format('%.0f', now), redis.call('HGETALL', KEYS[1])}\n"
+    r#"
+if ARGV[1] == 'wait' and redis.call('HGET', KEYS[1], 'state') == 'PROCESSING' then
+  redis.call('HSET', KEYS[1], 'waited', '1')
+end
+return {string.format('%.0f', now), redis.call('HGETALL', KEYS[1])}
+"#
 );
 
 const PURGE_ONE: &str = concat!(
@@ -274,6 +287,8 @@ impl ConnectionLike for Connection {
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Connection,
+    /// The client of a single server, for the subscriptions of waiters (a cluster's waiters poll).
+    client: Option<redis::Client>,
     prefix: String,
     index_ttl: Duration,
     scripts: Scripts,
@@ -335,10 +350,12 @@ impl RedisStore {
             .set_connection_timeout(Some(Duration::from_secs(2)))
             .set_response_timeout(Some(Duration::from_secs(2)))
             .set_number_of_retries(1);
-        let conn = ConnectionManager::new_with_config(client, config)
+        let conn = ConnectionManager::new_with_config(client.clone(), config)
             .await
             .map_err(unavailable)?;
-        Ok(RedisStore::on(Connection::Single(conn), prefix))
+        let mut store = RedisStore::on(Connection::Single(conn), prefix);
+        store.client = Some(client);
+        Ok(store)
     }
 
     /// Connects to a Redis Cluster through any of its nodes (`redis://host:port/` each), keys prefixed
@@ -376,6 +393,7 @@ impl RedisStore {
     fn on(conn: Connection, prefix: &str) -> RedisStore {
         RedisStore {
             conn,
+            client: None,
             prefix: prefix.to_owned(),
             index_ttl: DEFAULT_INDEX_TTL,
             unindexed: Arc::default(),
@@ -491,6 +509,24 @@ impl RedisStore {
 }
 
 impl RedisStore {
+    /// The record of `key` unless it expired by the server's clock, through the `READ` script
+    /// (`mode` = `wait` also marks a `PROCESSING` record waited-for).
+    async fn read(&self, key: &Key, mode: &str) -> Result<Option<Receipt>, StoreError> {
+        let answer: redis::Value = self
+            .scripts
+            .read
+            .key(self.record_key(key))
+            .arg(mode)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        let now = match answer_items(&answer)?.first() {
+            Some(redis::Value::BulkString(now)) => number(now, "the server's time")?,
+            other => return Err(corrupt(format!("unexpected time {other:?}"))),
+        };
+        Ok(parse_record(key.scope(), &answer_fields(&answer)?)?.filter(|r| !r.expired(now)))
+    }
+
     fn index_later(&self, key: &Key, call_id: CallId) {
         self.unindexed
             .lock()
@@ -766,18 +802,48 @@ impl Store for RedisStore {
     }
 
     async fn get(&self, key: &Key, _now_ms: u64) -> Result<Option<Receipt>, StoreError> {
-        let answer: redis::Value = self
-            .scripts
-            .read
-            .key(self.record_key(key))
-            .invoke_async(&mut self.conn())
+        self.read(key, "").await
+    }
+
+    /// Waits by subscription on a single server: subscribe first, then mark the record waited-for and
+    /// look at it, so that no change falls between the look and the subscription; the record's next
+    /// change is published by the script that makes it. A cluster's waiters poll.
+    async fn wait_settled(
+        &self,
+        key: &Key,
+        timeout: Duration,
+        now_ms: u64,
+    ) -> Result<Option<Receipt>, StoreError> {
+        let Some(client) = &self.client else {
+            return super::poll_settled(self, key, timeout, now_ms).await;
+        };
+        let mut subscription =
+            tokio::time::timeout(Duration::from_secs(2), client.get_async_pubsub())
+                .await
+                .map_err(|_| StoreError::Unavailable("no Redis connection within 2s".into()))?
+                .map_err(unavailable)?;
+        subscription
+            .subscribe(format!("{}:settled", self.record_key(key)))
             .await
             .map_err(unavailable)?;
-        let now = match answer_items(&answer)?.first() {
-            Some(redis::Value::BulkString(now)) => number(now, "the server's time")?,
-            other => return Err(corrupt(format!("unexpected time {other:?}"))),
-        };
-        Ok(parse_record(key.scope(), &answer_fields(&answer)?)?.filter(|r| !r.expired(now)))
+        let record = self.read(key, "wait").await?;
+        if record
+            .as_ref()
+            .is_none_or(|r| r.state != ReceiptState::Processing)
+        {
+            return Ok(record);
+        }
+        {
+            let mut messages = std::pin::pin!(subscription.on_message());
+            // A message, a lost connection or the end of the wait: look again either way.
+            let _ = tokio::time::timeout(timeout, messages.next()).await;
+        }
+        drop(subscription);
+        self.read(key, "").await
+    }
+
+    fn clock(&self) -> StoreClock {
+        StoreClock::Own
     }
 
     async fn now_ms(&self, _caller_now_ms: u64) -> Result<u64, StoreError> {
@@ -1106,11 +1172,10 @@ impl RedisStore {
     }
 
     /// Writes a finished receipt as a cache entry (record and callId index), expiring with it.
-    async fn cache_put(&self, receipt: &Receipt, now_ms: u64) -> Result<(), StoreError> {
+    async fn cache_put(&self, receipt: &Receipt, keep: u64) -> Result<(), StoreError> {
         let Some(expires_at) = receipt.expires_at_ms else {
             return Ok(());
         };
-        let keep = expires_at.saturating_sub(now_ms).max(1);
         let record = self.record_key(&receipt.key);
         let fields: Vec<(&str, Vec<u8>)> = vec![
             ("digest", receipt.key.digest().to_vec()),
@@ -1175,8 +1240,16 @@ impl RedisStore {
 /// beyond that a completion is left to read-through); [`CachedStore::flush`] waits for them, for
 /// tests and before a shutdown.
 pub struct CachedStore<D> {
-    durable: D,
+    durable: Arc<D>,
     cache: Arc<Cache>,
+}
+
+/// How long a cache entry is kept.
+enum Keep {
+    /// This long (a completion: its ttl).
+    For(u64),
+    /// Until the receipt expires by the durable store's clock (asked with this caller's time).
+    UntilExpiry(u64),
 }
 
 /// The Redis side of a [`CachedStore`], shared with its background writes.
@@ -1219,7 +1292,7 @@ impl<D: Store> CachedStore<D> {
     /// [`RedisStore::connect_unverified`]: a cache's durability does not matter).
     pub fn new(durable: D, cache: RedisStore) -> CachedStore<D> {
         CachedStore {
-            durable,
+            durable: Arc::new(durable),
             cache: Arc::new(Cache {
                 redis: cache,
                 bypass_until: AtomicU64::new(0),
@@ -1250,10 +1323,22 @@ impl<D: Store> CachedStore<D> {
         owned.remove(key.digest()).filter(|o| o.fence == fence)
     }
 
-    /// Writes `receipt` to the cache in a task of its own (if a tokio runtime runs this call and fewer
-    /// than [`MAX_BACKGROUND_WRITES`] are in flight; otherwise a read will cache it).
-    fn write_behind(&self, receipt: Receipt, now_ms: u64) {
-        if !self.cache.usable() {
+    /// The cached finished receipt of `key`: one Redis still holds (its entry expires with the receipt)
+    /// and, when the durable store judges time by the caller's clock, not expired by it.
+    async fn cached(&self, key: &Key, now_ms: u64, what: &str) -> Option<Receipt> {
+        let hit = self.cache.cached(key, what).await?;
+        match self.durable.clock() {
+            StoreClock::Caller if hit.expired(now_ms) => None,
+            _ => Some(hit),
+        }
+    }
+
+    /// Writes a finished `receipt` to the cache in a task of its own (if a tokio runtime runs this call
+    /// and fewer than [`MAX_BACKGROUND_WRITES`] are in flight; otherwise a later read caches it). The
+    /// entry expires by Redis's relative `PEXPIRE`: after `keep`, or when the receipt expires by the
+    /// durable store's clock (never by this instance's).
+    fn write_behind(&self, receipt: Receipt, keep: Keep) {
+        if !receipt.state.is_terminal() || !self.cache.usable() {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -1262,9 +1347,20 @@ impl<D: Store> CachedStore<D> {
         let Ok(permit) = self.cache.writes.clone().try_acquire_owned() else {
             return;
         };
-        let cache = self.cache.clone();
+        let (cache, durable) = (self.cache.clone(), self.durable.clone());
         runtime.spawn(async move {
-            cache.remember(&receipt, now_ms).await;
+            let keep = match keep {
+                Keep::For(ms) => Some(ms),
+                Keep::UntilExpiry(caller_now) => {
+                    match (receipt.expires_at_ms, durable.now_ms(caller_now).await) {
+                        (Some(expires_at), Ok(now)) => Some(expires_at.saturating_sub(now)),
+                        _ => None,
+                    }
+                }
+            };
+            if let Some(keep) = keep.filter(|&ms| ms > 0) {
+                cache.remember(&receipt, keep).await;
+            }
             drop(permit);
         });
     }
@@ -1289,21 +1385,22 @@ impl Cache {
             "receipt cache unavailable for {what}; using the durable store for {CACHE_COOL_DOWN:?}");
     }
 
-    async fn remember(&self, receipt: &Receipt, now_ms: u64) {
+    async fn remember(&self, receipt: &Receipt, keep: u64) {
         if receipt.state.is_terminal() && self.usable() {
-            if let Err(e) = self.redis.cache_put(receipt, now_ms).await {
+            if let Err(e) = self.redis.cache_put(receipt, keep).await {
                 self.bypass(&e, "a write");
             }
         }
     }
 
-    /// The cached finished receipt of `key`, if the cache is usable and has one live at `now_ms`.
-    async fn cached(&self, key: &Key, now_ms: u64, what: &str) -> Option<Receipt> {
+    /// The cached finished receipt of `key`, if the cache is usable and has one (an entry is gone once
+    /// its receipt expired: Redis drops it).
+    async fn cached(&self, key: &Key, what: &str) -> Option<Receipt> {
         if !self.usable() {
             return None;
         }
         match self.redis.record(key).await {
-            Ok(Some(hit)) if hit.state.is_terminal() && !hit.expired(now_ms) => Some(hit),
+            Ok(Some(hit)) if hit.state.is_terminal() => Some(hit),
             Ok(_) => None,
             Err(e) => {
                 self.bypass(&e, what);
@@ -1322,7 +1419,7 @@ impl<D> std::fmt::Debug for CachedStore<D> {
 #[async_trait]
 impl<D: Store> Store for CachedStore<D> {
     async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError> {
-        if let Some(hit) = self.cache.cached(&claim.key, claim.now_ms, "a claim").await {
+        if let Some(hit) = self.cached(&claim.key, claim.now_ms, "a claim").await {
             return Ok(Claimed::Existing(hit));
         }
         let (digest, now) = (*claim.key.digest(), claim.now_ms);
@@ -1339,7 +1436,9 @@ impl<D: Store> Store for CachedStore<D> {
                 let mut all = self.cache.owned.lock().unwrap_or_else(|e| e.into_inner());
                 all.insert(digest, owned);
             }
-            Claimed::Existing(record) => self.cache.remember(record, now).await,
+            Claimed::Existing(record) => {
+                self.write_behind(record.clone(), Keep::UntilExpiry(now));
+            }
         }
         Ok(claimed)
     }
@@ -1366,6 +1465,10 @@ impl<D: Store> Store for CachedStore<D> {
         self.durable
             .extend_lease(key, fence, lease_ms, now_ms)
             .await
+    }
+
+    fn clock(&self) -> StoreClock {
+        self.durable.clock()
     }
 
     async fn now_ms(&self, caller_now_ms: u64) -> Result<u64, StoreError> {
@@ -1405,7 +1508,7 @@ impl<D: Store> Store for CachedStore<D> {
                 created_ms: owned.created_ms,
                 updated_ms: now_ms,
             };
-            self.write_behind(receipt, now_ms);
+            self.write_behind(receipt, Keep::For(expires_at_ms.saturating_sub(now_ms)));
         }
         Ok(transition)
     }
@@ -1426,12 +1529,12 @@ impl<D: Store> Store for CachedStore<D> {
     }
 
     async fn get(&self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, StoreError> {
-        if let Some(hit) = self.cache.cached(key, now_ms, "a read").await {
+        if let Some(hit) = self.cached(key, now_ms, "a read").await {
             return Ok(Some(hit));
         }
         let found = self.durable.get(key, now_ms).await?;
         if let Some(record) = &found {
-            self.cache.remember(record, now_ms).await;
+            self.write_behind(record.clone(), Keep::UntilExpiry(now_ms));
         }
         Ok(found)
     }
@@ -1446,7 +1549,7 @@ impl<D: Store> Store for CachedStore<D> {
         }
         let found = self.durable.get_by_call_id(call_id).await?;
         if let Some(record) = &found {
-            self.cache.remember(record, record.updated_ms).await;
+            self.write_behind(record.clone(), Keep::UntilExpiry(record.updated_ms));
         }
         Ok(found)
     }

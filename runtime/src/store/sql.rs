@@ -195,7 +195,8 @@ FROM samekey_compensation ORDER BY enqueued, call_id";
 /// the code is the same for both pools.
 macro_rules! sql_store {
     ($store:ty, $conn:ty, next_fence = $next_fence:literal, locking = $locking:literal,
-     now = ($now_open:literal, $now_close:literal)) => {
+     now = ($now_open:literal, $now_close:literal), clock = $clock:ident
+     $(, wait_settled = $wait:ident)?) => {
         impl $store {
             /// The statement a completion sends (`$1` state, `$2` outcome, `$3` ttl, `$4` now, `$5` key,
             /// `$6` fence); it changes one row or none.
@@ -500,6 +501,21 @@ RETURNING call_id, key, scope, reason, round, next_at, state, lease_until, enque
                     Some(row) => receipt(&row),
                     None => Ok(None),
                 }
+            }
+
+            $(
+                async fn wait_settled(
+                    &self,
+                    key: &$crate::key::Key,
+                    timeout: ::std::time::Duration,
+                    now_ms: u64,
+                ) -> Result<Option<$crate::receipt::Receipt>, $crate::error::StoreError> {
+                    self.$wait(key, timeout, now_ms).await
+                }
+            )?
+
+            fn clock(&self) -> $crate::store::StoreClock {
+                $crate::store::StoreClock::$clock
             }
 
             async fn now_ms(&self, caller_now_ms: u64) -> Result<u64, $crate::error::StoreError> {

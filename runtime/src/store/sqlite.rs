@@ -161,7 +161,8 @@ sql::sql_store!(
     sqlx::sqlite::SqliteConnection,
     next_fence = "fence + 1",
     locking = "",
-    now = ("", "")
+    now = ("", ""),
+    clock = Caller
 );
 
 /// The fence of a key's new row: `now_ms << 16`, larger than any fence the key had at an earlier
