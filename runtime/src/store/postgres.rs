@@ -243,10 +243,20 @@ RETURNING key, scope, call_id, state, fence, lease_until, expires_at, fingerprin
             Some(r) if r.state == ReceiptState::Processing => {}
             _ => return Ok(record),
         }
-        // A notification, a lost listening connection or the end of the wait: look again either way.
+        // A notification, a lost listening connection or the end of the wait: look again either way,
+        // on the listening connection (no pool acquire between the notification and the answer).
         let _ = tokio::time::timeout(timeout, listener.recv()).await;
-        drop(listener);
-        self.get(key, now_ms).await
+        let row = sqlx::query(Self::LIVE_ROW_SQL)
+            .bind(key.digest().as_slice())
+            .bind(int(now_ms)?)
+            .fetch_optional(&mut listener)
+            .await;
+        match row {
+            Ok(Some(row)) => sql::receipt(&row),
+            Ok(None) => Ok(None),
+            // The listening connection was lost: ask through the pool.
+            Err(_) => self.get(key, now_ms).await,
+        }
     }
 
     async fn claim_row(&self, claim: Claim) -> Result<Claimed, StoreError> {
