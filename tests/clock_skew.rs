@@ -133,80 +133,36 @@ async fn slow_node_takes_over_an_ended_lease(store: Arc<dyn Store>) {
 }
 
 #[cfg(feature = "postgres")]
-mod postgres {
-    use super::*;
-
-    async fn store() -> Option<Arc<dyn Store>> {
-        let Ok(url) = std::env::var("SAMEKEY_PG_URL") else {
-            samekey::conformance::skipped(
-                "set SAMEKEY_PG_URL (scripts/services start) to run the clock-skew tests on PostgreSQL",
-            );
-            return None;
-        };
-        let store = samekey::store::PgStore::connect(&url)
-            .await
-            .expect("connect to SAMEKEY_PG_URL");
-        Some(Arc::new(store))
-    }
-
-    #[tokio::test]
-    async fn fast_node_does_not_take_over_a_live_lease() {
-        if let Some(store) = store().await {
-            super::fast_node_does_not_take_over_a_live_lease(store).await;
-        }
-    }
-
-    #[tokio::test]
-    async fn fast_node_does_not_expire_a_record_early() {
-        if let Some(store) = store().await {
-            super::fast_node_does_not_expire_a_record_early(store).await;
-        }
-    }
-
-    #[tokio::test]
-    async fn slow_node_takes_over_an_ended_lease() {
-        if let Some(store) = store().await {
-            super::slow_node_takes_over_an_ended_lease(store).await;
-        }
-    }
+async fn postgres() -> Option<Arc<dyn Store>> {
+    let Ok(url) = std::env::var("SAMEKEY_PG_URL") else {
+        samekey::conformance::skipped(
+            "set SAMEKEY_PG_URL (scripts/services start) to run the clock-skew tests on PostgreSQL",
+        );
+        return None;
+    };
+    let store = samekey::store::PgStore::connect(&url)
+        .await
+        .expect("connect to SAMEKEY_PG_URL");
+    Some(Arc::new(store))
 }
 
 #[cfg(feature = "redis")]
-mod redis {
-    use super::*;
-
-    async fn store() -> Option<Arc<dyn Store>> {
-        let Ok(url) = std::env::var("SAMEKEY_REDIS_URL") else {
-            samekey::conformance::skipped(
-                "set SAMEKEY_REDIS_URL (scripts/services start) to run the clock-skew tests on Redis",
-            );
-            return None;
-        };
-        let prefix = format!("skew-{:x}", samekey::TraceId::new().as_u128());
-        let store = samekey::store::RedisStore::connect_with_prefix(&url, &prefix)
-            .await
-            .expect("connect to SAMEKEY_REDIS_URL");
-        Some(Arc::new(store))
-    }
-
-    #[tokio::test]
-    async fn fast_node_does_not_take_over_a_live_lease() {
-        if let Some(store) = store().await {
-            super::fast_node_does_not_take_over_a_live_lease(store).await;
-        }
-    }
-
-    #[tokio::test]
-    async fn fast_node_does_not_expire_a_record_early() {
-        if let Some(store) = store().await {
-            super::fast_node_does_not_expire_a_record_early(store).await;
-        }
-    }
-
-    #[tokio::test]
-    async fn slow_node_takes_over_an_ended_lease() {
-        if let Some(store) = store().await {
-            super::slow_node_takes_over_an_ended_lease(store).await;
-        }
-    }
+async fn redis() -> Option<Arc<dyn Store>> {
+    let Ok(url) = std::env::var("SAMEKEY_REDIS_URL") else {
+        samekey::conformance::skipped(
+            "set SAMEKEY_REDIS_URL (scripts/services start) to run the clock-skew tests on Redis",
+        );
+        return None;
+    };
+    let prefix = format!("skew-{:x}", samekey::TraceId::new().as_u128());
+    let store = samekey::store::RedisStore::connect_with_prefix(&url, &prefix)
+        .await
+        .expect("connect to SAMEKEY_REDIS_URL");
+    Some(Arc::new(store))
 }
+
+support::on_stores!(postgres if "postgres", redis if "redis" => {
+    fast_node_does_not_take_over_a_live_lease,
+    fast_node_does_not_expire_a_record_early,
+    slow_node_takes_over_an_ended_lease,
+});

@@ -11,8 +11,14 @@ use samekey::{
     idempotent, CallId, CompensationState, Error, Inbound, MemoryStore, ReceiptState, Runtime,
     Store, StoreError,
 };
+use support::faulty::Faulty;
 use support::{Fault, Remote, TestError};
 use tokio::time::Instant;
+
+/// A runtime on tokio's (paused) time: `tokio::time::advance` ends leases and TTLs.
+fn runtime() -> samekey::Builder {
+    Runtime::builder().clock(samekey::TokioClock::new())
+}
 
 struct Payments {
     rt: Runtime,
@@ -23,7 +29,7 @@ struct Payments {
 
 impl Payments {
     fn new() -> Payments {
-        Payments::on(Runtime::builder().node("test").build().unwrap())
+        Payments::on(runtime().node("test").build().unwrap())
     }
 
     fn on(rt: Runtime) -> Payments {
@@ -209,10 +215,7 @@ async fn busy_duplicate_waits_for_the_outcome() {
 // a duplicate keeps waiting instead of taking over.
 #[tokio::test(start_paused = true)]
 async fn slow_body_keeps_its_lease() {
-    let rt = Runtime::builder()
-        .lease(Duration::from_secs(3))
-        .build()
-        .unwrap();
+    let rt = runtime().lease(Duration::from_secs(3)).build().unwrap();
     let p = Arc::new(Payments::on(rt));
     p.remote.script([Fault::Slow(Duration::from_secs(10))]);
     let first = first_call_holding(&p).await;
@@ -246,10 +249,7 @@ async fn busy_duplicate_rejected() {
 // Row 2b: the wait is bounded: past the runtime's busy_wait, InProgress.
 #[tokio::test(start_paused = true)]
 async fn busy_wait_is_bounded() {
-    let rt = Runtime::builder()
-        .busy_wait(Duration::from_secs(1))
-        .build()
-        .unwrap();
+    let rt = runtime().busy_wait(Duration::from_secs(1)).build().unwrap();
     let p = Arc::new(Payments::on(rt));
     p.remote.script([Fault::Slow(Duration::from_secs(5))]);
     let first = first_call_holding(&p).await;
@@ -307,7 +307,7 @@ async fn expired_lease_without_lookup_holds() {
 // Row 2c: without lookup, `rerun` takes over with the recorded callId (the remote dedups by it).
 #[tokio::test(start_paused = true)]
 async fn expired_lease_rerun_keeps_the_recorded_call_id() {
-    let p = Payments::with(Runtime::new(), Remote::deduplicating());
+    let p = Payments::with(runtime().build().unwrap(), Remote::deduplicating());
     let crashed = p.abandoned_claim(&scope_of("rerun"), "o-1").await;
     assert_eq!(p.rerun("o-1", 500).await, Ok(500));
     assert_eq!(p.remote.seen(), [crashed.to_string()]);
@@ -432,7 +432,7 @@ async fn rate_limit_beyond_the_backoff_cap_is_waited() {
 #[tokio::test(start_paused = true)]
 async fn rate_limit_beyond_max_retry_after_returns_at_once() {
     let p = Payments::on(
-        Runtime::builder()
+        runtime()
             .max_retry_after(Duration::from_secs(30))
             .build()
             .unwrap(),
@@ -591,7 +591,7 @@ async fn unknown_without_lookup_holds() {
 // Row 3: Unknown without lookup, `rerun` → retried with the same callId.
 #[tokio::test(start_paused = true)]
 async fn unknown_without_lookup_reruns_with_the_same_call_id() {
-    let p = Payments::with(Runtime::new(), Remote::deduplicating());
+    let p = Payments::with(runtime().build().unwrap(), Remote::deduplicating());
     p.remote.script([Fault::Hang, Fault::RequestLost]);
     assert_eq!(p.rerun("o-1", 500).await, Ok(500));
     let seen = p.remote.seen();
@@ -644,90 +644,10 @@ async fn exhausted_with_uncertain_outcome_is_unknown() {
     assert_eq!(p.remote.executions("o-1"), 1);
 }
 
-/// A store that is down.
-struct DownStore;
-
-#[samekey::store::async_trait]
-impl Store for DownStore {
-    async fn claim(&self, _: Claim) -> Result<Claimed, StoreError> {
-        Err(StoreError::Unavailable("connection refused".into()))
-    }
-    async fn take_over(
-        &self,
-        _: &samekey::Key,
-        _: samekey::Fence,
-        _: u64,
-        _: u64,
-    ) -> Result<Claimed, StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn extend_lease(
-        &self,
-        _: &samekey::Key,
-        _: samekey::Fence,
-        _: u64,
-        _: u64,
-    ) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn complete(
-        &self,
-        _: &samekey::Key,
-        _: samekey::Fence,
-        _: samekey::store::Completion,
-        _: u64,
-    ) -> Result<samekey::Transition, StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn mark_unknown(
-        &self,
-        _: &samekey::Key,
-        _: samekey::Fence,
-        _: u64,
-    ) -> Result<samekey::Transition, StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn release(&self, _: &samekey::Key, _: samekey::Fence) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn get(&self, _: &samekey::Key, _: u64) -> Result<Option<samekey::Receipt>, StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn get_by_call_id(&self, _: &CallId) -> Result<Option<samekey::Receipt>, StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn purge_expired(&self, _: u64) -> Result<usize, StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn enqueue_compensation(&self, _: samekey::CompensationEntry) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn take_due_compensations(
-        &self,
-        _: u64,
-        _: usize,
-        _: u64,
-    ) -> Result<Vec<samekey::CompensationEntry>, StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn reschedule_compensation(&self, _: &CallId, _: u32, _: u64) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn finish_compensation(&self, _: &CallId) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn escalate_compensation(&self, _: &CallId, _: u64) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn list_compensations(&self) -> Result<Vec<samekey::CompensationEntry>, StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-}
-
 // A store outage fails closed: a typed error, and nothing runs.
 #[tokio::test(start_paused = true)]
 async fn store_outage_fails_closed() {
-    let p = Payments::on(Runtime::builder().store(DownStore).build().unwrap());
+    let p = Payments::on(runtime().store(Faulty::down()).build().unwrap());
     let out = p.plain("o-1", 500).await;
     assert!(matches!(
         out,
@@ -821,7 +741,7 @@ async fn window_buckets_split_days() {
         }
     }
     let s = SignIn {
-        rt: Runtime::new(),
+        rt: runtime().build().unwrap(),
         count: Mutex::new(0),
     };
     let first = s.sign_in(7).await.unwrap();
@@ -854,10 +774,7 @@ async fn window_longer_than_the_default_ttl_keeps_the_key() {
         }
     }
     let b = Bonus {
-        rt: Runtime::builder()
-            .clock(WeekStart(Instant::now()))
-            .build()
-            .unwrap(),
+        rt: runtime().clock(WeekStart(Instant::now())).build().unwrap(),
         count: Mutex::new(0),
     };
     assert_eq!(b.weekly(7).await, Ok(1));
@@ -883,10 +800,7 @@ async fn keys_expire_after_ttl() {
         }
     }
     let store = Arc::new(MemoryStore::new());
-    let rt = Runtime::builder()
-        .shared_store(store.clone())
-        .build()
-        .unwrap();
+    let rt = runtime().shared_store(store.clone()).build().unwrap();
     let o = Once {
         rt,
         count: Mutex::new(0),
@@ -925,7 +839,7 @@ async fn body_keeps_its_meaning_across_attempts() {
         }
     }
     let mut c = Counter {
-        rt: Runtime::new(),
+        rt: runtime().build().unwrap(),
         attempts_seen: Vec::new(),
         prefixes: Vec::new(),
     };

@@ -1,15 +1,18 @@
 //! The promise at the edges: a call never takes effect twice and never answers wrong when its caller
 //! goes away mid-write, when its owner stalls past its lease and comes back, when a lookup or a
-//! release fails. Each scenario runs on the in-memory store and (feature `sqlite`) on SQLite, through
-//! a wrapper ([`support::faulty`]) that holds an operation at a gate or fails it, the way a slow pool
-//! acquire, a GC pause or a store outage would. Ordering comes from the gates; leases are passed by
-//! moving the runtime's clock ([`support::TestClock`]), in real time.
+//! release fails. Each scenario runs on every backend: the in-memory store, SQLite (feature `sqlite`),
+//! PostgreSQL and Redis (features `postgres`, `redis`, with `SAMEKEY_PG_URL`, `SAMEKEY_REDIS_URL`),
+//! through a wrapper ([`support::faulty`]) that holds an operation at a gate or fails it, the way a
+//! slow pool acquire, a GC pause or a store outage would. Ordering comes from the gates. A lease ends by
+//! moving the runtime's clock ([`support::TestClock`]) on the stores that judge by it, and by waiting
+//! it out on the shared stores, which judge by their own.
 
 mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use samekey::store::StoreClock;
 use samekey::{idempotent, CallId, Error, ReceiptState, Runtime, Store, StoreError};
 use support::faulty::{Act, Faulty, Gate};
 use support::{Fault, Remote, TestClock, TestError};
@@ -20,11 +23,13 @@ struct Svc {
     remote: Remote,
     store: Arc<Faulty>,
     clock: TestClock,
+    /// The order every call of the test is about: a key of the test's own.
+    order: String,
 }
 
 impl Svc {
     fn on(store: Arc<dyn Store>) -> Arc<Svc> {
-        let store = Faulty::new(store);
+        let store = Arc::new(Faulty::new(store));
         let clock = TestClock::default();
         Arc::new(Svc {
             rt: Runtime::builder()
@@ -36,6 +41,7 @@ impl Svc {
             remote: Remote::new(),
             store,
             clock,
+            order: format!("o-{:x}", samekey::TraceId::new().as_u128()),
         })
     }
 
@@ -70,13 +76,27 @@ impl Svc {
             .await
     }
 
+    /// Lets the 2 s lease of the timed functions (and a backoff's extension of it) end.
+    async fn pass_lease(&self) {
+        match self.store.clock() {
+            StoreClock::Caller => self.clock.advance(Duration::from_secs(3)),
+            StoreClock::Own => tokio::time::sleep(Duration::from_millis(2_400)).await,
+        }
+    }
+
     async fn state(&self, call_id: &CallId) -> Option<ReceiptState> {
         self.rt.receipt(call_id).await.unwrap().map(|r| r.state)
     }
 
+    /// This test's entries in the compensation queue (a shared database holds other tests' too).
     async fn queued(&self) -> Vec<CallId> {
+        let key = samekey::Key::build("promise.charge", &self.order.as_str());
         let entries = self.rt.compensations().await.unwrap();
-        entries.into_iter().map(|e| e.call_id).collect()
+        entries
+            .into_iter()
+            .filter(|e| e.key == key)
+            .map(|e| e.call_id)
+            .collect()
     }
 
     fn first_call_id(&self) -> CallId {
@@ -110,15 +130,19 @@ async fn cancelled_while_recording_a_success(store: Arc<dyn Store>) {
     svc.store.plan("complete", [Act::Before(gate.clone())]);
     let first = tokio::spawn({
         let svc = svc.clone();
-        async move { svc.plain("o-1", 500).await }
+        async move { svc.plain(&svc.order, 500).await }
     });
     gate.reached().await;
     first.abort();
     assert!(first.await.unwrap_err().is_cancelled());
     let call_id = svc.first_call_id();
     svc.until_state(&call_id, ReceiptState::Success).await;
-    assert_eq!(svc.plain("o-1", 500).await, Ok(500));
-    assert_eq!(svc.remote.executions("o-1"), 1, "the duplicate replayed");
+    assert_eq!(svc.plain(&svc.order, 500).await, Ok(500));
+    assert_eq!(
+        svc.remote.executions(&svc.order),
+        1,
+        "the duplicate replayed"
+    );
     assert!(svc.queued().await.is_empty());
 }
 
@@ -130,14 +154,14 @@ async fn cancelled_while_recording_a_failure(store: Arc<dyn Store>) {
     svc.store.plan("complete", [Act::Before(gate.clone())]);
     let first = tokio::spawn({
         let svc = svc.clone();
-        async move { svc.plain("o-1", 500).await }
+        async move { svc.plain(&svc.order, 500).await }
     });
     gate.reached().await;
     first.abort();
     assert!(first.await.unwrap_err().is_cancelled());
     let call_id = svc.first_call_id();
     svc.until_state(&call_id, ReceiptState::Failed).await;
-    assert_eq!(svc.plain("o-1", 500).await, Err(TestError::Declined));
+    assert_eq!(svc.plain(&svc.order, 500).await, Err(TestError::Declined));
     assert_eq!(svc.remote.seen().len(), 1, "the duplicate sent nothing");
 }
 
@@ -152,7 +176,7 @@ async fn cancelled_and_the_write_fails(store: Arc<dyn Store>) {
     );
     let first = tokio::spawn({
         let svc = svc.clone();
-        async move { svc.plain("o-1", 500).await }
+        async move { svc.plain(&svc.order, 500).await }
     });
     gate.reached().await;
     first.abort();
@@ -167,7 +191,7 @@ async fn cancelled_and_the_write_fails(store: Arc<dyn Store>) {
 async fn take_over_whose_completion_fails(store: Arc<dyn Store>) {
     let svc = Svc::on(store);
     svc.remote.script([Fault::ReplyLost]);
-    let out = svc.hold("o-1", 500).await;
+    let out = svc.hold(&svc.order, 500).await;
     let call_id = svc.first_call_id();
     assert_eq!(
         out,
@@ -178,15 +202,15 @@ async fn take_over_whose_completion_fails(store: Arc<dyn Store>) {
     assert_eq!(svc.queued().await, std::slice::from_ref(&call_id));
     svc.store.plan("complete", [Act::Fail(unavailable())]);
     // The true answer reaches the caller, but it could not be recorded: the entry stays.
-    assert_eq!(svc.with_lookup("o-1", 500).await, Ok(500));
+    assert_eq!(svc.with_lookup(&svc.order, 500).await, Ok(500));
     assert_eq!(svc.queued().await, std::slice::from_ref(&call_id));
     assert_ne!(svc.state(&call_id).await, Some(ReceiptState::Success));
     // Once the taking-over call's lease ends, the next duplicate resolves it and clears the entry.
-    svc.clock.advance(Duration::from_secs(3));
-    assert_eq!(svc.with_lookup("o-1", 500).await, Ok(500));
+    svc.pass_lease().await;
+    assert_eq!(svc.with_lookup(&svc.order, 500).await, Ok(500));
     assert_eq!(svc.state(&call_id).await, Some(ReceiptState::Success));
     assert!(svc.queued().await.is_empty());
-    assert_eq!(svc.remote.executions("o-1"), 1);
+    assert_eq!(svc.remote.executions(&svc.order), 1);
 }
 
 /// Issue 6, case 6: the owner stalls (a GC pause) before it marks its uncertain call `UNKNOWN`; its
@@ -199,11 +223,11 @@ async fn owner_back_after_a_take_over_answers_the_outcome(store: Arc<dyn Store>)
     svc.store.plan("mark_unknown", [Act::Before(stall.clone())]);
     let owner = tokio::spawn({
         let svc = svc.clone();
-        async move { svc.hold("o-1", 500).await }
+        async move { svc.hold(&svc.order, 500).await }
     });
     stall.reached().await;
-    svc.clock.advance(Duration::from_secs(3)); // past the 2 s lease
-    assert_eq!(svc.with_lookup("o-1", 500).await, Ok(500));
+    svc.pass_lease().await;
+    assert_eq!(svc.with_lookup(&svc.order, 500).await, Ok(500));
     stall.open();
     assert_eq!(owner.await.unwrap(), Ok(500));
     let call_id = svc.first_call_id();
@@ -212,7 +236,7 @@ async fn owner_back_after_a_take_over_answers_the_outcome(store: Arc<dyn Store>)
         svc.queued().await.is_empty(),
         "nothing queued beside SUCCESS"
     );
-    assert_eq!(svc.remote.executions("o-1"), 1);
+    assert_eq!(svc.remote.executions(&svc.order), 1);
 }
 
 /// Issue 6, case 6: the owner stalls right after it extended its lease for a backoff; meanwhile the key
@@ -225,14 +249,14 @@ async fn owner_confirms_its_key_before_a_retry(store: Arc<dyn Store>) {
     svc.store.plan("extend_lease", [Act::After(stall.clone())]);
     let owner = tokio::spawn({
         let svc = svc.clone();
-        async move { svc.rerun("o-1", 500).await }
+        async move { svc.rerun(&svc.order, 500).await }
     });
     stall.reached().await;
-    svc.clock.advance(Duration::from_secs(15)); // past the extended lease
-    assert_eq!(svc.rerun("o-1", 500).await, Ok(500));
+    svc.pass_lease().await;
+    assert_eq!(svc.rerun(&svc.order, 500).await, Ok(500));
     stall.open();
     assert_eq!(owner.await.unwrap(), Ok(500));
-    assert_eq!(svc.remote.executions("o-1"), 1);
+    assert_eq!(svc.remote.executions(&svc.order), 1);
     assert_eq!(
         svc.remote.seen().len(),
         2,
@@ -247,7 +271,7 @@ async fn a_failed_lookup_is_asked_again(store: Arc<dyn Store>) {
     svc.remote.script([Fault::ReplyLost]);
     svc.remote
         .script_lookups([Err("503 from the receipt service".into())]);
-    assert_eq!(svc.with_lookup("o-1", 500).await, Ok(500));
+    assert_eq!(svc.with_lookup(&svc.order, 500).await, Ok(500));
     assert_eq!(svc.remote.lookups(), 2);
     assert_eq!(svc.remote.seen().len(), 1);
     assert!(svc.queued().await.is_empty());
@@ -259,7 +283,7 @@ async fn a_failed_release_is_not_a_plain_failure(store: Arc<dyn Store>) {
     let svc = Svc::on(store);
     svc.remote.script([Fault::Unavailable; 4]);
     svc.store.plan("release", [Act::Fail(unavailable())]);
-    let out = svc.plain("o-1", 500).await;
+    let out = svc.plain(&svc.order, 500).await;
     let call_id = svc.first_call_id();
     assert_eq!(
         out,
@@ -280,54 +304,63 @@ async fn a_refused_release_answers_the_charge(store: Arc<dyn Store>) {
     svc.store.plan("release", [Act::Before(stall.clone())]);
     let owner = tokio::spawn({
         let svc = svc.clone();
-        async move { svc.rerun("o-1", 500).await }
+        async move { svc.rerun(&svc.order, 500).await }
     });
     stall.reached().await;
-    svc.clock.advance(Duration::from_secs(5)); // past the lease
-    assert_eq!(svc.rerun("o-1", 500).await, Ok(500));
+    svc.pass_lease().await;
+    assert_eq!(svc.rerun(&svc.order, 500).await, Ok(500));
     stall.open();
     assert_eq!(owner.await.unwrap(), Ok(500), "told what happened: charged");
-    assert_eq!(svc.remote.executions("o-1"), 1);
+    assert_eq!(svc.remote.executions(&svc.order), 1);
     assert!(svc.queued().await.is_empty());
 }
 
-async fn memory() -> Arc<dyn Store> {
-    Arc::new(samekey::MemoryStore::new())
+async fn memory() -> Option<Arc<dyn Store>> {
+    Some(Arc::new(samekey::MemoryStore::new()))
 }
 
 #[cfg(feature = "sqlite")]
-async fn sqlite() -> Arc<dyn Store> {
+async fn sqlite() -> Option<Arc<dyn Store>> {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("promise-{:x}", samekey::TraceId::new().as_u128()));
     std::fs::create_dir_all(&dir).unwrap();
-    Arc::new(
+    Some(Arc::new(
         samekey::store::SqliteStore::open(dir.join("s.db"))
             .await
             .unwrap(),
-    )
+    ))
 }
 
-/// Runs each scenario on each listed store, as a test of its own.
-macro_rules! on_stores {
-    ($($store:ident $(if $feature:literal)?),* => $scenarios:tt) => {
-        $(
-            $(#[cfg(feature = $feature)])?
-            mod $store {
-                on_stores!(@each $store $scenarios);
-            }
-        )*
+#[cfg(feature = "postgres")]
+async fn postgres() -> Option<Arc<dyn Store>> {
+    let Ok(url) = std::env::var("SAMEKEY_PG_URL") else {
+        samekey::conformance::skipped(
+            "set SAMEKEY_PG_URL (scripts/services start) to run the promise scenarios on PostgreSQL",
+        );
+        return None;
     };
-    (@each $store:ident { $($scenario:ident),* $(,)? }) => {
-        $(
-            #[tokio::test]
-            async fn $scenario() {
-                super::$scenario(super::$store().await).await;
-            }
-        )*
-    };
+    let store = samekey::store::PgStore::connect(&url)
+        .await
+        .expect("connect to SAMEKEY_PG_URL");
+    Some(Arc::new(store))
 }
 
-on_stores!(memory, sqlite if "sqlite" => {
+#[cfg(feature = "redis")]
+async fn redis() -> Option<Arc<dyn Store>> {
+    let Ok(url) = std::env::var("SAMEKEY_REDIS_URL") else {
+        samekey::conformance::skipped(
+            "set SAMEKEY_REDIS_URL (scripts/services start) to run the promise scenarios on Redis",
+        );
+        return None;
+    };
+    let prefix = format!("promise-{:x}", samekey::TraceId::new().as_u128());
+    let store = samekey::store::RedisStore::connect_with_prefix(&url, &prefix)
+        .await
+        .expect("connect to SAMEKEY_REDIS_URL");
+    Some(Arc::new(store))
+}
+
+support::on_stores!(memory, sqlite if "sqlite", postgres if "postgres", redis if "redis" => {
     cancelled_while_recording_a_success,
     cancelled_while_recording_a_failure,
     cancelled_and_the_write_fails,

@@ -4,115 +4,11 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
-use samekey::store::{async_trait, Claim, Claimed, Completion};
-use samekey::{
-    idempotent, CallId, CompensationEntry, Fence, Key, MemoryStore, Receipt, Runtime, Store,
-    StoreError, Transition,
-};
+use samekey::{idempotent, MemoryStore, Runtime, Store};
+use support::faulty::Faulty;
 use support::TestError;
-
-/// A store that records the name of every operation asked of it.
-struct Counted<S> {
-    inner: S,
-    ops: Mutex<Vec<&'static str>>,
-}
-
-impl<S> Counted<S> {
-    fn take(&self) -> Vec<&'static str> {
-        std::mem::take(&mut *self.ops.lock().unwrap())
-    }
-
-    fn note(&self, op: &'static str) {
-        self.ops.lock().unwrap().push(op);
-    }
-}
-
-#[async_trait]
-impl<S: Store> Store for Counted<S> {
-    async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError> {
-        self.note("claim");
-        self.inner.claim(claim).await
-    }
-    async fn take_over(&self, key: &Key, f: Fence, l: u64, n: u64) -> Result<Claimed, StoreError> {
-        self.note("take_over");
-        self.inner.take_over(key, f, l, n).await
-    }
-    async fn extend_lease(&self, key: &Key, f: Fence, l: u64, n: u64) -> Result<(), StoreError> {
-        self.note("extend_lease");
-        self.inner.extend_lease(key, f, l, n).await
-    }
-    async fn complete(
-        &self,
-        key: &Key,
-        f: Fence,
-        c: Completion,
-        n: u64,
-    ) -> Result<Transition, StoreError> {
-        self.note("complete");
-        self.inner.complete(key, f, c, n).await
-    }
-    async fn mark_unknown(&self, key: &Key, f: Fence, n: u64) -> Result<Transition, StoreError> {
-        self.note("mark_unknown");
-        self.inner.mark_unknown(key, f, n).await
-    }
-    async fn release(&self, key: &Key, f: Fence) -> Result<(), StoreError> {
-        self.note("release");
-        self.inner.release(key, f).await
-    }
-    async fn get(&self, key: &Key, n: u64) -> Result<Option<Receipt>, StoreError> {
-        self.note("get");
-        self.inner.get(key, n).await
-    }
-    async fn get_by_call_id(&self, id: &CallId) -> Result<Option<Receipt>, StoreError> {
-        self.note("get_by_call_id");
-        self.inner.get_by_call_id(id).await
-    }
-    async fn wait_settled(
-        &self,
-        key: &Key,
-        t: Duration,
-        n: u64,
-    ) -> Result<Option<Receipt>, StoreError> {
-        self.note("wait_settled");
-        self.inner.wait_settled(key, t, n).await
-    }
-    async fn purge_expired(&self, n: u64) -> Result<usize, StoreError> {
-        self.note("purge_expired");
-        self.inner.purge_expired(n).await
-    }
-    async fn enqueue_compensation(&self, e: CompensationEntry) -> Result<(), StoreError> {
-        self.note("enqueue_compensation");
-        self.inner.enqueue_compensation(e).await
-    }
-    async fn take_due_compensations(
-        &self,
-        n: u64,
-        l: usize,
-        u: u64,
-    ) -> Result<Vec<CompensationEntry>, StoreError> {
-        self.note("take_due_compensations");
-        self.inner.take_due_compensations(n, l, u).await
-    }
-    async fn reschedule_compensation(&self, id: &CallId, r: u32, n: u64) -> Result<(), StoreError> {
-        self.note("reschedule_compensation");
-        self.inner.reschedule_compensation(id, r, n).await
-    }
-    async fn finish_compensation(&self, id: &CallId) -> Result<(), StoreError> {
-        self.note("finish_compensation");
-        self.inner.finish_compensation(id).await
-    }
-    async fn escalate_compensation(&self, id: &CallId, n: u64) -> Result<(), StoreError> {
-        self.note("escalate_compensation");
-        self.inner.escalate_compensation(id, n).await
-    }
-    async fn list_compensations(&self) -> Result<Vec<CompensationEntry>, StoreError> {
-        self.note("list_compensations");
-        self.inner.list_compensations().await
-    }
-}
 
 struct Svc {
     rt: Runtime,
@@ -127,10 +23,7 @@ impl Svc {
 }
 
 async fn check<S: Store>(store: S) {
-    let counted = Arc::new(Counted {
-        inner: store,
-        ops: Mutex::new(Vec::new()),
-    });
+    let counted = Arc::new(Faulty::new(Arc::new(store)));
     let svc = Svc {
         rt: Runtime::builder()
             .shared_store(counted.clone())
@@ -139,9 +32,9 @@ async fn check<S: Store>(store: S) {
     };
     let tag = format!("{:x}", samekey::TraceId::new().as_u128());
     assert_eq!(svc.run(&tag, 1).await, Ok(1));
-    assert_eq!(counted.take(), ["claim", "complete"], "a fresh call");
+    assert_eq!(counted.take_ops(), ["claim", "complete"], "a fresh call");
     assert_eq!(svc.run(&tag, 1).await, Ok(1));
-    assert_eq!(counted.take(), ["claim"], "a replay");
+    assert_eq!(counted.take_ops(), ["claim"], "a replay");
 }
 
 #[tokio::test]
@@ -199,12 +92,11 @@ async fn redis_cache_over_sqlite() {
         samekey::TraceId::new().as_u128()
     ));
     std::fs::create_dir_all(&dir).unwrap();
-    let durable = Counted {
-        inner: samekey::store::SqliteStore::open(dir.join("s.db"))
+    let durable = Faulty::new(Arc::new(
+        samekey::store::SqliteStore::open(dir.join("s.db"))
             .await
             .unwrap(),
-        ops: Mutex::new(Vec::new()),
-    };
+    ));
     let cached = Arc::new(
         samekey::store::CachedStore::connect(durable, &url)
             .await
@@ -219,14 +111,14 @@ async fn redis_cache_over_sqlite() {
     let tag = format!("{:x}", samekey::TraceId::new().as_u128());
     assert_eq!(svc.run(&tag, 7).await, Ok(7));
     assert_eq!(
-        cached.durable().take(),
+        cached.durable().take_ops(),
         ["claim", "complete"],
         "a fresh call"
     );
     cached.flush().await;
     assert_eq!(svc.run(&tag, 7).await, Ok(7));
     assert_eq!(
-        cached.durable().take(),
+        cached.durable().take_ops(),
         Vec::<&str>::new(),
         "the first replay is answered by Redis"
     );

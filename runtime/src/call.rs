@@ -839,6 +839,11 @@ impl<T, E> Run<T, E> {
         tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = self.attempts, "retries exhausted; nothing ran; claim released");
         self.fence = None;
+        self.plain_failure()
+    }
+
+    /// The answer of a call that took no effect: its last error, or [`Error::Exhausted`].
+    fn plain_failure(&mut self) -> Step<T, E> {
         match self.last_error.take() {
             Some(error) => self.done(Err(error)),
             None => {
@@ -919,16 +924,7 @@ impl<T, E> Run<T, E> {
         }
         tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = self.attempts, "lost its key; nothing of this call ran");
-        match self.last_error.take() {
-            Some(error) => self.done(Err(error)),
-            None => {
-                let error = Error::Exhausted {
-                    call_id: self.call_id.clone(),
-                    attempts: self.attempts,
-                };
-                self.fail_with(error)
-            }
-        }
+        self.plain_failure()
     }
 
     async fn enqueue(&self, reason: &str, now: u64) {

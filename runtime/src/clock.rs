@@ -3,10 +3,10 @@
 //!
 //! # Guarantees
 //!
-//! * [`SystemClock`] reads the system clock afresh on every call: a clock stepped by NTP or a VM
-//!   resumed after a suspend is seen at once, never hidden behind an anchor taken at start-up.
-//! * In a test with tokio's time paused, [`SystemClock`] moves with `tokio::time::advance` too, so
-//!   leases and TTLs can be driven without sleeping.
+//! * [`SystemClock`], the default, reads the system clock afresh on every call: a clock stepped by NTP
+//!   or a VM resumed after a suspend is seen at once, never hidden behind an anchor taken at start-up.
+//! * [`TokioClock`] follows `tokio::time` from one reading of the wall clock, so that a test with
+//!   tokio's time paused drives leases and TTLs with `tokio::time::advance`, without sleeping.
 //! * The stores shared by several processes (PostgreSQL, Redis) do not take this clock's word for
 //!   anything two nodes must agree on: leases and expiries there are judged by the store's own clock.
 
@@ -22,41 +22,47 @@ pub trait Clock: Send + Sync + 'static {
     fn now_ms(&self) -> u64;
 }
 
-/// The system clock, read on every call, and moved by tokio's paused time in tests.
-#[derive(Debug, Clone, Copy)]
-pub struct SystemClock {
-    tokio_anchor: tokio::time::Instant,
-    std_anchor: std::time::Instant,
-}
+/// The system clock, read afresh on every call (one `clock_gettime`). The default.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
 
-impl Default for SystemClock {
-    fn default() -> SystemClock {
-        SystemClock::new()
+impl Clock for SystemClock {
+    fn now_ms(&self) -> u64 {
+        unix_ms_now()
     }
 }
 
-impl SystemClock {
-    /// The system clock. Made inside a test whose tokio time is paused, it follows that time's
-    /// advances as well.
-    pub fn new() -> SystemClock {
-        SystemClock {
-            tokio_anchor: tokio::time::Instant::now(),
-            std_anchor: std::time::Instant::now(),
+/// The wall clock read once, when made, then moved by `tokio::time`: for tests with tokio's time paused,
+/// where `tokio::time::advance` should end leases and TTLs without waiting
+/// (`Runtime::builder().clock(TokioClock::new())`). Not for production: it never sees the system clock
+/// again (a step by NTP, a suspended VM).
+#[derive(Debug, Clone, Copy)]
+pub struct TokioClock {
+    anchor_ms: u64,
+    anchor: tokio::time::Instant,
+}
+
+impl Default for TokioClock {
+    fn default() -> TokioClock {
+        TokioClock::new()
+    }
+}
+
+impl TokioClock {
+    /// Reads the wall clock and tokio's now.
+    pub fn new() -> TokioClock {
+        TokioClock {
+            anchor_ms: unix_ms_now(),
+            anchor: tokio::time::Instant::now(),
         }
     }
 }
 
-impl Clock for SystemClock {
+impl Clock for TokioClock {
     fn now_ms(&self) -> u64 {
-        // Outside a paused test, tokio's instants are the standard ones and the two elapsed times are
-        // the same: what remains is the system clock, read now. With tokio's time paused (or advanced),
-        // the difference is how far the test moved time beyond what really passed.
-        let virtual_ms =
-            ms(tokio::time::Instant::now().saturating_duration_since(self.tokio_anchor));
-        let real_ms = ms(self.std_anchor.elapsed());
-        unix_ms_now()
-            .saturating_add(virtual_ms)
-            .saturating_sub(real_ms)
+        self.anchor_ms.saturating_add(ms(
+            tokio::time::Instant::now().saturating_duration_since(self.anchor)
+        ))
     }
 }
 
@@ -95,20 +101,17 @@ mod tests {
     use std::time::Duration;
 
     #[tokio::test(start_paused = true)]
-    async fn follows_paused_time() {
-        let clock = SystemClock::new();
+    async fn the_tokio_clock_follows_paused_time() {
+        let clock = TokioClock::new();
         let before = clock.now_ms();
         tokio::time::advance(Duration::from_secs(5)).await;
-        let after = clock.now_ms();
-        assert!(after >= before + 5_000, "{before} → {after}");
-        assert!(after < before + 6_000, "{before} → {after}");
+        assert_eq!(clock.now_ms(), before + 5_000);
     }
 
     #[test]
-    fn reads_the_system_clock_fresh() {
-        let clock = SystemClock::new();
+    fn the_system_clock_is_read_fresh() {
         let system = unix_ms_now();
-        let now = clock.now_ms();
+        let now = SystemClock.now_ms();
         assert!(now.abs_diff(system) < 1_000, "{now} vs {system}");
     }
 }

@@ -26,7 +26,7 @@ pub mod store;
 
 pub use call_id::{validate_label, CallId, Label, ParseCallIdError, TraceId};
 pub use classify::{Classify, ErrorClass, RemoteStatus};
-pub use clock::{Clock, SystemClock};
+pub use clock::{Clock, SystemClock, TokioClock};
 pub use compensation::{CompensationEntry, CompensationState};
 pub use context::{current, try_current, Context, Inbound};
 pub use error::{Error, StoreError};

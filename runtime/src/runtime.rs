@@ -100,7 +100,7 @@ impl Runtime {
                 node,
                 clock: match clock {
                     Some(clock) => RuntimeClock::Custom(clock),
-                    None => RuntimeClock::System(SystemClock::new()),
+                    None => RuntimeClock::System(SystemClock),
                 },
                 lease: b.lease,
                 busy_wait: b.busy_wait,
@@ -152,8 +152,8 @@ impl Runtime {
         &self.inner.node
     }
 
-    /// The runtime's time: Unix milliseconds from its [`Clock`] (the system clock, read fresh, and moved
-    /// by tokio's paused time in tests, unless [`Builder::clock`] gave another).
+    /// The runtime's time: Unix milliseconds from its [`Clock`] (the system clock, read fresh, unless
+    /// [`Builder::clock`] gave another).
     pub fn now_ms(&self) -> u64 {
         self.inner.clock.now_ms()
     }
@@ -344,9 +344,10 @@ impl Builder {
     }
 
     /// The clock this runtime stamps callIds with, buckets `window` keys by and hands to stores that
-    /// take the caller's time (default: [`SystemClock`]). A simulation or a test of clock skew gives
-    /// its own; the shared stores (PostgreSQL, Redis) judge leases and expiries by their own clock
-    /// whatever this one says.
+    /// take the caller's time (default: [`SystemClock`]). A test with tokio's time paused gives a
+    /// [`TokioClock`](crate::TokioClock), so that `tokio::time::advance` ends leases and TTLs; a
+    /// simulation or a test of clock skew gives its own. The shared stores (PostgreSQL, Redis) judge
+    /// leases and expiries by their own clock whatever this one says.
     pub fn clock(mut self, clock: impl Clock) -> Builder {
         self.clock = Some(Arc::new(clock));
         self

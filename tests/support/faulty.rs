@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use samekey::store::{async_trait, Claim, Claimed, Completion};
+use samekey::store::{async_trait, Claim, Claimed, Completion, StoreClock};
 use samekey::{CallId, CompensationEntry, Fence, Key, Receipt, Store, StoreError, Transition};
 use tokio::sync::Semaphore;
 
@@ -77,13 +77,20 @@ pub struct Faulty {
 }
 
 impl Faulty {
-    pub fn new(inner: Arc<dyn Store>) -> Arc<Faulty> {
-        Arc::new(Faulty {
+    pub fn new(inner: Arc<dyn Store>) -> Faulty {
+        Faulty {
             inner,
             plan: Mutex::new(HashMap::new()),
             ops: Mutex::new(Vec::new()),
             down: AtomicBool::new(false),
-        })
+        }
+    }
+
+    /// A store that is down: every operation fails with [`StoreError::Unavailable`].
+    pub fn down() -> Faulty {
+        let store = Faulty::new(Arc::new(samekey::MemoryStore::new()));
+        store.set_down(true);
+        store
     }
 
     /// What the next calls of `op` (a [`Store`] method's name) do, in order; after them, calls pass.
@@ -187,6 +194,12 @@ impl Store for Faulty {
     ) -> Result<Option<Receipt>, StoreError> {
         self.run("wait_settled", self.inner.wait_settled(key, t, n))
             .await
+    }
+    fn clock(&self) -> StoreClock {
+        self.inner.clock()
+    }
+    async fn now_ms(&self, n: u64) -> Result<u64, StoreError> {
+        self.run("now_ms", self.inner.now_ms(n)).await
     }
     async fn purge_expired(&self, n: u64) -> Result<usize, StoreError> {
         self.run("purge_expired", self.inner.purge_expired(n)).await

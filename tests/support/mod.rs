@@ -235,3 +235,31 @@ impl samekey::Clock for TestClock {
         self.base.now_ms().saturating_add_signed(offset)
     }
 }
+
+/// Runs each scenario on each listed store, as a test of its own: `on_stores!(memory, sqlite if
+/// "sqlite" => { scenario_a, scenario_b })`. Each store is an `async fn NAME() -> Option<Arc<dyn
+/// Store>>` beside the scenarios (`None`: its server is not configured, and it said so), compiled with
+/// the cargo feature named after `if`; each scenario an `async fn(Arc<dyn Store>)`.
+#[allow(unused_macros)]
+macro_rules! on_stores {
+    ($($store:ident $(if $feature:literal)?),* => $scenarios:tt) => {
+        $(
+            $(#[cfg(feature = $feature)])?
+            mod $store {
+                $crate::support::on_stores!(@each $store $scenarios);
+            }
+        )*
+    };
+    (@each $store:ident { $($scenario:ident),* $(,)? }) => {
+        $(
+            #[tokio::test]
+            async fn $scenario() {
+                if let Some(store) = super::$store().await {
+                    super::$scenario(store).await;
+                }
+            }
+        )*
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use on_stores;

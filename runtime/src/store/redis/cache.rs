@@ -1,0 +1,408 @@
+//! [`CachedStore`]: a front cache in Redis over a durable store.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::Semaphore;
+
+use super::RedisStore;
+use crate::call_id::CallId;
+use crate::compensation::CompensationEntry;
+use crate::error::StoreError;
+use crate::key::{Fingerprint, Key};
+use crate::receipt::{Fence, Receipt, Transition};
+use crate::store::{Claim, Claimed, Completion, Store, StoreClock};
+
+/// A front cache over a durable store: replays and receipt queries are served from Redis, and the
+/// durable store still decides every claim.
+///
+/// Only finished receipts (`SUCCESS`, `FAILED`) are cached: they never change again (transitions only
+/// move forward), so an entry is never stale; it expires with the receipt. An entry is written only
+/// after the durable store committed the receipt, never before:
+///
+/// - **on completion**: when a call that claimed its key through this store completes, the receipt is
+///   written to Redis in a task of its own once the durable store's completion returned, so that the
+///   first replay is already served from Redis and the caller does not wait for the cache;
+/// - **read-through**: a finished receipt the durable store answers (a replay that missed the cache, a
+///   receipt query, a key completed by another process) is written before the answer is returned.
+///
+/// A cache that is down or answers nonsense is logged and bypassed for a cool-down (5 s): every
+/// operation then goes to the durable store. Background writes are bounded (at most 1,024 in flight;
+/// beyond that a completion is left to read-through); [`CachedStore::flush`] waits for them, for
+/// tests and before a shutdown.
+pub struct CachedStore<D> {
+    durable: Arc<D>,
+    cache: Arc<Cache>,
+}
+
+/// How long a cache entry is kept.
+enum Keep {
+    /// This long (a completion: its ttl).
+    For(u64),
+    /// Until the receipt expires by the durable store's clock (asked with this caller's time).
+    UntilExpiry(u64),
+}
+
+/// The Redis side of a [`CachedStore`], shared with its background writes.
+struct Cache {
+    redis: RedisStore,
+    /// After a cache failure, the cache is bypassed until this many ms after `epoch`, so that a cache
+    /// that is down costs one failed request per cool-down, not one per call.
+    bypass_until: AtomicU64,
+    epoch: std::time::Instant,
+    /// Keys claimed through this store and not finished yet: what their receipt holds beyond the
+    /// completion, so that it can be cached when they complete.
+    owned: Mutex<HashMap<[u8; 32], Owned>>,
+    /// One permit per background cache write that may be in flight.
+    writes: Arc<Semaphore>,
+}
+
+/// What a claim taken through a [`CachedStore`] knows of its receipt.
+struct Owned {
+    fence: Fence,
+    call_id: CallId,
+    fingerprint: Option<Fingerprint>,
+    created_ms: u64,
+}
+
+/// How long a failed cache is bypassed before it is tried again.
+const CACHE_COOL_DOWN: Duration = Duration::from_secs(5);
+
+/// At most this many background cache writes in flight; completions beyond it are cached on read.
+const MAX_BACKGROUND_WRITES: usize = 1024;
+
+impl<D: Store> CachedStore<D> {
+    /// `durable` behind a cache at `redis_url`, with keys prefixed `samekey-cache`. A cache may evict
+    /// and need not persist (the durable store decides every claim): its settings are not checked.
+    pub async fn connect(durable: D, redis_url: &str) -> Result<CachedStore<D>, StoreError> {
+        let cache = RedisStore::connect_unverified(redis_url, "samekey-cache").await?;
+        Ok(CachedStore::new(durable, cache))
+    }
+
+    /// `durable` behind an already connected cache (connect it with
+    /// [`RedisStore::connect_unverified`]: a cache's durability does not matter).
+    pub fn new(durable: D, cache: RedisStore) -> CachedStore<D> {
+        CachedStore {
+            durable: Arc::new(durable),
+            cache: Arc::new(Cache {
+                redis: cache,
+                bypass_until: AtomicU64::new(0),
+                epoch: std::time::Instant::now(),
+                owned: Mutex::new(HashMap::new()),
+                writes: Arc::new(Semaphore::new(MAX_BACKGROUND_WRITES)),
+            }),
+        }
+    }
+
+    /// The durable store.
+    pub fn durable(&self) -> &D {
+        &self.durable
+    }
+
+    /// Waits until every cache write started in the background so far has finished (or failed, which
+    /// is logged and bypasses the cache). Completions during the wait are left to read-through.
+    pub async fn flush(&self) {
+        // Every permit back means no write in flight. (`acquire_many` fails only on a closed semaphore,
+        // and this one is never closed.)
+        let all = u32::try_from(MAX_BACKGROUND_WRITES).unwrap_or(u32::MAX);
+        drop(self.cache.writes.acquire_many(all).await);
+    }
+
+    /// Forgets what a claim of `key` knew, and returns it if it was taken under `fence`.
+    fn disown(&self, key: &Key, fence: Fence) -> Option<Owned> {
+        let mut owned = self.cache.owned.lock().unwrap_or_else(|e| e.into_inner());
+        owned.remove(key.digest()).filter(|o| o.fence == fence)
+    }
+
+    /// The cached finished receipt of `key`: one Redis still holds (its entry expires with the receipt)
+    /// and, when the durable store judges time by the caller's clock, not expired by it.
+    async fn cached(&self, key: &Key, now_ms: u64, what: &str) -> Option<Receipt> {
+        let hit = self.cache.cached(key, what).await?;
+        match self.durable.clock() {
+            StoreClock::Caller if hit.expired(now_ms) => None,
+            _ => Some(hit),
+        }
+    }
+
+    /// Writes a finished `receipt` to the cache in a task of its own (if a tokio runtime runs this call
+    /// and fewer than [`MAX_BACKGROUND_WRITES`] are in flight; otherwise a later read caches it). The
+    /// entry expires by Redis's relative `PEXPIRE`: after `keep`, or when the receipt expires by the
+    /// durable store's clock (never by this instance's).
+    fn write_behind(&self, receipt: Receipt, keep: Keep) {
+        if !receipt.state.is_terminal() || !self.cache.usable() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let Ok(permit) = self.cache.writes.clone().try_acquire_owned() else {
+            return;
+        };
+        let (cache, durable) = (self.cache.clone(), self.durable.clone());
+        runtime.spawn(async move {
+            let keep = match keep {
+                Keep::For(ms) => Some(ms),
+                Keep::UntilExpiry(caller_now) => {
+                    match (receipt.expires_at_ms, durable.now_ms(caller_now).await) {
+                        (Some(expires_at), Ok(now)) => Some(expires_at.saturating_sub(now)),
+                        _ => None,
+                    }
+                }
+            };
+            if let Some(keep) = keep.filter(|&ms| ms > 0) {
+                cache.remember(&receipt, keep).await;
+            }
+            drop(permit);
+        });
+    }
+}
+
+impl Cache {
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether the cache is worth asking (not in a cool-down after a failure).
+    fn usable(&self) -> bool {
+        self.elapsed_ms() >= self.bypass_until.load(Ordering::Relaxed)
+    }
+
+    fn bypass(&self, e: &StoreError, what: &str) {
+        let until = self
+            .elapsed_ms()
+            .saturating_add(CACHE_COOL_DOWN.as_millis() as u64);
+        self.bypass_until.store(until, Ordering::Relaxed);
+        tracing::warn!(target: "samekey", error = %e,
+            "receipt cache unavailable for {what}; using the durable store for {CACHE_COOL_DOWN:?}");
+    }
+
+    async fn remember(&self, receipt: &Receipt, keep: u64) {
+        if receipt.state.is_terminal() && self.usable() {
+            if let Err(e) = self.redis.cache_put(receipt, keep).await {
+                self.bypass(&e, "a write");
+            }
+        }
+    }
+
+    /// The cached finished receipt of `key`, if the cache is usable and has one (an entry is gone once
+    /// its receipt expired: Redis drops it).
+    async fn cached(&self, key: &Key, what: &str) -> Option<Receipt> {
+        if !self.usable() {
+            return None;
+        }
+        match self.redis.record(key).await {
+            Ok(Some(hit)) if hit.state.is_terminal() => Some(hit),
+            Ok(_) => None,
+            Err(e) => {
+                self.bypass(&e, what);
+                None
+            }
+        }
+    }
+}
+
+impl<D> std::fmt::Debug for CachedStore<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachedStore").finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl<D: Store> Store for CachedStore<D> {
+    async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError> {
+        if let Some(hit) = self.cached(&claim.key, claim.now_ms, "a claim").await {
+            return Ok(Claimed::Existing(hit));
+        }
+        let (digest, now) = (*claim.key.digest(), claim.now_ms);
+        let (call_id, fingerprint) = (claim.call_id.clone(), claim.fingerprint);
+        let claimed = self.durable.claim(claim).await?;
+        match &claimed {
+            Claimed::Acquired(fence) => {
+                let owned = Owned {
+                    fence: *fence,
+                    call_id,
+                    fingerprint,
+                    created_ms: now,
+                };
+                let mut all = self.cache.owned.lock().unwrap_or_else(|e| e.into_inner());
+                all.insert(digest, owned);
+            }
+            Claimed::Existing(record) => {
+                self.write_behind(record.clone(), Keep::UntilExpiry(now));
+            }
+        }
+        Ok(claimed)
+    }
+
+    async fn take_over(
+        &self,
+        key: &Key,
+        expected: Fence,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Result<Claimed, StoreError> {
+        self.durable
+            .take_over(key, expected, lease_ms, now_ms)
+            .await
+    }
+
+    async fn extend_lease(
+        &self,
+        key: &Key,
+        fence: Fence,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.durable
+            .extend_lease(key, fence, lease_ms, now_ms)
+            .await
+    }
+
+    fn clock(&self) -> StoreClock {
+        self.durable.clock()
+    }
+
+    async fn now_ms(&self, caller_now_ms: u64) -> Result<u64, StoreError> {
+        self.durable.now_ms(caller_now_ms).await
+    }
+
+    async fn complete(
+        &self,
+        key: &Key,
+        fence: Fence,
+        completion: Completion,
+        now_ms: u64,
+    ) -> Result<Transition, StoreError> {
+        let owned = self.disown(key, fence);
+        // The durable store's expiry as far as this instance's clock tells: the cache entry expires by
+        // Redis's relative `PEXPIRE`, from it.
+        let (state, outcome, expires_at_ms) = (
+            completion.state,
+            completion.outcome.clone(),
+            now_ms.saturating_add(completion.ttl_ms),
+        );
+        let transition = self
+            .durable
+            .complete(key, fence, completion, now_ms)
+            .await?;
+        if let (Transition::Applied, Some(owned)) = (transition, owned) {
+            // The durable store committed it: the receipt it now holds, as the durable store wrote it.
+            let receipt = Receipt {
+                key: key.clone(),
+                call_id: owned.call_id,
+                state,
+                fence,
+                lease_until_ms: None,
+                expires_at_ms: Some(expires_at_ms),
+                fingerprint: owned.fingerprint,
+                outcome,
+                created_ms: owned.created_ms,
+                updated_ms: now_ms,
+            };
+            self.write_behind(receipt, Keep::For(expires_at_ms.saturating_sub(now_ms)));
+        }
+        Ok(transition)
+    }
+
+    async fn mark_unknown(
+        &self,
+        key: &Key,
+        fence: Fence,
+        now_ms: u64,
+    ) -> Result<Transition, StoreError> {
+        self.disown(key, fence);
+        self.durable.mark_unknown(key, fence, now_ms).await
+    }
+
+    async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
+        self.disown(key, fence);
+        self.durable.release(key, fence).await
+    }
+
+    async fn get(&self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, StoreError> {
+        if let Some(hit) = self.cached(key, now_ms, "a read").await {
+            return Ok(Some(hit));
+        }
+        let found = self.durable.get(key, now_ms).await?;
+        if let Some(record) = &found {
+            self.write_behind(record.clone(), Keep::UntilExpiry(now_ms));
+        }
+        Ok(found)
+    }
+
+    async fn get_by_call_id(&self, call_id: &CallId) -> Result<Option<Receipt>, StoreError> {
+        if self.cache.usable() {
+            match self.cache.redis.get_by_call_id(call_id).await {
+                Ok(Some(hit)) if hit.state.is_terminal() => return Ok(Some(hit)),
+                Ok(_) => {}
+                Err(e) => self.cache.bypass(&e, "a receipt query"),
+            }
+        }
+        let found = self.durable.get_by_call_id(call_id).await?;
+        if let Some(record) = &found {
+            self.write_behind(record.clone(), Keep::UntilExpiry(record.updated_ms));
+        }
+        Ok(found)
+    }
+
+    async fn wait_settled(
+        &self,
+        key: &Key,
+        timeout: Duration,
+        now_ms: u64,
+    ) -> Result<Option<Receipt>, StoreError> {
+        self.durable.wait_settled(key, timeout, now_ms).await
+    }
+
+    async fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
+        // Background writes started before the purge land first, so that it sees them.
+        self.flush().await;
+        if self.cache.usable() {
+            if let Err(e) = self.cache.redis.purge_expired(now_ms).await {
+                self.cache.bypass(&e, "a purge");
+            }
+        }
+        self.durable.purge_expired(now_ms).await
+    }
+
+    async fn enqueue_compensation(&self, entry: CompensationEntry) -> Result<(), StoreError> {
+        self.durable.enqueue_compensation(entry).await
+    }
+
+    async fn take_due_compensations(
+        &self,
+        now_ms: u64,
+        limit: usize,
+        lease_until_ms: u64,
+    ) -> Result<Vec<CompensationEntry>, StoreError> {
+        self.durable
+            .take_due_compensations(now_ms, limit, lease_until_ms)
+            .await
+    }
+
+    async fn reschedule_compensation(
+        &self,
+        call_id: &CallId,
+        round: u32,
+        next_at_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.durable
+            .reschedule_compensation(call_id, round, next_at_ms)
+            .await
+    }
+
+    async fn finish_compensation(&self, call_id: &CallId) -> Result<(), StoreError> {
+        self.durable.finish_compensation(call_id).await
+    }
+
+    async fn escalate_compensation(&self, call_id: &CallId, now_ms: u64) -> Result<(), StoreError> {
+        self.durable.escalate_compensation(call_id, now_ms).await
+    }
+
+    async fn list_compensations(&self) -> Result<Vec<CompensationEntry>, StoreError> {
+        self.durable.list_compensations().await
+    }
+}

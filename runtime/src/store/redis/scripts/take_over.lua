@@ -1,0 +1,19 @@
+-- Takes over KEYS[1] if it carries the expected fence and is UNKNOWN or past its lease. ARGV:
+-- expected fence, lease (ms). Answers {1, fence, callId}, {0, the record} or {-1} (no record).
+local r = KEYS[1]
+local h = redis.call('HMGET', r, 'state', 'fence', 'lease_until')
+local state, fence, lease = h[1], h[2], h[3]
+if not state or state == 'RELEASED' then return {-1} end
+if not tonumber(fence) or (lease and lease ~= '' and not tonumber(lease)) then
+  return {-2, 'a stored fence or lease is not a number'}
+end
+local open = state == 'UNKNOWN' or ((state == 'RECEIVED' or state == 'PROCESSING')
+  and (not lease or lease == '' or tonumber(lease) <= now))
+if fence ~= ARGV[1] or not open then
+  return {0, redis.call('HGETALL', r)}
+end
+local f = string.format('%.0f', tonumber(fence) + 1)
+redis.call('HSET', r, 'state', 'PROCESSING', 'fence', f,
+  'lease_until', string.format('%.0f', now + tonumber(ARGV[2])), 'updated', string.format('%.0f', now))
+if redis.call('HEXISTS', r, 'waited') == 1 then redis.call('PUBLISH', r .. ':settled', 'PROCESSING') end
+return {1, f, redis.call('HGET', r, 'call_id')}
