@@ -45,7 +45,7 @@ use crate::receipt::{Fence, Receipt, ReceiptState};
 use crate::retry::Backoff;
 use crate::runtime::Runtime;
 use crate::stats::Counter;
-use crate::store::{Claim, Claimed, Completion};
+use crate::store::{Claim, Claimed, Completion, Store};
 
 /// What a duplicate does while the first call still runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -979,9 +979,11 @@ impl<T, E> Run<T, E> {
             ttl_ms: Self::ms(self.spec.ttl),
         };
         let written = self.rt.complete(&self.key, fence, completion, now).await;
-        self.recording = None;
         match written {
             Ok(transition) => {
+                // Settled: nothing is left for the drop guard to do, whatever happens next.
+                self.recording = None;
+                self.fence = None;
                 tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                     attempt = self.attempts, state = %state, transition = ?transition, "recorded");
                 if self.took_over {
@@ -990,14 +992,33 @@ impl<T, E> Run<T, E> {
                 self.done(out)
             }
             Err(e) if lost(&e) => {
+                self.recording = None;
                 tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                     attempt = self.attempts, state = %state, error = %e, "outcome refused: another owner holds the key");
                 self.fenced_out(Some(out)).await
             }
             Err(e) => {
+                // The outcome is known and true: the caller gets it. The record cannot say so, so it
+                // is left UNKNOWN and queued with what is known (the drop guard, should the caller go
+                // away meanwhile, still knows the outcome and tries again).
                 tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                     attempt = self.attempts, state = %state, error = %e,
-                    "outcome could not be recorded; the key stays claimed until its lease ends");
+                    "outcome could not be recorded; leaving the call unknown");
+                let reason = format!("the outcome {state} is known but could not be recorded: {e}");
+                if let Err(e) = leave_unknown(
+                    self.rt.store(),
+                    &self.key,
+                    fence,
+                    &self.call_id,
+                    reason,
+                    now,
+                )
+                .await
+                {
+                    tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                        attempt = self.attempts, error = %e, "could not leave the call unknown either; its lease will end");
+                }
+                self.recording = None;
                 self.done(out)
             }
         }
@@ -1010,6 +1031,27 @@ fn lost(e: &StoreError) -> bool {
         e,
         StoreError::Fenced { .. } | StoreError::NotFound | StoreError::InvalidTransition { .. }
     )
+}
+
+/// Marks an owner's call `UNKNOWN` and queues it for compensation. A mark refused because the key is no
+/// longer the owner's (taken over, or settled meanwhile) queues nothing: whoever holds it resolves it.
+async fn leave_unknown(
+    store: &dyn Store,
+    key: &Key,
+    fence: Fence,
+    call_id: &CallId,
+    reason: String,
+    now: u64,
+) -> Result<(), StoreError> {
+    let marked = store.mark_unknown(key, fence, now).await;
+    if let Err(e) = &marked {
+        if lost(e) {
+            return marked.map(drop);
+        }
+    }
+    let entry = CompensationEntry::new(call_id.clone(), key.clone(), reason, now);
+    let queued = store.enqueue_compensation(entry).await;
+    marked.map(drop).and(queued)
 }
 
 async fn finish_compensation(rt: &Runtime, key: &Key, call_id: &CallId) {
@@ -1068,18 +1110,18 @@ impl<T, E> Drop for Run<T, E> {
                         // Another owner holds the key: it resolves the call.
                         Err(e) if lost(&e) => ("left to the owner that took it over", Err(e)),
                         Err(e) => {
-                            let reason = format!("call was cancelled; its outcome {state} could not be recorded: {e}");
-                            let marked = store.mark_unknown(&key, fence, now).await.map(drop);
-                            let entry = CompensationEntry::new(call_id.clone(), key.clone(), reason, now);
-                            ("marked unknown", marked.and(store.enqueue_compensation(entry).await))
+                            let reason = format!(
+                                "call was cancelled; its outcome {state} could not be recorded: {e}"
+                            );
+                            let left = leave_unknown(store, &key, fence, &call_id, reason, now).await;
+                            ("marked unknown", left)
                         }
                     }
                 }
                 Leftover::Unknown => {
-                    let marked = store.mark_unknown(&key, fence, now).await.map(drop);
-                    let entry =
-                        CompensationEntry::new(call_id.clone(), key.clone(), "call was cancelled", now);
-                    ("marked unknown", marked.and(store.enqueue_compensation(entry).await))
+                    let reason = "call was cancelled".to_owned();
+                    let left = leave_unknown(store, &key, fence, &call_id, reason, now).await;
+                    ("marked unknown", left)
                 }
             };
             match result {
