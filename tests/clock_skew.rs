@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use samekey::{idempotent, Error, Runtime, Store};
+use support::stores::*;
 use support::{TestClock, TestError};
 use tokio::sync::Notify;
 
@@ -130,35 +131,6 @@ async fn slow_node_takes_over_an_ended_lease(store: Arc<dyn Store>) {
     assert!(matches!(claimed, samekey::store::Claimed::Acquired(_)));
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(b.charge(&order).await, Ok(1), "taken over and run");
-}
-
-#[cfg(feature = "postgres")]
-async fn postgres() -> Option<Arc<dyn Store>> {
-    let Ok(url) = std::env::var("SAMEKEY_PG_URL") else {
-        samekey::conformance::skipped(
-            "set SAMEKEY_PG_URL (scripts/services start) to run the clock-skew tests on PostgreSQL",
-        );
-        return None;
-    };
-    let store = samekey::store::PgStore::connect(&url)
-        .await
-        .expect("connect to SAMEKEY_PG_URL");
-    Some(Arc::new(store))
-}
-
-#[cfg(feature = "redis")]
-async fn redis() -> Option<Arc<dyn Store>> {
-    let Ok(url) = std::env::var("SAMEKEY_REDIS_URL") else {
-        samekey::conformance::skipped(
-            "set SAMEKEY_REDIS_URL (scripts/services start) to run the clock-skew tests on Redis",
-        );
-        return None;
-    };
-    let prefix = format!("skew-{:x}", samekey::TraceId::new().as_u128());
-    let store = samekey::store::RedisStore::connect_with_prefix(&url, &prefix)
-        .await
-        .expect("connect to SAMEKEY_REDIS_URL");
-    Some(Arc::new(store))
 }
 
 support::on_stores!(postgres if "postgres", redis if "redis" => {

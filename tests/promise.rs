@@ -15,6 +15,7 @@ use std::time::Duration;
 use samekey::store::StoreClock;
 use samekey::{idempotent, CallId, Error, ReceiptState, Runtime, Store, StoreError};
 use support::faulty::{Act, Faulty, Gate};
+use support::stores::*;
 use support::{Fault, Remote, TestClock, TestError};
 
 /// Four functions over one operation (one explicit scope), one per way of resolving an unknown outcome.
@@ -313,51 +314,6 @@ async fn a_refused_release_answers_the_charge(store: Arc<dyn Store>) {
     assert_eq!(owner.await.unwrap(), Ok(500), "told what happened: charged");
     assert_eq!(svc.remote.executions(&svc.order), 1);
     assert!(svc.queued().await.is_empty());
-}
-
-async fn memory() -> Option<Arc<dyn Store>> {
-    Some(Arc::new(samekey::MemoryStore::new()))
-}
-
-#[cfg(feature = "sqlite")]
-async fn sqlite() -> Option<Arc<dyn Store>> {
-    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("promise-{:x}", samekey::TraceId::new().as_u128()));
-    std::fs::create_dir_all(&dir).unwrap();
-    Some(Arc::new(
-        samekey::store::SqliteStore::open(dir.join("s.db"))
-            .await
-            .unwrap(),
-    ))
-}
-
-#[cfg(feature = "postgres")]
-async fn postgres() -> Option<Arc<dyn Store>> {
-    let Ok(url) = std::env::var("SAMEKEY_PG_URL") else {
-        samekey::conformance::skipped(
-            "set SAMEKEY_PG_URL (scripts/services start) to run the promise scenarios on PostgreSQL",
-        );
-        return None;
-    };
-    let store = samekey::store::PgStore::connect(&url)
-        .await
-        .expect("connect to SAMEKEY_PG_URL");
-    Some(Arc::new(store))
-}
-
-#[cfg(feature = "redis")]
-async fn redis() -> Option<Arc<dyn Store>> {
-    let Ok(url) = std::env::var("SAMEKEY_REDIS_URL") else {
-        samekey::conformance::skipped(
-            "set SAMEKEY_REDIS_URL (scripts/services start) to run the promise scenarios on Redis",
-        );
-        return None;
-    };
-    let prefix = format!("promise-{:x}", samekey::TraceId::new().as_u128());
-    let store = samekey::store::RedisStore::connect_with_prefix(&url, &prefix)
-        .await
-        .expect("connect to SAMEKEY_REDIS_URL");
-    Some(Arc::new(store))
 }
 
 support::on_stores!(memory, sqlite if "sqlite", postgres if "postgres", redis if "redis" => {

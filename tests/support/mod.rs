@@ -4,6 +4,7 @@
 
 pub mod faulty;
 pub mod race;
+pub mod stores;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};

@@ -1,0 +1,51 @@
+//! The stores the scenario suites run on (see `on_stores!`): each `None` when its server is not
+//! configured, after saying so past the output capture.
+
+use std::sync::Arc;
+
+use samekey::Store;
+
+pub async fn memory() -> Option<Arc<dyn Store>> {
+    Some(Arc::new(samekey::MemoryStore::new()))
+}
+
+#[cfg(feature = "sqlite")]
+pub async fn sqlite() -> Option<Arc<dyn Store>> {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("scenario-{:x}", samekey::TraceId::new().as_u128()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let store = samekey::store::SqliteStore::open(dir.join("s.db"))
+        .await
+        .expect("open SQLite");
+    Some(Arc::new(store))
+}
+
+#[cfg(feature = "postgres")]
+pub async fn postgres() -> Option<Arc<dyn Store>> {
+    let Ok(url) = std::env::var("SAMEKEY_PG_URL") else {
+        samekey::conformance::skipped(
+            "set SAMEKEY_PG_URL (scripts/services start) to run the scenarios on PostgreSQL",
+        );
+        return None;
+    };
+    let store = samekey::store::PgStore::connect(&url)
+        .await
+        .expect("connect to SAMEKEY_PG_URL");
+    Some(Arc::new(store))
+}
+
+/// A Redis store on a key prefix of its own.
+#[cfg(feature = "redis")]
+pub async fn redis() -> Option<Arc<dyn Store>> {
+    let Ok(url) = std::env::var("SAMEKEY_REDIS_URL") else {
+        samekey::conformance::skipped(
+            "set SAMEKEY_REDIS_URL (scripts/services start) to run the scenarios on Redis",
+        );
+        return None;
+    };
+    let prefix = format!("scenario-{:x}", samekey::TraceId::new().as_u128());
+    let store = samekey::store::RedisStore::connect_with_prefix(&url, &prefix)
+        .await
+        .expect("connect to SAMEKEY_REDIS_URL");
+    Some(Arc::new(store))
+}
