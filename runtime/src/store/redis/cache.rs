@@ -27,7 +27,8 @@ use crate::store::{Claim, Claimed, Completion, Store, StoreClock};
 ///   written to Redis in a task of its own once the durable store's completion returned, so that the
 ///   first replay is already served from Redis and the caller does not wait for the cache;
 /// - **read-through**: a finished receipt the durable store answers (a replay that missed the cache, a
-///   receipt query, a key completed by another process) is written before the answer is returned.
+///   receipt query, a key completed by another process) is written in a task of its own too, to
+///   expire when the durable store's clock says the receipt does (it asks that store for its time).
 ///
 /// A cache that is down or answers nonsense is logged and bypassed for a cool-down (5 s): every
 /// operation then goes to the durable store. Background writes are bounded (at most 1,024 in flight;
