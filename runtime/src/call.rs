@@ -268,8 +268,9 @@ pub struct Run<T, E> {
     /// The runtime's time when the call began, used by its first claim.
     began_ms: u64,
     rng: u64,
-    /// Why the call may not run at all (its operation shares a default scope with another).
-    refused: Option<Error>,
+    /// The type of `Self` of the annotated method (`""` for a function): with a default scope, it tells
+    /// the operations of one item apart.
+    self_type: &'static str,
     codec: Codec<T, E>,
 }
 
@@ -290,12 +291,6 @@ where
     R::Ok: CallOutput,
     R::Err: CallError,
 {
-    let refused = if spec.scope_given {
-        None
-    } else {
-        let addr = std::ptr::from_ref(spec) as usize;
-        operation::check(&spec.operation, addr, spec.scope, spec.name, self_type).err()
-    };
     let now = rt.now_ms();
     if let Some(window) = spec.window {
         key.window(u64::try_from(window.as_millis()).unwrap_or(u64::MAX), now);
@@ -322,7 +317,7 @@ where
         waited: Duration::ZERO,
         began_ms: now,
         rng,
-        refused,
+        self_type,
         codec: Codec::new(),
     }
 }
@@ -370,10 +365,16 @@ impl<T, E> Run<T, E> {
 
     /// Claims the key; answers a duplicate from the record it finds.
     pub async fn start(&mut self) -> Step<T, E> {
-        if let Some(error) = self.refused.take() {
-            tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                attempt = 0u32, error = %error, "refused before claiming");
-            return self.fail_with(error);
+        if !self.spec.scope_given {
+            let spec = self.spec;
+            let addr = std::ptr::from_ref(spec) as usize;
+            let checked =
+                operation::check(&spec.operation, addr, spec.scope, spec.name, self.self_type);
+            if let Err(error) = checked {
+                tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                    attempt = 0u32, error = %error, "refused before claiming");
+                return self.fail_with(error);
+            }
         }
         let mut now = self.began_ms;
         loop {
@@ -873,6 +874,11 @@ impl<T, E> Run<T, E> {
                 }
             }
         }
+        self.hand_to_compensation(reason, now).await
+    }
+
+    /// Queues the call for compensation and answers [`Error::Unknown`].
+    async fn hand_to_compensation(&mut self, reason: &str, now: u64) -> Step<T, E> {
         tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = self.attempts, reason, "outcome unknown; handed to compensation");
         self.enqueue(reason, now).await;
@@ -915,12 +921,9 @@ impl<T, E> Run<T, E> {
         }
         if self.uncertain {
             // No record covers the call any more: the queue entry is what is left of it.
-            let reason = "lost its key with an uncertain outcome";
-            tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                attempt = self.attempts, reason, "outcome unknown; handed to compensation");
-            self.enqueue(reason, now).await;
-            let call_id = self.call_id.clone();
-            return self.fail_with(Error::Unknown { call_id });
+            return self
+                .hand_to_compensation("lost its key with an uncertain outcome", now)
+                .await;
         }
         tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = self.attempts, "lost its key; nothing of this call ran");
@@ -959,9 +962,9 @@ impl<T, E> Run<T, E> {
 
     /// Records the final outcome and answers it: it happened. If the caller goes away during the write,
     /// the drop guard finishes it. A refused write means another owner holds the key
-    /// ([`Run::fenced_out`]); a failed one leaves the record to its lease, and the next call resolves it
-    /// through `lookup`. The compensation entry of a taken-over call is removed only once the outcome
-    /// is recorded.
+    /// ([`Run::fenced_out`]); a failed one leaves the call `UNKNOWN` and queued, with the known outcome
+    /// in the reason. The compensation entry of a taken-over call is removed only once the outcome is
+    /// recorded.
     async fn settle(
         &mut self,
         state: ReceiptState,

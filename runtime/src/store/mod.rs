@@ -27,8 +27,8 @@
 //!   that depends on time also takes the caller's `now_ms` (Unix milliseconds): a store that one
 //!   process or one machine owns (memory, SQLite) judges by it, so tests drive time; a store that
 //!   several nodes share (PostgreSQL, Redis) judges by its own clock and ignores the caller's, since
-//!   nodes disagree about time. [`Store::now_ms`] says which time a store judges by. (The compensation
-//!   queue's times are still the caller's.)
+//!   nodes disagree about time. [`Store::clock`] says whose clock that is, [`Store::now_ms`] what it
+//!   reads now. (The compensation queue's times are still the caller's.)
 //! * **Failing closed.** An unreachable store answers [`StoreError::Unavailable`]; callers run nothing.
 
 mod memory;

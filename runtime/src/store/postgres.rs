@@ -18,8 +18,9 @@
 //!
 //! A duplicate that waits for a running call listens (`LISTEN`, on a pooled connection it holds while
 //! it waits) on its key's channel and marks the record waited-for; the record's next change notifies
-//! it (`pg_notify`, from a trigger, when the change commits), so the waiter hears the outcome within
-//! about one round trip of the owner's commit, with no polling.
+//! it (`pg_notify`, from a trigger, when the change commits), so the waiter hears the outcome a few
+//! round trips after the owner's commit (the notification, then a read of the record on the listening
+//! connection), with no polling.
 //!
 //! # Receipts in your own transaction
 //!

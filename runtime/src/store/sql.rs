@@ -520,6 +520,9 @@ RETURNING call_id, key, scope, reason, round, next_at, state, lease_until, enque
 
             async fn now_ms(&self, caller_now_ms: u64) -> Result<u64, $crate::error::StoreError> {
                 use $crate::store::sql::{driver, int};
+                if $crate::store::StoreClock::$clock == $crate::store::StoreClock::Caller {
+                    return Ok(caller_now_ms);
+                }
                 let now: i64 = sqlx::query_scalar(Self::NOW_SQL)
                     .bind(int(caller_now_ms)?)
                     .fetch_one(&self.pool)

@@ -180,8 +180,9 @@ impl Cache {
             "receipt cache unavailable for {what}; using the durable store for {CACHE_COOL_DOWN:?}");
     }
 
+    /// Writes a finished receipt's entry, to be kept `keep` ms (unless the cache went down meanwhile).
     async fn remember(&self, receipt: &Receipt, keep: u64) {
-        if receipt.state.is_terminal() && self.usable() {
+        if self.usable() {
             if let Err(e) = self.redis.cache_put(receipt, keep).await {
                 self.bypass(&e, "a write");
             }
