@@ -286,9 +286,7 @@ impl OrderService {
             order_id: order.id,
             amount_cents: order.amount_cents,
         };
-        self.gateway
-            .charge(&call.call_id().to_string(), charge)
-            .await
+        self.gateway.charge(call.call_id(), charge).await
     }
 }
 

@@ -94,12 +94,12 @@ pub use samekey_macros::scoped;
 pub use samekey_macros::KeyPart;
 
 pub use samekey_runtime::{
-    current, default_runtime, key_bytes, store, try_current, Backoff, Builder, CallId, Classify,
-    Clock, CompensationEntry, CompensationState, Context, Error, ErrorClass, Fence, Fingerprint,
-    Inbound, Key, KeyBuilder, KeyBytes, KeyEncoder, KeyPart, Label, MemoryStore, ParseCallIdError,
-    Receipt, ReceiptState, RemoteStatus, Runtime, Stats, Store, StoreError, SystemClock,
-    TokioClock, TraceId, Transition, DEFAULT_BUSY_WAIT, DEFAULT_LEASE, DEFAULT_LOOKUP_POLLS,
-    DEFAULT_MAX_RETRY_AFTER,
+    current, default_runtime, key_bytes, observed, store, try_current, Answer, Backoff, Builder,
+    CallId, CallReport, Classify, Clock, CompensationEntry, CompensationState, Context, Error,
+    ErrorClass, Fence, Fingerprint, Inbound, Key, KeyBuilder, KeyBytes, KeyEncoder, KeyPart, Label,
+    MemoryStore, ParseCallIdError, Receipt, ReceiptState, RemoteStatus, Runtime, Stats, Store,
+    StoreError, StoredByMessage, SystemClock, TokioClock, TraceId, Transition, DEFAULT_BUSY_WAIT,
+    DEFAULT_LEASE, DEFAULT_LOOKUP_POLLS, DEFAULT_MAX_RETRY_AFTER,
 };
 
 /// The SQL driver of the SQLite and PostgreSQL stores (features `sqlite`, `postgres`): use it for the

@@ -179,6 +179,44 @@ async fn duplicate_replays_a_permanent_failure() {
     assert_eq!(state_of(&p, &call_id).await, Some(ReceiptState::Failed));
 }
 
+// Row 3: `Rejected` (nothing took effect) → no retry, the claim is released, nothing is replayed: the
+// same key may be tried again at once.
+#[tokio::test(start_paused = true)]
+async fn a_rejection_releases_the_key() {
+    let p = Payments::new();
+    p.remote.script([Fault::Rejected]);
+    assert_eq!(p.plain("o-1", 500).await, Err(TestError::Rejected));
+    assert_eq!(p.remote.seen().len(), 1, "not retried");
+    let (call_id, _, _) = p.attempts()[0].clone();
+    assert_eq!(state_of(&p, &call_id).await, None, "nothing stored");
+    assert_eq!(p.rt.stats().released, 1);
+    assert_eq!(p.plain("o-1", 500).await, Ok(500), "tried again, and ran");
+    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.plain("o-1", 500).await, Ok(500));
+    assert_eq!(p.remote.seen().len(), 2);
+}
+
+// Row 3: after an attempt whose outcome is unknown, a rejection may answer that attempt ("already
+// done"): without a lookup it is recorded FAILED, never given back.
+#[tokio::test(start_paused = true)]
+async fn a_rejection_after_an_uncertain_attempt_is_recorded() {
+    let p = Payments::with(
+        runtime().node("test").build().unwrap(),
+        Remote::deduplicating(),
+    );
+    p.remote.script([Fault::RequestLost, Fault::Rejected]);
+    assert_eq!(p.rerun("o-1", 500).await, Err(TestError::Rejected));
+    let (call_id, _, _) = p.attempts()[0].clone();
+    assert_eq!(state_of(&p, &call_id).await, Some(ReceiptState::Failed));
+    assert_eq!(p.rerun("o-1", 500).await, Err(TestError::Rejected));
+    assert_eq!(
+        p.remote.seen().len(),
+        2,
+        "the duplicate was answered from the store"
+    );
+    assert_eq!(p.rt.stats().released, 0);
+}
+
 // Row 2a: `verify` fingerprint mismatch → KeyReuse, nothing runs.
 #[tokio::test(start_paused = true)]
 async fn verify_mismatch_is_key_reuse() {

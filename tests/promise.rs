@@ -100,6 +100,18 @@ impl Svc {
             .collect()
     }
 
+    /// Waits (up to 10 s) until `call_id` is queued for compensation: the drop guard's task marks the
+    /// receipt first and queues it next, so the mark alone does not say the entry is there yet.
+    async fn until_queued(&self, call_id: &CallId) {
+        for _ in 0..1000 {
+            if self.queued().await.contains(call_id) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{call_id} never queued: {:?}", self.queued().await);
+    }
+
     fn first_call_id(&self) -> CallId {
         self.remote.seen()[0].parse().unwrap()
     }
@@ -184,6 +196,7 @@ async fn cancelled_and_the_write_fails(store: Arc<dyn Store>) {
     assert!(first.await.unwrap_err().is_cancelled());
     let call_id = svc.first_call_id();
     svc.until_state(&call_id, ReceiptState::Unknown).await;
+    svc.until_queued(&call_id).await;
     assert_eq!(svc.queued().await, [call_id]);
 }
 

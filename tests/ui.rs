@@ -3,7 +3,7 @@
 //! and read the diff), and in `tests/ui/pass` the forms that must keep compiling.
 //!
 //! The `.stderr` files are written for the default features: optional features add `KeyPart` impls
-//! (`uuid`, `chrono`) that rustc lists in its hints, so with them the suite is skipped (CI runs it in its
+//! (`uuid`, `chrono`, `json`) that rustc lists in its hints, so with them the suite is skipped (CI runs it in its
 //! default-feature pass).
 
 use std::io::Write;
@@ -13,8 +13,10 @@ fn ui() {
     if cfg!(any(
         feature = "uuid",
         feature = "chrono",
+        feature = "json",
         feature = "sqlite",
-        feature = "postgres"
+        feature = "postgres",
+        feature = "redis"
     )) {
         // Past the output capture, as `skipped` writes; not a skip of the suite, which runs in the
         // default-features build (`cargo test --workspace`).

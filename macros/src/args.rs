@@ -29,6 +29,7 @@ pub(crate) const NAMES: &[&str] = &[
     "on_unknown",
     "runtime",
     "on_busy",
+    "on_missing_key",
 ];
 
 /// The argument `#[samekey::scoped]` adds to each `#[idempotent]` of its `impl` block: the self type as
@@ -58,6 +59,13 @@ pub(crate) enum OnBusy {
     Reject,
 }
 
+/// `on_missing_key = "error" | "run"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OnMissingKey {
+    Error,
+    Run,
+}
+
 /// The arguments as written. `None` means "not given"; defaults are applied in `policy.rs`.
 #[derive(Default)]
 pub(crate) struct Args {
@@ -76,6 +84,7 @@ pub(crate) struct Args {
     pub(crate) on_unknown: Option<Value<OnUnknown>>,
     pub(crate) runtime: Option<Expr>,
     pub(crate) on_busy: Option<Value<OnBusy>>,
+    pub(crate) on_missing_key: Option<Value<OnMissingKey>>,
     /// The self type of the `impl` block, from `#[samekey::scoped]`.
     pub(crate) impl_type: Option<LitStr>,
     /// Problems found while parsing that did not stop it.
@@ -214,6 +223,15 @@ impl Args {
                  \"reject\" (return `samekey::Error::InProgress` at once)",
             )
             .map(|v| self.on_busy = Some(v)),
+            "on_missing_key" => choice(
+                &name_str,
+                &value,
+                &[("error", OnMissingKey::Error), ("run", OnMissingKey::Run)],
+                "\"error\" (a call whose `Option` key part is `None` fails with \
+                 `samekey::Error::MissingKey`; nothing runs) or \"run\" (such a call runs once without \
+                 idempotency: no claim, no retry, no receipt)",
+            )
+            .map(|v| self.on_missing_key = Some(v)),
             _ => Ok(()),
         };
         if let Err(err) = result {
@@ -247,6 +265,7 @@ pub(crate) fn example(name: &str) -> Option<&'static str> {
         "on_unknown" => "on_unknown = \"hold\"",
         "runtime" => "runtime = &self.samekey",
         "on_busy" => "on_busy = \"wait\"",
+        "on_missing_key" => "on_missing_key = \"run\"",
         _ => return None,
     })
 }
@@ -376,7 +395,8 @@ mod tests {
             r#"key = "order.id + op", scope = "orders.charge", prefix = "ord", retries = 5,
                backoff = "1s..1m", jitter = 0.1, timeout = "3s", ttl = "7d", window = "1d",
                verify = amount + currency, lookup = |call| self.gw.status(call),
-               on_unknown = "rerun", runtime = &self.rt, on_busy = "reject","#,
+               on_unknown = "rerun", runtime = &self.rt, on_busy = "reject",
+               on_missing_key = "run","#,
         )
         .unwrap();
         assert!(a.errors.is_none());
@@ -394,6 +414,7 @@ mod tests {
         assert_eq!(a.on_unknown.as_ref().unwrap().value, OnUnknown::Rerun);
         assert!(matches!(a.runtime, Some(Expr::Reference(_))));
         assert_eq!(a.on_busy.unwrap().value, OnBusy::Reject);
+        assert_eq!(a.on_missing_key.unwrap().value, OnMissingKey::Run);
     }
 
     #[test]

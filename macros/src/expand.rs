@@ -12,7 +12,7 @@ use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
 use syn::{Attribute, FnArg, Ident, ReturnType, Signature, Token, Type, Visibility};
 
-use crate::args::{Args, OnBusy, OnUnknown};
+use crate::args::{Args, OnBusy, OnMissingKey, OnUnknown};
 use crate::key::{self, Params, Part};
 use crate::policy::{self, Policy};
 
@@ -28,8 +28,10 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     match expand(args, &func) {
         Ok(tokens) => tokens,
         Err(err) => {
+            // The function as written, so that the rest of the crate compiles; a parameter named
+            // only in the (refused) key is not the user's unused variable.
             let err = err.to_compile_error();
-            quote!(#err #item)
+            quote!(#err #[allow(unused_variables)] #item)
         }
     }
 }
@@ -203,7 +205,11 @@ fn check_signature(func: &Func) -> syn::Result<&Type> {
             while let Type::Group(g) = inner {
                 inner = &g.elem;
             }
-            if matches!(inner, Type::Path(p) if p.qself.is_none()) {
+            let plain = match inner {
+                Type::Path(p) if p.qself.is_none() => Some(p),
+                _ => None,
+            };
+            if plain.is_some_and(|p| !surely_not_result(&p.path)) {
                 Some(&**ty)
             } else {
                 errors.add(syn::Error::new_spanned(
@@ -222,6 +228,20 @@ fn check_signature(func: &Func) -> syn::Result<&Type> {
         (Some(e), _) => Err(e),
         (None, None) => Err(syn::Error::new(Span::call_site(), "missing return type")),
     }
+}
+
+/// Whether `path` names a type that is certainly not a `Result` (nor an alias of one): such a return
+/// type is refused here, with one message, instead of by each use of it in the expansion. Any other
+/// path may be an alias (`io::Result<T>`, `type Res<T> = ...`) and is left to the trait check.
+fn surely_not_result(path: &syn::Path) -> bool {
+    const NOT_RESULT: &[&str] = &[
+        "String", "str", "Vec", "Option", "Box", "Arc", "Rc", "Cow", "HashMap", "BTreeMap",
+        "HashSet", "BTreeSet", "VecDeque", "bool", "char", "u8", "u16", "u32", "u64", "u128",
+        "usize", "i8", "i16", "i32", "i64", "i128", "isize", "f32", "f64",
+    ];
+    path.segments
+        .last()
+        .is_some_and(|s| NOT_RESULT.iter().any(|name| s.ident == name))
 }
 
 /// With a default scope, every type or const parameter must be carried by a parameter of the function:
@@ -310,14 +330,23 @@ fn generate(
 
     let spec_value = spec_tokens(&sig.ident, args, policy);
 
-    let build = |parts: &[Part]| {
+    // Key parts go through `named_part`, which notes a missing (`None`) top-level part by its name;
+    // `verify` parts are not the key, and go through `part`.
+    let build = |parts: &[Part], named: bool| {
         let calls = parts.iter().map(|part| {
             // `&(part)` runs from the part's first token to its last, so that rustc underlines
             // all of `order.price`, not only `order`, when the part is not `KeyPart`.
             let mut group = Group::new(Delimiter::Parenthesis, part.tokens.clone());
             group.set_span(part.last);
-            quote_spanned! {part.span=>
-                ::samekey::__private::KeyBuilder::part(&mut #builder, &#group);
+            if named {
+                let name = key::display(part.tokens.clone());
+                quote_spanned! {part.span=>
+                    ::samekey::__private::KeyBuilder::named_part(&mut #builder, &#group, #name);
+                }
+            } else {
+                quote_spanned! {part.span=>
+                    ::samekey::__private::KeyBuilder::part(&mut #builder, &#group);
+                }
             }
         });
         quote!({
@@ -326,10 +355,10 @@ fn generate(
             #builder
         })
     };
-    let key_value = build(key);
+    let key_value = build(key, true);
     let verify_value = match verify {
         Some(parts) => {
-            let b = build(parts);
+            let b = build(parts, false);
             quote!(::core::option::Option::Some(#b))
         }
         None => quote!(::core::option::Option::None),
@@ -345,12 +374,20 @@ fn generate(
 
     let runtime = match &args.runtime {
         Some(expr) => expr.to_token_stream(),
-        None => quote!(::samekey::__private::default_runtime()),
+        None => quote!(&::samekey::__private::ambient_runtime()),
     };
     // Spanned at the return type: a return type that is not a `Result`, or an error type that
     // misses `Classify`/serde/`From<samekey::Error>`, is reported there.
     let ret_span = ret_ty.span();
     let begin = quote_spanned!(ret_span=> ::samekey::__private::begin::<#ret_ty>);
+    // The error type is stored exactly when it has serde, else by its message: the choice is made by
+    // method resolution on the concrete type (`ExactErrors` needs serde, `MessageErrors` is the
+    // fallback), so that real error types (`#[from] reqwest::Error`) work unchanged.
+    let codec = quote_spanned! {ret_span=> {
+        #[allow(unused_imports)]
+        use ::samekey::__private::{ExactErrors as _, MessageErrors as _};
+        (&&::samekey::__private::Probe::<<#ret_ty as ::samekey::__private::CallResult>::Err>::new()).codec()
+    }};
     let start = quote_spanned!(ret_span=> #run.start());
     let run_attempt = quote_spanned!(ret_span=> #run.attempt(#attempt));
     let no_lookup = quote_spanned!(ret_span=> #run.no_lookup());
@@ -394,22 +431,20 @@ fn generate(
         }
     };
 
-    // The lookup is bound to a local inside the arm (not before the loop: a closure that borrows
-    // `self` must not live across attempts that borrow it mutably), then called; calling it where
-    // it is written, `(|call| ...)(&call)`, would trip clippy's `redundant_closure_call` in the
-    // user's code.
+    // The lookup is written inside the arm (not before the loop: a closure that borrows `self` must not
+    // live across attempts that borrow it mutably) and passed straight to `ask`, whose bound gives a
+    // closure's parameter its type, `&CallId`, where the closure is written.
     let lookup_arm = match &args.lookup {
         Some(lookup) => {
-            let lookup_var = hygienic("__samekey_lookup");
             // Spanned at the `lookup` argument: a lookup of the wrong shape is reported there.
             let ask = quote_spanned!(lookup.span()=>
-                ::samekey::__private::Run::resolve(&mut #run, #lookup_var(&#call)).await
+                ::samekey::__private::Run::resolve(
+                    &mut #run,
+                    ::samekey::__private::ask(#lookup, &#call),
+                ).await
             );
             quote! {
-                ::samekey::__private::Step::Lookup(#call) => {
-                    let #lookup_var = #lookup;
-                    #ask
-                }
+                ::samekey::__private::Step::Lookup(#call) => #ask,
             }
         }
         None => quote! {
@@ -430,13 +465,16 @@ fn generate(
             let #key_var = #key_value;
             let #verify_var: ::core::option::Option<::samekey::__private::KeyBuilder> = #verify_value;
             #(#mut_uses)*
-            let mut #run = #begin(#runtime, &#spec, #self_type, #key_var, #verify_var);
+            let mut #run = #begin(#runtime, &#spec, #self_type, #key_var, #verify_var, #codec);
             let mut #step = #start.await;
             loop {
                 #step = match #step {
                     ::samekey::__private::Step::Done(#out) => return #ret,
                     ::samekey::__private::Step::Attempt => {
                         #(#clones)*
+                        // The body is placed as written, braces and all: a one-line `{ Ok(x) }` is
+                        // not the user's unnecessary braces.
+                        #[allow(unused_braces)]
                         let #attempt = async {
                             #fake_return
                             #body
@@ -486,6 +524,10 @@ fn spec_tokens(fn_ident: &Ident, args: &Args, policy: &Policy) -> TokenStream {
         OnUnknown::Rerun => format_ident!("Rerun"),
     };
     let has_lookup = policy.has_lookup;
+    let on_missing_key = match policy.on_missing_key {
+        OnMissingKey::Error => format_ident!("Error"),
+        OnMissingKey::Run => format_ident!("Run"),
+    };
     quote! {
         ::samekey::__private::Spec {
             scope: #scope,
@@ -503,6 +545,7 @@ fn spec_tokens(fn_ident: &Ident, args: &Args, policy: &Policy) -> TokenStream {
             on_busy: ::samekey::__private::OnBusy::#on_busy,
             on_unknown: ::samekey::__private::OnUnknown::#on_unknown,
             has_lookup: #has_lookup,
+            on_missing_key: ::samekey::__private::OnMissingKey::#on_missing_key,
         }
     }
 }
@@ -549,7 +592,7 @@ mod tests {
             out.contains("static __SAMEKEY_SPEC : :: samekey :: __private :: Spec"),
             "{out}"
         );
-        assert!(out.contains(":: samekey :: __private :: KeyBuilder :: part (& mut __samekey_builder , & (order . id)) ;"), "{out}");
+        assert!(out.contains(":: samekey :: __private :: KeyBuilder :: named_part (& mut __samekey_builder , & (order . id) , \"order.id\") ;"), "{out}");
         assert!(
             out.contains(":: samekey :: __private :: begin :: < Result < Charge , PayError > >"),
             "{out}"
@@ -566,13 +609,21 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("has_lookup : true"), "{out}");
+        assert!(
+            out.contains("on_missing_key : :: samekey :: __private :: OnMissingKey :: Error"),
+            "{out}"
+        );
+        assert!(
+            out.contains("(&& :: samekey :: __private :: Probe :: << Result < Charge , PayError > as :: samekey :: __private :: CallResult > :: Err > :: new ()) . codec ()"),
+            "the error codec is picked on the concrete error type: {out}"
+        );
         assert!(out.contains("scope_given : false"), "{out}");
         assert!(
-            out.contains("(:: samekey :: __private :: default_runtime () , & __SAMEKEY_SPEC , :: core :: any :: type_name :: < Self > () ,"),
+            out.contains("(& :: samekey :: __private :: ambient_runtime () , & __SAMEKEY_SPEC , :: core :: any :: type_name :: < Self > () ,"),
             "a method's `Self` tells its operations apart: {out}"
         );
         assert!(
-            out.contains("let __samekey_lookup = | c | self . gw . status (c) ; :: samekey :: __private :: Run :: resolve (& mut __samekey_run , __samekey_lookup (& __samekey_call)) . await"),
+            out.contains(":: samekey :: __private :: Run :: resolve (& mut __samekey_run , :: samekey :: __private :: ask (| c | self . gw . status (c) , & __samekey_call) ,) . await"),
             "{out}"
         );
         assert!(
@@ -662,6 +713,32 @@ mod tests {
         );
         let e = errors("key = x", "async fn f(x: u8) -> impl Sized { x }");
         assert!(e[0].contains("not `impl Sized`"), "{e:?}");
+        for surely_not in [
+            "String",
+            "Option<u8>",
+            "std::string::String",
+            "u64",
+            "Vec<u8>",
+        ] {
+            let e = errors(
+                "key = x",
+                &format!("async fn f(x: u8) -> {surely_not} {{ todo!() }}"),
+            );
+            assert_eq!(e.len(), 1, "{surely_not}: {e:?}");
+            assert!(e[0].contains("must return `Result<T, E>`, not"), "{e:?}");
+        }
+        for maybe in [
+            "io::Result<u8>",
+            "Result<u8, E>",
+            "anyhow::Result<u8>",
+            "Res<u8>",
+        ] {
+            let e = errors(
+                "key = x",
+                &format!("async fn f(x: u8) -> {maybe} {{ todo!() }}"),
+            );
+            assert!(e.is_empty(), "{maybe}: {e:?}");
+        }
         for recv in [
             "self",
             "mut self",
@@ -711,8 +788,10 @@ mod tests {
         let out = run("", "async fn f(x: u8) -> Result<(), E> { Ok(()) }");
         assert!(out.contains("compile_error"), "{out}");
         assert!(
-            out.ends_with("async fn f (x : u8) -> Result < () , E > { Ok (()) }"),
-            "{out}"
+            out.ends_with(
+                "# [allow (unused_variables)] async fn f (x : u8) -> Result < () , E > { Ok (()) }"
+            ),
+            "a parameter named only in the refused key is not reported unused: {out}"
         );
     }
 

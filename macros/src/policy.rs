@@ -6,7 +6,7 @@
 use proc_macro2::Span;
 use syn::{Ident, LitStr};
 
-use crate::args::{Args, OnBusy, OnUnknown};
+use crate::args::{Args, OnBusy, OnMissingKey, OnUnknown};
 use crate::duration::{format_millis, parse_millis, parse_range};
 
 pub(crate) const MAX_RETRIES: u64 = 10;
@@ -31,6 +31,7 @@ pub(crate) struct Policy {
     pub(crate) on_busy: OnBusy,
     pub(crate) on_unknown: OnUnknown,
     pub(crate) has_lookup: bool,
+    pub(crate) on_missing_key: OnMissingKey,
 }
 
 #[derive(Default)]
@@ -293,6 +294,10 @@ pub(crate) fn check(args: &Args, fn_name: &Ident) -> syn::Result<Policy> {
             (None, Some(u)) => u.value,
         },
         has_lookup: args.lookup.is_some(),
+        on_missing_key: args
+            .on_missing_key
+            .as_ref()
+            .map_or(OnMissingKey::Error, |m| m.value),
     })
 }
 

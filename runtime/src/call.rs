@@ -36,10 +36,12 @@ use serde::Serialize;
 
 use crate::call_id::{CallId, TraceId};
 use crate::classify::{Classify, ErrorClass, RemoteStatus};
+use crate::codec::ErrorCodec;
 use crate::compensation::CompensationEntry;
 use crate::context::{self, Context};
 use crate::error::{Error, StoreError};
-use crate::key::{Fingerprint, Key, KeyBuilder};
+use crate::key::{Fingerprint, Key, KeyBuilder, KeyProblem};
+use crate::observe::{Answer, CallReport, Slot};
 use crate::operation::{self, OperationCell};
 use crate::receipt::{Fence, Receipt, ReceiptState};
 use crate::retry::Backoff;
@@ -63,6 +65,15 @@ pub enum OnUnknown {
     Hold,
     /// Retry with the same callId: the remote deduplicates by callId, or the body is transactional.
     Rerun,
+}
+
+/// What a call does when a top-level key part is missing (`None`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnMissingKey {
+    /// Answer [`Error::MissingKey`]; nothing runs.
+    Error,
+    /// Run the body once without idempotency: no claim, no retry, no receipt.
+    Run,
 }
 
 /// The policy of one `#[idempotent]` function, as the macro writes it.
@@ -98,6 +109,8 @@ pub struct Spec {
     pub on_unknown: OnUnknown,
     /// Whether the function has a `lookup`.
     pub has_lookup: bool,
+    /// What a call with a missing key part does.
+    pub on_missing_key: OnMissingKey,
 }
 
 impl Spec {
@@ -144,60 +157,72 @@ impl<T, E> CallResult for Result<T, E> {
 )]
 pub trait CallOutput: Serialize + DeserializeOwned {}
 
+#[diagnostic::do_not_recommend]
 impl<T: Serialize + DeserializeOwned> CallOutput for T {}
 
-/// What the error type of an `#[idempotent]` function needs.
+/// What the error type of an `#[idempotent]` function needs. Its failures are stored too: exactly when
+/// it implements serde's `Serialize` and `Deserialize`, else by its `Display` message (see
+/// [`Codec`](crate::codec::Codec)).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be the error type of an #[idempotent] function",
-    label = "`{Self}` must implement `samekey::Classify`, `From<samekey::Error>`, `Serialize` and `Deserialize`",
-    note = "`Classify` says which failures may be retried; `From<samekey::Error>` lets samekey answer `Unknown`, `InProgress`, `KeyReuse` or a store failure through your signature; serde stores a permanent failure and replays it to duplicates"
+    label = "`{Self}` must implement `samekey::Classify` and `From<samekey::Error>`",
+    note = "`Classify` says which failures may be retried; `From<samekey::Error>` lets samekey answer `Unknown`, `InProgress`, `KeyReuse` or a store failure through your signature"
 )]
-pub trait CallError: Classify + Serialize + DeserializeOwned + From<Error> {}
+pub trait CallError: Classify + From<Error> {}
 
-impl<E: Classify + Serialize + DeserializeOwned + From<Error>> CallError for E {}
+#[diagnostic::do_not_recommend]
+impl<E: Classify + From<Error>> CallError for E {}
 
 /// The operations on `T` and `E` a call needs, fixed in [`begin`] (where the bounds are checked once,
 /// with one message) so that the steps themselves need no bounds.
 struct Codec<T, E> {
     encode_ok: fn(&T) -> serde_json::Result<Vec<u8>>,
     decode_ok: fn(&[u8]) -> serde_json::Result<T>,
-    encode_err: fn(&E) -> serde_json::Result<Vec<u8>>,
-    decode_err: fn(&[u8]) -> serde_json::Result<E>,
+    errors: ErrorCodec<E>,
     classify: fn(&E) -> ErrorClass,
     from_error: fn(Error) -> E,
 }
 
 impl<T: CallOutput, E: CallError> Codec<T, E> {
-    fn new() -> Codec<T, E> {
+    fn new(errors: ErrorCodec<E>) -> Codec<T, E> {
         Codec {
             encode_ok: |v| serde_json::to_vec(v),
             decode_ok: |b| serde_json::from_slice(b),
-            encode_err: |e| serde_json::to_vec(e),
-            decode_err: |b| serde_json::from_slice(b),
+            errors,
             classify: E::classify,
             from_error: E::from,
         }
     }
 }
 
-/// What a `lookup` returns: a future of the remote's answer about the call, where an `Err` (of any type
-/// that implements `Display`) means that the lookup itself failed.
+/// What a `lookup`'s future gives: the remote's answer about the call, where an `Err` (of any type that
+/// implements `Display`) means that the lookup itself failed.
 #[diagnostic::on_unimplemented(
-    message = "`lookup` must return a future of `Result<samekey::RemoteStatus<T, E>, impl Display>`, with the function's own `T` and `E`",
-    label = "this `lookup` is called with the call's `&samekey::CallId`",
-    note = "map the remote's status into `samekey::RemoteStatus` (`NotReceived`, `Processing`, `Succeeded(T)`, `Failed(E)`); an `Err` means the lookup itself failed (it is asked again while retries last), and its type must implement `Display`, which is logged"
+    message = "`lookup` must answer `Result<samekey::RemoteStatus<T, E>, impl Display>` with the function's own `T` and `E`, not `{Self}`",
+    label = "this `lookup` is called with the call's `&samekey::CallId` and awaited",
+    note = "map the remote's status into `samekey::RemoteStatus`: `NotReceived` (never arrived: may be re-sent), `Processing` (ask again), `Succeeded(T)`, `Failed(E)`; an `Err` means the lookup itself failed (it is asked again while retries last) and its type must implement `Display`",
+    note = "e.g. `lookup = |call| async move {{ Ok::<_, GatewayError>(match gateway.status(call).await? {{ Status::Charged(c) => RemoteStatus::Succeeded(c), Status::Unknown => RemoteStatus::NotReceived, … }}) }}`"
 )]
-pub trait LookupAnswer<T, E>: Future<Output = Result<RemoteStatus<T, E>, Self::Failure>> {
-    /// Why the lookup itself failed.
-    type Failure: Display;
+pub trait LookupAnswer<T, E> {
+    /// The answer as a `Result`, with the lookup's own failure as text.
+    fn into_answer(self) -> Result<RemoteStatus<T, E>, String>;
 }
 
-impl<F, T, E, LE> LookupAnswer<T, E> for F
+#[diagnostic::do_not_recommend]
+impl<T, E, LE: Display> LookupAnswer<T, E> for Result<RemoteStatus<T, E>, LE> {
+    fn into_answer(self) -> Result<RemoteStatus<T, E>, String> {
+        self.map_err(|e| e.to_string())
+    }
+}
+
+/// Calls a `lookup` with the call's callId. Written as a function so that a closure's parameter is
+/// known to be `&CallId` where it is written: `|call| gateway.status(call)` then compiles against a
+/// `status(&str)` too, since a `&CallId` derefs to the callId's text.
+pub fn ask<'a, F, Fut>(lookup: F, call: &'a CallId) -> Fut
 where
-    F: Future<Output = Result<RemoteStatus<T, E>, LE>>,
-    LE: Display,
+    F: FnOnce(&'a CallId) -> Fut,
 {
-    type Failure = LE;
+    lookup(call)
 }
 
 /// Clones an owned parameter for one attempt.
@@ -272,6 +297,14 @@ pub struct Run<T, E> {
     /// the operations of one item apart.
     self_type: &'static str,
     codec: Codec<T, E>,
+    /// What keeps the key from naming the operation (a missing part), checked when the call starts.
+    problem: Option<KeyProblem>,
+    /// Running without idempotency (a missing key part, and the function opted in).
+    plain: bool,
+    /// The callId whose stored outcome this call replayed.
+    replayed: Option<CallId>,
+    /// Where [`observed`](crate::observed) wants this call's report.
+    observer: Option<Slot>,
 }
 
 /// Starts a call: fixes the key (with its window bucket) and the callId (adopted from an inbound context,
@@ -285,6 +318,7 @@ pub fn begin<R>(
     self_type: &'static str,
     mut key: KeyBuilder,
     verify: Option<KeyBuilder>,
+    errors: ErrorCodec<R::Err>,
 ) -> Run<R::Ok, R::Err>
 where
     R: CallResult,
@@ -298,6 +332,7 @@ where
     let (call_id, trace_id) = context::identify(spec.prefix, rt.node_label(), now);
     let rng = rt.jitter_seed(&call_id);
     rt.count(Counter::Calls);
+    let problem = key.problem().cloned();
     Run {
         rt: rt.clone(),
         spec,
@@ -318,7 +353,11 @@ where
         began_ms: now,
         rng,
         self_type,
-        codec: Codec::new(),
+        codec: Codec::new(errors),
+        problem,
+        plain: false,
+        replayed: None,
+        observer: Slot::take(),
     }
 }
 
@@ -355,6 +394,27 @@ impl<T, E> Run<T, E> {
 
     fn done(&mut self, out: Result<T, E>) -> Step<T, E> {
         self.fence = None;
+        if let Some(observer) = self.observer.take() {
+            let answer = if self.replayed.is_some() {
+                Answer::Replayed
+            } else if self.plain {
+                Answer::Unprotected
+            } else if self.attempts == 0 && !self.took_over {
+                Answer::Refused
+            } else {
+                Answer::Executed
+            };
+            observer.report(CallReport {
+                call_id: self
+                    .replayed
+                    .clone()
+                    .unwrap_or_else(|| self.call_id.clone()),
+                trace_id: self.trace_id,
+                key: self.key.clone(),
+                answer,
+                attempts: self.attempts,
+            });
+        }
         Step::Done(out)
     }
 
@@ -374,6 +434,31 @@ impl<T, E> Run<T, E> {
                 tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                     attempt = 0u32, error = %error, "refused before claiming");
                 return self.fail_with(error);
+            }
+        }
+        match self.problem.take() {
+            None => {}
+            Some(KeyProblem::Missing(part)) if self.spec.on_missing_key == OnMissingKey::Run => {
+                tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                    attempt = 0u32, part, function = self.spec.name,
+                    "key part missing; running once without idempotency (on_missing_key = \"run\")");
+                self.plain = true;
+                return Step::Attempt;
+            }
+            Some(KeyProblem::Missing(part)) => {
+                tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                    attempt = 0u32, part, function = self.spec.name, "key part missing; nothing ran");
+                return self.fail_with(Error::MissingKey {
+                    part: part.to_owned(),
+                });
+            }
+            Some(KeyProblem::Refused(part, reason)) => {
+                tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                    attempt = 0u32, part, reason, function = self.spec.name, "key part refused; nothing ran");
+                return self.fail_with(Error::InvalidKey {
+                    part: part.to_owned(),
+                    reason: reason.to_owned(),
+                });
             }
         }
         let mut now = self.began_ms;
@@ -422,6 +507,7 @@ impl<T, E> Run<T, E> {
                 }
             }
             if record.state.is_terminal() {
+                self.replayed = Some(record.call_id.clone());
                 return Held::Step(self.replay(&record));
             }
             // `UNKNOWN`, or an owner's claim: whether that owner's lease ended is the store's to judge
@@ -526,7 +612,14 @@ impl<T, E> Run<T, E> {
         let decoded = if record.state == ReceiptState::Success {
             (self.codec.decode_ok)(bytes).map(Ok)
         } else {
-            (self.codec.decode_err)(bytes).map(Err)
+            (self.codec.errors.decode)(bytes).map(|stored| {
+                Err(stored.unwrap_or_else(|message| {
+                    (self.codec.from_error)(Error::Failed {
+                        call_id: record.call_id.clone(),
+                        message,
+                    })
+                }))
+            })
         };
         match decoded {
             Ok(out) => self.done(out),
@@ -567,6 +660,16 @@ impl<T, E> Run<T, E> {
         }
         .map(CallResult::into_result);
         self.in_flight = false;
+        if self.plain {
+            // No claim, no receipt: the body's answer is the call's, and a timeout stays unknown.
+            return match outcome {
+                Some(out) => self.done(out),
+                None => {
+                    let call_id = self.call_id.clone();
+                    self.fail_with(Error::Unknown { call_id })
+                }
+            };
+        }
         match outcome {
             None => {
                 tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
@@ -582,10 +685,19 @@ impl<T, E> Run<T, E> {
                     // After an uncertain attempt, a refusal may only mean "you already did that": the
                     // call's outcome is the earlier attempt's, so ask the receipt instead of recording
                     // FAILED. (With `rerun` the remote dedups by callId, so its answer is the call's.)
-                    ErrorClass::Permanent if self.uncertain && self.spec.has_lookup => {
+                    ErrorClass::Permanent | ErrorClass::Rejected
+                        if self.uncertain && self.spec.has_lookup =>
+                    {
                         self.unknown_outcome(Some(error)).await
                     }
                     ErrorClass::Permanent => self.fail(error).await,
+                    // Nothing took effect by this attempt, but an earlier one may have: the refusal
+                    // may answer it, so it is recorded rather than given back.
+                    ErrorClass::Rejected if self.uncertain => self.fail(error).await,
+                    ErrorClass::Rejected => {
+                        self.last_error = Some(error);
+                        self.give_back("rejected; nothing took effect").await
+                    }
                     ErrorClass::Retryable => {
                         self.last_error = Some(error);
                         self.retry(Duration::ZERO).await
@@ -662,14 +774,18 @@ impl<T, E> Run<T, E> {
 
     /// Asks `lookup(callId)` (under the function's `timeout`, or 10 s, with the lease extended over it)
     /// and acts on the answer.
-    pub async fn resolve<F: LookupAnswer<T, E>>(&mut self, lookup: F) -> Step<T, E> {
+    pub async fn resolve<F>(&mut self, lookup: F) -> Step<T, E>
+    where
+        F: Future,
+        F::Output: LookupAnswer<T, E>,
+    {
         self.rt.count(Counter::Lookups);
         let limit = self.spec.timeout.unwrap_or(LOOKUP_LIMIT);
         if let Err(step) = self.hold_lease(limit).await {
             return step;
         }
         let answer = match tokio::time::timeout(limit, lookup).await {
-            Ok(answer) => answer.map_err(|e| e.to_string()),
+            Ok(answer) => answer.into_answer(),
             Err(_) => Err(format!("no answer within {limit:?}")),
         };
         let now = self.rt.now_ms();
@@ -809,12 +925,19 @@ impl<T, E> Run<T, E> {
     /// No attempt left: release the claim if nothing can have run, else leave the call `UNKNOWN`. A plain
     /// failure is answered only when the release was applied.
     async fn exhausted(&mut self) -> Step<T, E> {
-        let now = self.rt.now_ms();
         if self.uncertain {
+            let now = self.rt.now_ms();
             return self
                 .give_up_unknown("retries exhausted with an uncertain outcome", now)
                 .await;
         }
+        self.give_back("retries exhausted; nothing ran").await
+    }
+
+    /// Releases the claim of a call that took no effect (`why` says how it ended) and answers its last
+    /// error, once the release was applied; a release that fails leaves the call `UNKNOWN`.
+    async fn give_back(&mut self, why: &'static str) -> Step<T, E> {
+        let now = self.rt.now_ms();
         if let Some(fence) = self.fence {
             match self.rt.store().release(&self.key, fence).await {
                 // Gone already (evicted): nothing of this call's is left to release.
@@ -829,7 +952,7 @@ impl<T, E> Run<T, E> {
                         attempt = self.attempts, error = %e, "could not release the claim; the call is not reported failed");
                     return self
                         .give_up_unknown(
-                            &format!("retries exhausted; the claim could not be released: {e}"),
+                            &format!("{why}; the claim could not be released: {e}"),
                             now,
                         )
                         .await;
@@ -838,7 +961,7 @@ impl<T, E> Run<T, E> {
         }
         self.rt.count(Counter::Released);
         tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-            attempt = self.attempts, "retries exhausted; nothing ran; claim released");
+            attempt = self.attempts, why, "claim released");
         self.fence = None;
         self.plain_failure()
     }
@@ -945,7 +1068,7 @@ impl<T, E> Run<T, E> {
     }
 
     async fn fail(&mut self, error: E) -> Step<T, E> {
-        let outcome = self.encoded((self.codec.encode_err)(&error));
+        let outcome = self.encoded((self.codec.errors.encode)(&error));
         self.settle(ReceiptState::Failed, outcome, Err(error)).await
     }
 

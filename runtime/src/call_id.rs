@@ -23,8 +23,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// Longest accepted prefix or node label, in bytes.
+/// Longest accepted callId prefix, in bytes.
 pub const MAX_LABEL_LEN: usize = 32;
+/// Longest accepted node name, in bytes: a DNS label's length, so that a host or pod name fits.
+pub const MAX_NODE_LEN: usize = 63;
 
 /// A short text label (callId prefix, node name, key scope) that is cheap to clone.
 #[derive(Clone)]
@@ -85,13 +87,14 @@ impl fmt::Display for Label {
     }
 }
 
-/// Checks that `s` can be a callId prefix or node label: 1 to [`MAX_LABEL_LEN`] bytes of ASCII letters,
-/// digits, `_` or `.` (no `-`, which separates the fields).
+/// Checks that `s` can be a callId prefix: 1 to [`MAX_LABEL_LEN`] bytes of ASCII letters, digits, `_`
+/// or `.` (no `-`, which ends the prefix).
 pub fn validate_label(s: &str) -> Result<(), ParseCallIdError> {
     if s.is_empty() || s.len() > MAX_LABEL_LEN {
         return Err(ParseCallIdError::new(
+            Field::Prefix,
             s,
-            "a label must be 1 to 32 characters long",
+            "a callId prefix must be 1 to 32 characters long",
         ));
     }
     if !s
@@ -99,8 +102,33 @@ pub fn validate_label(s: &str) -> Result<(), ParseCallIdError> {
         .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
     {
         return Err(ParseCallIdError::new(
+            Field::Prefix,
             s,
-            "a label may only hold ASCII letters, digits, `_` and `.`",
+            "a callId prefix may only hold ASCII letters, digits, `_` and `.`",
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that `s` can be a node name, the callId's last field: 1 to [`MAX_NODE_LEN`] bytes of ASCII
+/// letters, digits, `_`, `.` or `-`, so that host and pod names (`api-7`, `orders-5d9f-x2x9k`,
+/// `web.eu-1`) are node names as they are.
+pub fn validate_node(s: &str) -> Result<(), ParseCallIdError> {
+    if s.is_empty() || s.len() > MAX_NODE_LEN {
+        return Err(ParseCallIdError::new(
+            Field::Node,
+            s,
+            "a node name must be 1 to 63 characters long",
+        ));
+    }
+    if !s
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+    {
+        return Err(ParseCallIdError::new(
+            Field::Node,
+            s,
+            "a node name may only hold ASCII letters, digits, `_`, `.` and `-`",
         ));
     }
     Ok(())
@@ -115,20 +143,51 @@ pub fn validate_label(s: &str) -> Result<(), ParseCallIdError> {
 /// let text = id.to_string();
 /// assert!(text.starts_with("ord-") && text.ends_with("-node07"));
 /// assert_eq!(text.parse::<CallId>().unwrap(), id);
+/// // A `&CallId` reads as its text wherever a `&str` is expected.
+/// fn header(value: &str) -> usize { value.len() }
+/// assert_eq!(header(&id), text.len());
 /// ```
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct CallId {
     entropy: u64,
     unix_ms: u64,
     prefix: Label,
     node: Label,
+    /// The text form, made on first use (most callIds are only ever written by `Display`).
+    text: OnceLock<Arc<str>>,
+}
+
+impl PartialEq for CallId {
+    fn eq(&self, other: &CallId) -> bool {
+        self.entropy == other.entropy
+            && self.unix_ms == other.unix_ms
+            && self.prefix == other.prefix
+            && self.node == other.node
+    }
+}
+impl Eq for CallId {}
+
+impl std::ops::Deref for CallId {
+    type Target = str;
+
+    /// The text form, `prefix-unixms-entropy-node`: a `&CallId` passes where a `&str` is expected
+    /// (a gateway's `status(&str)`, a header value).
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl AsRef<str> for CallId {
+    fn as_ref(&self) -> &str {
+        self.as_str()
+    }
 }
 
 impl CallId {
-    /// Makes a new callId with the given prefix and node label, stamped with the current wall-clock time.
+    /// Makes a new callId with the given prefix and node name, stamped with the current wall-clock time.
     pub fn new(prefix: &str, node: &str) -> Result<CallId, ParseCallIdError> {
         validate_label(prefix)?;
-        validate_label(node)?;
+        validate_node(node)?;
         Ok(CallId::generate(Label::from(prefix), Label::from(node)))
     }
 
@@ -144,6 +203,7 @@ impl CallId {
             unix_ms,
             prefix,
             node,
+            text: OnceLock::new(),
         }
     }
 
@@ -165,6 +225,11 @@ impl CallId {
     /// The node that made the call.
     pub fn node(&self) -> &str {
         self.node.as_str()
+    }
+
+    /// The text form, `prefix-unixms-entropy-node` (the same as `Display`).
+    pub fn as_str(&self) -> &str {
+        self.text.get_or_init(|| Arc::from(self.to_string()))
     }
 }
 
@@ -198,43 +263,45 @@ impl FromStr for CallId {
     type Err = ParseCallIdError;
 
     fn from_str(s: &str) -> Result<CallId, ParseCallIdError> {
-        let mut fields = s.split('-');
-        let (Some(prefix), Some(ms), Some(entropy), Some(node), None) = (
-            fields.next(),
-            fields.next(),
-            fields.next(),
-            fields.next(),
-            fields.next(),
-        ) else {
+        // The node is the last field and may hold `-` itself (`api-7`).
+        let mut fields = s.splitn(4, '-');
+        let (Some(prefix), Some(ms), Some(entropy), Some(node)) =
+            (fields.next(), fields.next(), fields.next(), fields.next())
+        else {
             return Err(ParseCallIdError::new(
+                Field::CallId,
                 s,
                 "expected four fields `prefix-unixms-entropy-node`",
             ));
         };
         validate_label(prefix).map_err(|e| e.within(s))?;
-        validate_label(node).map_err(|e| e.within(s))?;
+        validate_node(node).map_err(|e| e.within(s))?;
         if ms.is_empty() || !ms.bytes().all(|b| b.is_ascii_digit()) {
             return Err(ParseCallIdError::new(
+                Field::CallId,
                 s,
                 "the time field must be decimal milliseconds",
             ));
         }
-        let unix_ms = ms
-            .parse::<u64>()
-            .map_err(|_| ParseCallIdError::new(s, "the time field is out of range"))?;
+        let unix_ms = ms.parse::<u64>().map_err(|_| {
+            ParseCallIdError::new(Field::CallId, s, "the time field is out of range")
+        })?;
         if entropy.len() != 16 || !entropy.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(ParseCallIdError::new(
+                Field::CallId,
                 s,
                 "the entropy field must be 16 hexadecimal digits",
             ));
         }
-        let entropy = u64::from_str_radix(entropy, 16)
-            .map_err(|_| ParseCallIdError::new(s, "the entropy field is not hexadecimal"))?;
+        let entropy = u64::from_str_radix(entropy, 16).map_err(|_| {
+            ParseCallIdError::new(Field::CallId, s, "the entropy field is not hexadecimal")
+        })?;
         Ok(CallId {
             entropy,
             unix_ms,
             prefix: Label::from(prefix),
             node: Label::from(node),
+            text: OnceLock::from(Arc::from(s)),
         })
     }
 }
@@ -252,25 +319,60 @@ impl<'de> Deserialize<'de> for CallId {
     }
 }
 
-/// Why a text is not a valid [`CallId`] or label.
+/// Why a text is not a valid [`CallId`], callId prefix or node name. Its message names which one, the
+/// text, and what is allowed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid callId `{input}`: {reason}")]
+#[error("invalid {field} `{input}`: {reason}")]
 pub struct ParseCallIdError {
+    field: Field,
     input: String,
     reason: &'static str,
 }
 
+/// What [`ParseCallIdError`] was parsing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Field {
+    CallId,
+    Prefix,
+    Node,
+    TraceId,
+}
+
+impl fmt::Display for Field {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Field::CallId => "callId",
+            Field::Prefix => "callId prefix",
+            Field::Node => "node name (`Runtime::builder().node(...)`)",
+            Field::TraceId => "traceId",
+        })
+    }
+}
+
 impl ParseCallIdError {
-    fn new(input: &str, reason: &'static str) -> ParseCallIdError {
+    fn new(field: Field, input: &str, reason: &'static str) -> ParseCallIdError {
         ParseCallIdError {
+            field,
             input: input.to_owned(),
             reason,
         }
     }
 
+    /// A field's error, reported for the whole callId it is part of.
     fn within(mut self, whole: &str) -> ParseCallIdError {
+        self.field = Field::CallId;
         self.input = whole.to_owned();
         self
+    }
+
+    /// The text that was refused.
+    pub fn input(&self) -> &str {
+        &self.input
+    }
+
+    /// What is wrong with it.
+    pub fn reason(&self) -> &str {
+        self.reason
     }
 }
 
@@ -323,13 +425,14 @@ impl FromStr for TraceId {
     fn from_str(s: &str) -> Result<TraceId, ParseCallIdError> {
         if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(ParseCallIdError::new(
+                Field::TraceId,
                 s,
                 "a traceId is 32 hexadecimal digits",
             ));
         }
-        u128::from_str_radix(s, 16)
-            .map(TraceId)
-            .map_err(|_| ParseCallIdError::new(s, "a traceId is 32 hexadecimal digits"))
+        u128::from_str_radix(s, 16).map(TraceId).map_err(|_| {
+            ParseCallIdError::new(Field::TraceId, s, "a traceId is 32 hexadecimal digits")
+        })
     }
 }
 
@@ -434,7 +537,7 @@ mod tests {
     fn text_form_round_trips() {
         let id = CallId::new("ord", "node07").unwrap();
         let text = id.to_string();
-        let fields: Vec<&str> = text.split('-').collect();
+        let fields: Vec<&str> = text.splitn(4, '-').collect();
         assert_eq!(fields.len(), 4);
         assert_eq!(fields[0], "ord");
         assert_eq!(fields[2].len(), 16);
@@ -454,7 +557,8 @@ mod tests {
             "ord-x-00000000000000ff-n",
             "ord-1-ff-n",
             "ord-1-00000000000000fg-n",
-            "ord-1-00000000000000ff-n-extra",
+            "ord-1-00000000000000ff-n_!",
+            "ord-1-00000000000000ff-",
             "o rd-1-00000000000000ff-n",
             "ord-99999999999999999999999-00000000000000ff-n",
         ] {
@@ -462,6 +566,34 @@ mod tests {
         }
         assert!(CallId::new("has-dash", "n").is_err());
         assert!(CallId::new("p", "").is_err());
+    }
+
+    #[test]
+    fn host_style_node_names_are_accepted() {
+        for node in [
+            "api-7",
+            "orders-api-5d9f8b6c5-x2x9k",
+            "web.eu-west-1",
+            "n",
+            &"a".repeat(63),
+        ] {
+            let id = CallId::new("ord", node).unwrap();
+            assert_eq!(id.node(), node);
+            let back: CallId = id.to_string().parse().unwrap();
+            assert_eq!(back, id);
+            assert_eq!(back.node(), node);
+        }
+        let too_long = "a".repeat(64);
+        for bad in ["api 7", "", "ünï", too_long.as_str()] {
+            let e = CallId::new("ord", bad).unwrap_err();
+            assert!(e.to_string().starts_with("invalid node name"), "{e}");
+            assert_eq!(e.input(), bad);
+        }
+        let e = CallId::new("o-rd", "n").unwrap_err();
+        assert!(
+            e.to_string().starts_with("invalid callId prefix `o-rd`"),
+            "{e}"
+        );
     }
 
     #[test]

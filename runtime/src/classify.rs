@@ -4,11 +4,28 @@
 use std::time::Duration;
 
 /// What an error says about the call that produced it.
+///
+/// | class | retried | the key afterwards | use it for |
+/// |---|---|---|---|
+/// | `Permanent` | no | `FAILED`: duplicates get this error for the key's `ttl` | a final answer that must stand: the operation was refused after it may have changed something, or the caller must not try again under this key |
+/// | `Rejected` | no | released: the same key may be tried again at once | a refusal that changed nothing (card declined, validation failed, insufficient funds), where the customer may fix it and try the same operation again |
+/// | `Retryable` | yes, backoff | released if every attempt failed so | known **not** to have taken effect (connection refused, 503 before processing) |
+/// | `RateLimited` | yes, after `retry_after` | released if every attempt failed so | 429 / throttling: the request was not executed |
+/// | `Unknown` | only after `lookup` says "not received" | `UNKNOWN` and queued, if nothing settles it | a timeout or a reset after sending: it may have happened |
+///
+/// After an attempt whose outcome was unknown, a `Permanent` or `Rejected` answer may only mean "you
+/// already did that": with a `lookup`, the call asks the receipt first; without one, the answer is
+/// recorded `FAILED` (never released, since the first attempt may have taken effect).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorClass {
-    /// Retrying cannot help (validation, authorization, 4xx): no retry; the receipt becomes `FAILED` and
-    /// duplicates get the same error.
+    /// Retrying cannot help, and the answer stands (the operation may have changed something, or must
+    /// not be tried again under this key): no retry; the receipt becomes `FAILED` and duplicates get
+    /// the same error until the key expires.
     Permanent,
+    /// Refused, and **nothing took effect** (a declined card, a failed validation): no retry, and the
+    /// claim is released instead of stored, so the same key may be tried again (with another card).
+    /// The caller gets this error; nothing is replayed.
+    Rejected,
     /// The call is known **not** to have taken effect (connection refused, 503 before processing): back
     /// off and retry with the same callId.
     Retryable,

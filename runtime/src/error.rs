@@ -68,6 +68,35 @@ pub enum Error {
         /// The operation that was refused.
         second: String,
     },
+    /// The first call under this key failed for good, and its error type is stored by its message (it
+    /// does not implement serde): a duplicate gets this error, carrying that message, through the
+    /// function's `From<samekey::Error>`. An error type that implements `Serialize` and `Deserialize`
+    /// is replayed exactly instead.
+    #[error("call {call_id} failed: {message}")]
+    Failed {
+        /// The call that failed.
+        call_id: CallId,
+        /// The failure's message (its `Display`), as the first call saw it.
+        message: String,
+    },
+    /// A top-level key part is `None` (`key = "request_id"` with `request_id: Option<String>`): calls
+    /// without it would all share the key of `None` and replay each other's outcomes. Nothing ran and
+    /// nothing was claimed. `#[idempotent(on_missing_key = "run")]` runs such calls without
+    /// idempotency instead.
+    #[error("idempotency key part `{part}` is missing (None): nothing ran; pass it, or opt in with `#[idempotent(on_missing_key = \"run\")]` to run calls without it unprotected")]
+    MissingKey {
+        /// The key part, as written in `key = "..."`.
+        part: String,
+    },
+    /// A key part's value has no stable encoding (a float inside a JSON value). Nothing ran and nothing
+    /// was claimed.
+    #[error("idempotency key part `{part}` cannot be encoded: {reason}")]
+    InvalidKey {
+        /// The key part, as written in `key = "..."`.
+        part: String,
+        /// Why.
+        reason: String,
+    },
     /// [`Runtime::install_default`](crate::Runtime::install_default) was called after the default runtime
     /// was set or first used.
     #[error("the default samekey runtime is already set; install it before the first call")]
@@ -83,7 +112,9 @@ impl Classify for Error {
             | Error::Decode { .. }
             | Error::NotReplayable { .. }
             | Error::ScopeClash { .. }
+            | Error::Failed { .. }
             | Error::DefaultAlreadySet => ErrorClass::Permanent,
+            Error::MissingKey { .. } | Error::InvalidKey { .. } => ErrorClass::Rejected,
         }
     }
 }

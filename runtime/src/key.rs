@@ -24,12 +24,20 @@
 //! | 0x0d | derived enum variants         | variant name (as a string body), field count, fields |
 //! | 0x10 | `uuid::Uuid` (feature `uuid`) | 16 bytes                                          |
 //! | 0x11 | `chrono::NaiveDate` (`chrono`)| LEB128 of zig-zag days since 0001-01-01           |
+//! | 0x12 | `serde_json::Value` (`json`)  | one byte for the kind, then: null —; bool; integer as 0x01/0x02 above; string; array as a sequence; object as a map with its keys sorted |
 //! | 0x1f | time window                   | window length in ms, bucket number                |
 //!
 //! Integer widths are not part of the encoding: widening a parameter from `u32` to `u64` keeps its keys.
 //! A key is `SHA-256("samekey/key/v1" ‖ scope as a string ‖ parts…)`; the scope is the function's stable
 //! name space. Nothing here depends on `Debug`, `Hash`, pointer values, the platform or the process, and
 //! the tests pin exact bytes so that a change of encoding cannot slip through.
+//!
+//! # Missing parts
+//!
+//! A top-level key part that is absent ([`KeyPart::is_missing`]: `None`) makes the call fail with
+//! `Error::MissingKey` before anything runs, unless the function opts in with
+//! `on_missing_key = "run"`: every call without it would otherwise share the key of `None`. An
+//! `Option` inside a part (a field of a derived struct, an element of a tuple) is encoded as above.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -50,12 +58,19 @@ use crate::call_id::Label;
     message = "`{Self}` cannot be part of an idempotency key",
     label = "`{Self}` has no stable key encoding (it does not implement `samekey::KeyPart`)",
     note = "a key must be the same for every attempt, process and release: floats (rounding, NaN, -0.0), `HashMap`/`HashSet` (iteration order differs per process) and clocks (`Instant`, `SystemTime`) are rejected on purpose",
-    note = "use integers (amounts in minor units such as cents), strings, `BTreeMap`/`BTreeSet`, `window = \"1d\"` for time buckets, or `#[derive(samekey::KeyPart)]` on your own types"
+    note = "use integers (amounts in minor units such as cents), strings, `BTreeMap`/`BTreeSet`, `window = \"1d\"` for time buckets, or `#[derive(samekey::KeyPart)]` on your own types",
+    note = "`uuid::Uuid` is a key part with samekey's `uuid` feature, `chrono::NaiveDate` with `chrono`, `serde_json::Value` with `json`: `samekey = {{ version = \"0.1\", features = [\"uuid\"] }}`; a `DateTime` is an instant, not a business value: key by the business date (`NaiveDate`) or an id"
 )]
 pub trait KeyPart {
     /// Writes this value's encoding. Implementations call the [`KeyEncoder`] methods that match their
     /// shape; the order of calls is part of the key, so keep it stable.
     fn encode_key(&self, out: &mut KeyEncoder);
+
+    /// Whether this value, as a whole key part, is absent (`None`), so that the key would not name
+    /// the operation. Only top-level parts are asked; an `Option` inside a part is encoded.
+    fn is_missing(&self) -> bool {
+        false
+    }
 }
 
 mod tag {
@@ -77,6 +92,8 @@ mod tag {
     pub const UUID: u8 = 0x10;
     #[cfg(feature = "chrono")]
     pub const DATE: u8 = 0x11;
+    #[cfg(feature = "json")]
+    pub const JSON: u8 = 0x12;
     pub const WINDOW: u8 = 0x1f;
 }
 
@@ -84,6 +101,8 @@ mod tag {
 /// allocation) or into a byte buffer (see [`key_bytes`]).
 pub struct KeyEncoder {
     sink: Sink,
+    /// Why a value could not be encoded, when one could not.
+    refused: Option<&'static str>,
 }
 
 enum Sink {
@@ -97,6 +116,7 @@ impl KeyEncoder {
         hasher.update(b"samekey/key/v1");
         KeyEncoder {
             sink: Sink::Hash(hasher),
+            refused: None,
         }
     }
 
@@ -127,6 +147,13 @@ impl KeyEncoder {
     fn tagged_len(&mut self, tag: u8, len: usize) {
         self.raw(&[tag]);
         self.varint(len as u128);
+    }
+
+    /// Refuses the value being encoded: it has no stable encoding (a float inside a JSON value). The call
+    /// fails with `Error::InvalidKey` carrying `reason` before anything runs. Types with no stable
+    /// encoding at all should not implement [`KeyPart`]: they are then refused at compile time.
+    pub fn refuse(&mut self, reason: &'static str) {
+        self.refused.get_or_insert(reason);
     }
 
     /// The unit value `()`.
@@ -229,6 +256,7 @@ impl KeyEncoder {
 pub fn key_bytes<P: KeyPart + ?Sized>(part: &P) -> Vec<u8> {
     let mut encoder = KeyEncoder {
         sink: Sink::Bytes(Vec::new()),
+        refused: None,
     };
     part.encode_key(&mut encoder);
     match encoder.sink {
@@ -355,6 +383,16 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 pub struct KeyBuilder {
     encoder: KeyEncoder,
     scope: Label,
+    problem: Option<KeyProblem>,
+}
+
+/// Why a key cannot name its operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum KeyProblem {
+    /// This top-level part is `None`.
+    Missing(&'static str),
+    /// This part has no stable encoding, for this reason.
+    Refused(&'static str, &'static str),
 }
 
 impl KeyBuilder {
@@ -371,12 +409,39 @@ impl KeyBuilder {
     fn with_label(scope: Label) -> KeyBuilder {
         let mut encoder = KeyEncoder::hashing();
         encoder.str(scope.as_str());
-        KeyBuilder { encoder, scope }
+        KeyBuilder {
+            encoder,
+            scope,
+            problem: None,
+        }
     }
 
     /// Appends one part.
     pub fn part<P: KeyPart + ?Sized>(&mut self, part: &P) {
         part.encode_key(&mut self.encoder);
+        if let Some(reason) = self.encoder.refused.take() {
+            self.problem.get_or_insert(KeyProblem::Refused("", reason));
+        }
+    }
+
+    /// Appends one top-level part named `name` (as written in `key = "..."`), noting whether it is
+    /// missing or refused its encoding. Used by the generated code.
+    #[doc(hidden)]
+    pub fn named_part<P: KeyPart + ?Sized>(&mut self, part: &P, name: &'static str) {
+        if self.problem.is_none() && part.is_missing() {
+            self.problem = Some(KeyProblem::Missing(name));
+        }
+        part.encode_key(&mut self.encoder);
+        if let Some(reason) = self.encoder.refused.take() {
+            if !matches!(self.problem, Some(KeyProblem::Refused(..))) {
+                self.problem = Some(KeyProblem::Refused(name, reason));
+            }
+        }
+    }
+
+    /// What keeps this key from naming its operation, if anything.
+    pub(crate) fn problem(&self) -> Option<&KeyProblem> {
+        self.problem.as_ref()
     }
 
     /// Appends the time bucket `unix_ms / window_ms` (a window of 0 ms adds nothing).
@@ -467,11 +532,19 @@ impl<T: KeyPart + ?Sized> KeyPart for &T {
     fn encode_key(&self, out: &mut KeyEncoder) {
         (**self).encode_key(out);
     }
+
+    fn is_missing(&self) -> bool {
+        (**self).is_missing()
+    }
 }
 
 impl<T: KeyPart + ?Sized> KeyPart for &mut T {
     fn encode_key(&self, out: &mut KeyEncoder) {
         (**self).encode_key(out);
+    }
+
+    fn is_missing(&self) -> bool {
+        (**self).is_missing()
     }
 }
 
@@ -479,11 +552,19 @@ impl<T: KeyPart + ?Sized> KeyPart for Box<T> {
     fn encode_key(&self, out: &mut KeyEncoder) {
         (**self).encode_key(out);
     }
+
+    fn is_missing(&self) -> bool {
+        (**self).is_missing()
+    }
 }
 
 impl<T: KeyPart + ?Sized> KeyPart for Rc<T> {
     fn encode_key(&self, out: &mut KeyEncoder) {
         (**self).encode_key(out);
+    }
+
+    fn is_missing(&self) -> bool {
+        (**self).is_missing()
     }
 }
 
@@ -491,11 +572,19 @@ impl<T: KeyPart + ?Sized> KeyPart for Arc<T> {
     fn encode_key(&self, out: &mut KeyEncoder) {
         (**self).encode_key(out);
     }
+
+    fn is_missing(&self) -> bool {
+        (**self).is_missing()
+    }
 }
 
 impl<T: KeyPart + ToOwned + ?Sized> KeyPart for Cow<'_, T> {
     fn encode_key(&self, out: &mut KeyEncoder) {
         (**self).encode_key(out);
+    }
+
+    fn is_missing(&self) -> bool {
+        (**self).is_missing()
     }
 }
 
@@ -508,6 +597,10 @@ impl<T: KeyPart> KeyPart for Option<T> {
                 v.encode_key(out);
             }
         }
+    }
+
+    fn is_missing(&self) -> bool {
+        self.is_none()
     }
 }
 
@@ -603,6 +696,60 @@ impl KeyPart for chrono::NaiveDate {
     }
 }
 
+/// A JSON value, canonically: object keys sorted (whatever order the document or `serde_json`'s
+/// `preserve_order` gives them), integers by value whatever their JSON spelling of width. A number that
+/// is not an integer is refused like every float: the call fails with `Error::InvalidKey` before
+/// anything runs.
+#[cfg(feature = "json")]
+impl KeyPart for serde_json::Value {
+    fn encode_key(&self, out: &mut KeyEncoder) {
+        use serde_json::Value;
+        out.raw(&[tag::JSON]);
+        match self {
+            Value::Null => out.raw(&[0]),
+            Value::Bool(b) => {
+                out.raw(&[1]);
+                out.boolean(*b);
+            }
+            Value::Number(n) => {
+                out.raw(&[2]);
+                if let Some(u) = n.as_u64() {
+                    out.unsigned(u128::from(u));
+                } else if let Some(i) = n.as_i64() {
+                    out.signed(i128::from(i));
+                } else {
+                    out.refuse("a JSON number that is not an integer: floats are not stable key parts (rounding, -0.0); send amounts in integer minor units");
+                }
+            }
+            Value::String(s) => {
+                out.raw(&[3]);
+                out.str(s);
+            }
+            Value::Array(items) => {
+                out.raw(&[4]);
+                out.seq(items.len());
+                for item in items {
+                    item.encode_key(out);
+                }
+            }
+            Value::Object(map) => {
+                out.raw(&[5]);
+                let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+                entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                out.map(entries.len());
+                for (k, v) in entries {
+                    out.str(k);
+                    v.encode_key(out);
+                }
+            }
+        }
+    }
+
+    fn is_missing(&self) -> bool {
+        self.is_null()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -680,5 +827,83 @@ mod tests {
         };
         assert_eq!(at(day * 10 + 1), at(day * 11 - 1));
         assert_ne!(at(day * 10), at(day * 11));
+    }
+
+    #[test]
+    fn only_a_top_level_none_is_missing() {
+        let none: Option<String> = None;
+        let some = Some("r-1".to_owned());
+        let problem = |f: &dyn Fn(&mut KeyBuilder)| {
+            let mut b = KeyBuilder::new("s");
+            f(&mut b);
+            b.problem().cloned()
+        };
+        assert_eq!(
+            problem(&|b| b.named_part(&none, "request_id")),
+            Some(KeyProblem::Missing("request_id"))
+        );
+        assert_eq!(
+            problem(&|b| b.named_part(&&none, "request_id")),
+            Some(KeyProblem::Missing("request_id"))
+        );
+        assert_eq!(
+            problem(&|b| b.named_part(&Box::new(none.clone()), "request_id")),
+            Some(KeyProblem::Missing("request_id"))
+        );
+        assert_eq!(problem(&|b| b.named_part(&some, "request_id")), None);
+        // Inside a part, `None` is a value like any other.
+        assert_eq!(
+            problem(&|b| b.named_part(&(1u8, none.clone()), "pair")),
+            None
+        );
+        assert_eq!(
+            problem(&|b| b.named_part(&vec![none.clone()], "list")),
+            None
+        );
+        // The first missing part is the one named; the key still encodes `None` as before.
+        let mut b = KeyBuilder::new("s");
+        b.named_part(&none, "a");
+        b.named_part(&Option::<u8>::None, "b");
+        assert_eq!(b.problem(), Some(&KeyProblem::Missing("a")));
+        let mut plain = KeyBuilder::new("s");
+        plain.part(&none);
+        plain.part(&Option::<u8>::None);
+        assert_eq!(b.finish(), plain.finish());
+    }
+
+    #[cfg(feature = "json")]
+    #[test]
+    fn json_values_encode_canonically_and_refuse_floats() {
+        use serde_json::json;
+        let a = json!({"b": [1, "x", null, true], "a": -3});
+        let b: serde_json::Value =
+            serde_json::from_str(r#"{"a": -3, "b": [1, "x", null, true]}"#).unwrap();
+        assert_eq!(key_bytes(&a), key_bytes(&b));
+        assert_eq!(
+            key_bytes(&a),
+            [
+                0x12, 5, 0x0b, 2, // object, 2 entries
+                0x05, 1, b'a', 0x12, 2, 0x02, 5, // "a": -3
+                0x05, 1, b'b', 0x12, 4, 0x07, 4, // "b": [ 4 items
+                0x12, 2, 0x01, 1, // 1
+                0x12, 3, 0x05, 1, b'x', // "x"
+                0x12, 0, // null
+                0x12, 1, 0x03, 1, // true
+            ]
+        );
+        assert_ne!(key_bytes(&json!("1")), key_bytes(&json!(1)));
+        assert_ne!(key_bytes(&json!(null)), key_bytes(&json!([])));
+        let mut builder = KeyBuilder::new("s");
+        builder.named_part(&json!({"amount": 12.5}), "payload");
+        assert!(matches!(
+            builder.problem(),
+            Some(KeyProblem::Refused("payload", reason)) if reason.contains("not an integer")
+        ));
+        let mut builder = KeyBuilder::new("s");
+        builder.named_part(&json!(null), "payload");
+        assert_eq!(builder.problem(), Some(&KeyProblem::Missing("payload")));
+        let mut builder = KeyBuilder::new("s");
+        builder.named_part(&json!({"a": null}), "payload");
+        assert_eq!(builder.problem(), None);
     }
 }

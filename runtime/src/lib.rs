@@ -12,11 +12,13 @@ mod call;
 mod call_id;
 mod classify;
 mod clock;
+mod codec;
 mod compensation;
 pub mod conformance;
 mod context;
 mod error;
 mod key;
+mod observe;
 mod operation;
 mod receipt;
 mod retry;
@@ -24,13 +26,15 @@ mod runtime;
 mod stats;
 pub mod store;
 
-pub use call_id::{validate_label, CallId, Label, ParseCallIdError, TraceId};
+pub use call_id::{validate_label, validate_node, CallId, Label, ParseCallIdError, TraceId};
 pub use classify::{Classify, ErrorClass, RemoteStatus};
 pub use clock::{Clock, SystemClock, TokioClock};
+pub use codec::StoredByMessage;
 pub use compensation::{CompensationEntry, CompensationState};
 pub use context::{current, try_current, Context, Inbound};
 pub use error::{Error, StoreError};
 pub use key::{key_bytes, Fingerprint, Key, KeyBuilder, KeyBytes, KeyEncoder, KeyPart, ShortKey};
+pub use observe::{observed, Answer, CallReport};
 pub use receipt::{Fence, InvalidState, InvalidTransition, Receipt, ReceiptState, Transition};
 pub use retry::Backoff;
 pub use runtime::{
@@ -54,10 +58,11 @@ pub use store::{MemoryStore, Store};
 #[doc(hidden)]
 pub mod __private {
     pub use crate::call::{
-        begin, clone_param, CallError, CallOutput, CallResult, LookupAnswer, OnBusy, OnUnknown,
-        RetryClone, Run, Spec, Step,
+        ask, begin, clone_param, CallError, CallOutput, CallResult, LookupAnswer, OnBusy,
+        OnMissingKey, OnUnknown, RetryClone, Run, Spec, Step,
     };
+    pub use crate::codec::{ErrorCodec, ExactErrors, MessageErrors, Probe};
     pub use crate::key::KeyBuilder;
     pub use crate::operation::OperationCell;
-    pub use crate::runtime::default_runtime;
+    pub use crate::runtime::{ambient_runtime, default_runtime};
 }

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use crate::call_id::{validate_label, CallId, Label, ParseCallIdError};
+use crate::call_id::{validate_node, CallId, Label, ParseCallIdError};
 use crate::clock::{Clock, RuntimeClock, SystemClock};
 use crate::compensation::CompensationEntry;
 use crate::error::{Error, StoreError};
@@ -207,20 +207,58 @@ impl Runtime {
 
     /// Makes this runtime the process-wide default, used by functions without `runtime = …`. Do it before
     /// the first call: once the default is set or used, this answers [`Error::DefaultAlreadySet`].
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// samekey_runtime::Runtime::builder().node("api-7").build()?.install_default()?;
+    /// # Ok(()) }
+    /// ```
     pub fn install_default(self) -> Result<(), Error> {
         DEFAULT.set(self).map_err(|_| Error::DefaultAlreadySet)
+    }
+
+    /// Runs `future` with this runtime in place of the default: every `#[idempotent]` call made in it
+    /// (in this task) that has no `runtime = …` uses this runtime, its store and its clock. This is how
+    /// a test gets a fresh store of its own although the process-wide default cannot be reset; a
+    /// service can use it to give one request path another store. Nested scopes: the innermost wins.
+    ///
+    /// ```
+    /// # use samekey_runtime::Runtime;
+    /// # async fn demo() {
+    /// let rt = Runtime::builder().node("test").build().unwrap();
+    /// rt.scope(async {
+    ///     // `charge("o-1").await` here claims its key in `rt`'s store, not the default one.
+    /// })
+    /// .await;
+    /// assert_eq!(rt.stats().calls, 0);
+    /// # }
+    /// ```
+    pub async fn scope<F: std::future::Future>(&self, future: F) -> F::Output {
+        SCOPED.scope(self.clone(), future).await
     }
 }
 
 static DEFAULT: OnceLock<Runtime> = OnceLock::new();
+
+tokio::task_local! {
+    static SCOPED: Runtime;
+}
+
+/// The runtime a call without `runtime = …` uses: the one of the enclosing [`Runtime::scope`], else the
+/// process-wide default.
+pub fn ambient_runtime() -> Runtime {
+    SCOPED
+        .try_with(Runtime::clone)
+        .unwrap_or_else(|_| default_runtime().clone())
+}
 
 /// The process-wide default runtime: the installed one, else an in-memory one made on first use.
 pub fn default_runtime() -> &'static Runtime {
     DEFAULT.get_or_init(Runtime::new)
 }
 
-/// The node name when none is configured: `SAMEKEY_NODE`, else `HOSTNAME`, made into a valid label, else
-/// `local`.
+/// The node name when none is configured: `SAMEKEY_NODE`, else `HOSTNAME`, made into a valid node name
+/// (other characters become `_`, cut to 63 bytes), else `local`.
 fn default_node() -> Label {
     ["SAMEKEY_NODE", "HOSTNAME"]
         .iter()
@@ -228,16 +266,16 @@ fn default_node() -> Label {
         .map(|raw| {
             raw.chars()
                 .map(|c| {
-                    if c.is_ascii_alphanumeric() || c == '_' || c == '.' {
+                    if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {
                         c
                     } else {
                         '_'
                     }
                 })
-                .take(crate::call_id::MAX_LABEL_LEN)
+                .take(crate::call_id::MAX_NODE_LEN)
                 .collect::<String>()
         })
-        .find(|s| validate_label(s).is_ok())
+        .find(|s| validate_node(s).is_ok())
         .map(Label::from)
         .unwrap_or(Label::from_static("local"))
 }
@@ -301,8 +339,10 @@ impl Builder {
         self
     }
 
-    /// The node name written into callIds: 1–32 ASCII letters, digits, `_` or `.` (default:
-    /// `SAMEKEY_NODE`, else `HOSTNAME`, else `local`).
+    /// The node name written into callIds (their last field): 1–63 ASCII letters, digits, `_`, `.` or
+    /// `-`, so a host or pod name is a node name as it is (`"api-7"`). Default: `SAMEKEY_NODE`, else
+    /// `HOSTNAME` (other characters replaced by `_`), else `local`. [`build`](Builder::build) refuses
+    /// anything else with an error that names the node.
     pub fn node(mut self, node: impl Into<String>) -> Builder {
         self.node = Some(node.into());
         self
@@ -361,11 +401,11 @@ impl Builder {
         self
     }
 
-    /// The runtime; fails if the node name is not a valid label.
+    /// The runtime; fails if the node name is not valid (see [`node`](Builder::node)).
     pub fn build(self) -> Result<Runtime, ParseCallIdError> {
         let node = match self.node {
             Some(node) => {
-                validate_label(&node)?;
+                validate_node(&node)?;
                 Label::from(node)
             }
             None => default_node(),

@@ -18,6 +18,8 @@ use serde::{Deserialize, Serialize};
 pub enum TestError {
     #[error("declined")]
     Declined,
+    #[error("rejected; nothing took effect")]
+    Rejected,
     #[error("refused before processing")]
     Refused,
     #[error("rate limited")]
@@ -32,6 +34,7 @@ impl Classify for TestError {
     fn classify(&self) -> ErrorClass {
         match self {
             TestError::Declined => ErrorClass::Permanent,
+            TestError::Rejected => ErrorClass::Rejected,
             TestError::Refused => ErrorClass::Retryable,
             TestError::RateLimited { retry_after_ms } => ErrorClass::RateLimited {
                 retry_after: Some(Duration::from_millis(*retry_after_ms)),
@@ -57,6 +60,8 @@ pub enum Fault {
     Unavailable,
     /// Rejects the request for good (4xx); recorded as a failed receipt.
     Declined,
+    /// Rejects the request and changes nothing (a declined card): the caller may try again.
+    Rejected,
     /// Rate limited; retry after this many ms.
     RateLimited(u64),
     /// Never answers, never executes.
@@ -181,6 +186,7 @@ impl Remote {
                     .insert(id, RemoteStatus::Failed(TestError::Declined));
                 Err(TestError::Declined)
             }
+            Fault::Rejected => Err(TestError::Rejected),
             Fault::RateLimited(ms) => Err(TestError::RateLimited { retry_after_ms: ms }),
             Fault::Hang => std::future::pending().await,
         }

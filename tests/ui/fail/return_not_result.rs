@@ -1,5 +1,5 @@
-// Group 1/4: a path return type that is not a `Result` passes the syntax check; the
-// on_unimplemented message of the runtime's `CallResult` rejects it on the return type.
+// Group 1/4: a return type that is certainly not a `Result` (`String`, `Option`, integers, …) is
+// refused by the macro, once, on the return type.
 use samekey::idempotent;
 
 #[idempotent(key = "order_id")]

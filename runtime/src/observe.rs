@@ -1,0 +1,132 @@
+//! What a caller may learn about a finished call without changing the function's signature:
+//! [`observed`] runs a future and reports the first `#[idempotent]` call made in it — its callId, its
+//! key, and whether its answer was a replay of an earlier call's outcome.
+//!
+//! A server reads it to set `Idempotent-Replayed: true`; an operator logs the callId of every call.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::call_id::{CallId, TraceId};
+use crate::key::Key;
+
+tokio::task_local! {
+    static OBSERVER: Slot;
+}
+
+/// Where the observed call writes its report.
+#[derive(Clone, Default)]
+pub(crate) struct Slot(Arc<Mutex<SlotState>>);
+
+#[derive(Default)]
+struct SlotState {
+    taken: bool,
+    report: Option<CallReport>,
+}
+
+impl Slot {
+    /// The slot of the enclosing [`observed`] scope, if this is the first call made in it.
+    pub(crate) fn take() -> Option<Slot> {
+        OBSERVER
+            .try_with(|slot| {
+                let mut state = slot.0.lock().unwrap_or_else(PoisonError::into_inner);
+                if state.taken {
+                    None
+                } else {
+                    state.taken = true;
+                    Some(slot.clone())
+                }
+            })
+            .ok()
+            .flatten()
+    }
+
+    pub(crate) fn report(&self, report: CallReport) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).report = Some(report);
+    }
+}
+
+/// How an `#[idempotent]` call was answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Answer {
+    /// This call ran (or resolved) the operation: its answer is its own.
+    Executed,
+    /// The key was already settled by an earlier call: its stored outcome was replayed and nothing ran.
+    Replayed,
+    /// samekey answered without running or replaying anything (`InProgress`, `KeyReuse`, `MissingKey`,
+    /// a store that failed, …): the answer is a samekey error.
+    Refused,
+    /// A top-level key part was missing and the function opted in (`on_missing_key = "run"`): the
+    /// body ran once without idempotency (no claim, no retry, no receipt).
+    Unprotected,
+}
+
+/// A finished `#[idempotent]` call, as [`observed`] reports it.
+#[derive(Debug, Clone)]
+pub struct CallReport {
+    pub(crate) call_id: CallId,
+    pub(crate) trace_id: TraceId,
+    pub(crate) key: Key,
+    pub(crate) answer: Answer,
+    pub(crate) attempts: u32,
+}
+
+impl CallReport {
+    /// The callId: this call's own, or — for a replay — the callId of the call whose outcome was
+    /// replayed, which is the one the remote side and the receipt know.
+    pub fn call_id(&self) -> &CallId {
+        &self.call_id
+    }
+
+    /// The traceId of the business chain.
+    pub fn trace_id(&self) -> TraceId {
+        self.trace_id
+    }
+
+    /// The idempotency key.
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// How the call was answered.
+    pub fn answer(&self) -> Answer {
+        self.answer
+    }
+
+    /// Whether the answer is an earlier call's stored outcome (`Idempotent-Replayed: true`).
+    pub fn replayed(&self) -> bool {
+        self.answer == Answer::Replayed
+    }
+
+    /// How many attempts of the body this call made (0 for a replay).
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+}
+
+/// Runs `future` and reports the first `#[idempotent]` call it makes (`None` if it made none, or the
+/// call did not finish). Calls nested inside that call's body, and later calls, are not reported.
+///
+/// ```
+/// # use samekey_runtime::observed;
+/// # async fn charge(_: &str) -> Result<u64, std::io::Error> { Ok(1) }
+/// # async fn demo() {
+/// let (result, report) = observed(charge("o-1")).await;
+/// if let Some(report) = report {
+///     tracing::info!(call_id = %report.call_id(), replayed = report.replayed(), "charged");
+/// }
+/// # let _ = result;
+/// # }
+/// ```
+pub async fn observed<F: Future>(future: F) -> (F::Output, Option<CallReport>) {
+    let slot = Slot::default();
+    let output = OBSERVER.scope(slot.clone(), future).await;
+    let report = slot
+        .0
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .report
+        .take();
+    (output, report)
+}
