@@ -61,9 +61,16 @@ pub trait Classify {
 
 impl Classify for std::io::Error {
     /// Refusals before anything was sent are retryable; timeouts and broken connections are unknown
-    /// (the request may have arrived); everything else is permanent.
+    /// (the request may have arrived); everything else is permanent. An `io::Error` made from a
+    /// [`samekey::Error`](crate::Error) (`From`) keeps that error's class.
     fn classify(&self) -> ErrorClass {
         use std::io::ErrorKind::*;
+        if let Some(samekey) = self
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<crate::Error>())
+        {
+            return samekey.classify();
+        }
         match self.kind() {
             ConnectionRefused | NotConnected | AddrNotAvailable | WouldBlock => {
                 ErrorClass::Retryable

@@ -119,6 +119,24 @@ impl Classify for Error {
     }
 }
 
+/// So that a function returning `io::Result<T>` can be `#[idempotent]`: the `io::Error` carries the
+/// samekey error (`get_ref()` and `downcast_ref::<samekey::Error>()` give it back) and keeps its
+/// [`ErrorClass`]; its kind is `TimedOut` for an uncertain outcome (`Unknown`, a store failure),
+/// `WouldBlock` for "not now" (`InProgress`, `Exhausted`), `InvalidInput` for a key that cannot name the
+/// operation, and `Other` otherwise.
+impl From<Error> for std::io::Error {
+    fn from(e: Error) -> std::io::Error {
+        use std::io::ErrorKind;
+        let kind = match e.classify() {
+            ErrorClass::Unknown => ErrorKind::TimedOut,
+            ErrorClass::Retryable | ErrorClass::RateLimited { .. } => ErrorKind::WouldBlock,
+            ErrorClass::Rejected => ErrorKind::InvalidInput,
+            ErrorClass::Permanent => ErrorKind::Other,
+        };
+        std::io::Error::new(kind, e)
+    }
+}
+
 /// A store operation that failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error, Serialize, Deserialize)]
 #[non_exhaustive]
@@ -152,4 +170,42 @@ pub enum StoreError {
         /// The refused target.
         to: ReceiptState,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_io_error_made_from_a_samekey_error_keeps_its_class_and_the_error() {
+        let call_id = CallId::new("ord", "api-7").unwrap();
+        let cases = [
+            (
+                Error::Unknown {
+                    call_id: call_id.clone(),
+                },
+                ErrorClass::Unknown,
+            ),
+            (
+                Error::InProgress {
+                    call_id: call_id.clone(),
+                },
+                ErrorClass::Retryable,
+            ),
+            (
+                Error::MissingKey {
+                    part: "request_id".into(),
+                },
+                ErrorClass::Rejected,
+            ),
+            (Error::KeyReuse { call_id }, ErrorClass::Permanent),
+        ];
+        for (error, class) in cases {
+            let io: std::io::Error = error.clone().into();
+            assert_eq!(io.classify(), class, "{error}");
+            let inner = io.get_ref().and_then(|e| e.downcast_ref::<Error>());
+            assert_eq!(inner, Some(&error));
+            assert_eq!(io.to_string(), error.to_string());
+        }
+    }
 }
