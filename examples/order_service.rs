@@ -54,7 +54,8 @@ enum PayError {
 impl Classify for PayError {
     fn classify(&self) -> ErrorClass {
         match self {
-            PayError::Declined => ErrorClass::Permanent,
+            // Nothing was charged: the order may be paid again (with another card).
+            PayError::Declined => ErrorClass::Rejected,
             PayError::Unavailable => ErrorClass::Retryable,
             PayError::RateLimited { retry_after_ms } => ErrorClass::RateLimited {
                 retry_after: Some(Duration::from_millis(*retry_after_ms)),

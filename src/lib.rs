@@ -43,12 +43,55 @@
 //! jitter, same callId), treats a timeout as *unknown* and asks the receipt (`lookup`) before anything
 //! else, and hands what stays undecided to the compensation queue as [`Error::Unknown`].
 //!
-//! See the README for the arguments, the defaults and the compile-time errors.
+//! # Where to read on
+//!
+//! * [`idempotent`]: the attribute's full reference — arguments, keys, the function's types, which
+//!   error class to use when, what samekey answers, the decision table, `lookup`, tracing events.
+//! * [`Runtime`]: the store, node name, clock and limits calls use; [`Runtime::scope`] for tests;
+//!   [`Runtime::stats`], [`Runtime::receipt`] and [`Runtime::compensations`] to see what happened.
+//! * [`observed`]: whether a call was a replay, and its callId.
+//! * [`store`]: the [`Store`] contract and the backends; [`conformance`] for your own.
+//! * [`KeyPart`]: what may be part of a key, and the key encoding.
+//!
+//! # Features
+//!
+//! | feature | adds |
+//! |---|---|
+//! | `sqlite` | [`store::SqliteStore`]: one file, durable across restarts |
+//! | `postgres` | [`store::PgStore`]: many instances, receipts in your transaction |
+//! | `redis` | [`store::RedisStore`] (one server or a cluster) and [`store::CachedStore`] |
+//! | `uuid` | `uuid::Uuid` as a key part |
+//! | `chrono` | `chrono::NaiveDate` as a key part |
+//! | `json` | `serde_json::Value` as a key part (canonical; floats refused) |
+//!
+//! # Testing your code
+//!
+//! The process-wide default runtime cannot be reset, so give each test a runtime of its own with
+//! [`Runtime::scope`] (or `runtime = &self.samekey` on methods). With tokio's time paused, give it a
+//! [`TokioClock`] so that `tokio::time::advance` ends leases and TTLs:
+//!
+//! ```
+//! # use samekey::idempotent;
+//! # #[idempotent(key = "order_id")]
+//! # async fn charge(order_id: &str) -> Result<u64, std::io::Error> { Ok(5) }
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let rt = samekey::Runtime::builder()
+//!     .node("test")
+//!     .clock(samekey::TokioClock::new())
+//!     .build()
+//!     .unwrap();
+//! rt.scope(async {
+//!     charge("o-1").await.unwrap();
+//!     charge("o-1").await.unwrap();
+//! })
+//! .await;
+//! assert_eq!(rt.stats().replays, 1); // a fresh store: nothing from other tests
+//! # }
+//! ```
 
 #![warn(missing_docs)]
 
-/// Makes an `async fn` take effect at most once per idempotency key. See the crate documentation and the
-/// README for its arguments.
+#[doc = include_str!("idempotent.md")]
 pub use samekey_macros::idempotent;
 /// On an `impl` block: the default scope of every `#[idempotent]` method in it names the block's self
 /// type as written (`my_app::billing::Stripe::charge` instead of `my_app::billing::charge`).

@@ -20,9 +20,7 @@ mod scoped;
 
 use proc_macro::TokenStream;
 
-/// Makes an `async fn` returning `Result<T, E>` take effect at most once per business key.
-///
-/// See the `samekey` crate for the arguments and what the generated code does.
+/// samekey's `#[idempotent]`: use it as `samekey::idempotent`, whose documentation is its reference.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::idempotent(args.into(), item.into()).into()

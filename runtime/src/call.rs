@@ -162,7 +162,7 @@ impl<T: Serialize + DeserializeOwned> CallOutput for T {}
 
 /// What the error type of an `#[idempotent]` function needs. Its failures are stored too: exactly when
 /// it implements serde's `Serialize` and `Deserialize`, else by its `Display` message (see
-/// [`Codec`](crate::codec::Codec)).
+/// [`ErrorCodec`](crate::codec::ErrorCodec)).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be the error type of an #[idempotent] function",
     label = "`{Self}` must implement `samekey::Classify` and `From<samekey::Error>`",

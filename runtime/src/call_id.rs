@@ -87,7 +87,7 @@ impl fmt::Display for Label {
     }
 }
 
-/// Checks that `s` can be a callId prefix: 1 to [`MAX_LABEL_LEN`] bytes of ASCII letters, digits, `_`
+/// Checks that `s` can be a callId prefix: 1 to 32 bytes of ASCII letters, digits, `_`
 /// or `.` (no `-`, which ends the prefix).
 pub fn validate_label(s: &str) -> Result<(), ParseCallIdError> {
     if s.is_empty() || s.len() > MAX_LABEL_LEN {
@@ -110,7 +110,7 @@ pub fn validate_label(s: &str) -> Result<(), ParseCallIdError> {
     Ok(())
 }
 
-/// Checks that `s` can be a node name, the callId's last field: 1 to [`MAX_NODE_LEN`] bytes of ASCII
+/// Checks that `s` can be a node name, the callId's last field: 1 to 63 bytes of ASCII
 /// letters, digits, `_`, `.` or `-`, so that host and pod names (`api-7`, `orders-5d9f-x2x9k`,
 /// `web.eu-1`) are node names as they are.
 pub fn validate_node(s: &str) -> Result<(), ParseCallIdError> {

@@ -186,7 +186,16 @@ impl Runtime {
         }
     }
 
-    /// What this runtime (and its clones) did so far.
+    /// What this runtime (and its clones) did so far, in this process: counters of calls, claims,
+    /// replays, attempts, lookups, retries, waits, unknowns, releases and store failures (see
+    /// [`Stats`]). A snapshot, cheap to take (relaxed atomic reads); other processes on the same store
+    /// keep their own.
+    ///
+    /// ```
+    /// let rt = samekey_runtime::Runtime::new();
+    /// let stats = rt.stats();
+    /// assert_eq!((stats.calls, stats.replays), (0, 0));
+    /// ```
     pub fn stats(&self) -> Stats {
         self.inner.counters.snapshot()
     }
@@ -195,12 +204,28 @@ impl Runtime {
         self.inner.counters.add(counter);
     }
 
-    /// The receipt of `call_id`, answered from the store alone (nothing downstream is called).
+    /// The receipt of `call_id` — its key, state (`PROCESSING`, `SUCCESS`, `FAILED`, `UNKNOWN`, …), fence,
+    /// lease and expiry, and stored outcome — answered from the store alone (nothing downstream is
+    /// called). `None` when the store has no record of that callId: never claimed, released (every
+    /// attempt refused before taking effect, or `Rejected`), or expired after its `ttl`.
+    ///
+    /// ```
+    /// # async fn demo(rt: samekey_runtime::Runtime, call_id: samekey_runtime::CallId) -> Result<(), samekey_runtime::Error> {
+    /// use samekey_runtime::ReceiptState;
+    /// if let Some(receipt) = rt.receipt(&call_id).await? {
+    ///     if receipt.state == ReceiptState::Unknown {
+    ///         // Ask the counterparty, then resolve it (or leave it to compensation).
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn receipt(&self, call_id: &CallId) -> Result<Option<Receipt>, Error> {
         Ok(self.inner.store.get_by_call_id(call_id).await?)
     }
 
-    /// The compensation queue: calls left `UNKNOWN`, pending or escalated.
+    /// The compensation queue: every call left `UNKNOWN` (its outcome could not be established) that is
+    /// pending or escalated, with its callId, key, reason, rounds and due time. A call whose outcome is
+    /// later recorded (a duplicate took it over and `lookup` answered) leaves the queue.
     pub async fn compensations(&self) -> Result<Vec<CompensationEntry>, Error> {
         Ok(self.inner.store.list_compensations().await?)
     }

@@ -45,7 +45,10 @@ impl Counters {
     }
 }
 
-/// What a runtime did since it was made. Each field counts events, not calls in that state.
+/// What a runtime did since it was made, from [`Runtime::stats`](crate::Runtime::stats). Each field
+/// counts events, not calls in that state: a call that retried twice adds 3 `attempts` and 2 `retries`;
+/// `calls - replays - failed_closed` is roughly the calls that ran or resolved something. The counters
+/// are per process and only grow.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
     /// Calls started.

@@ -1,10 +1,4 @@
-//! The embedded in-memory store: the default, needing no server.
-//!
-//! Keys are spread over 64 mutex-guarded shards by their digest (already uniform, so it is used as its own
-//! hash). Each shard keeps a min-heap of expiry times: every claim evicts a few expired records of its
-//! shard, and [`Store::purge_expired`] evicts all of them, so memory stays bounded by the keys claimed
-//! within one `ttl`. Claims and `UNKNOWN` records never expire. Waiters on a busy key park on a
-//! per-key [`Notify`] that every change of the record wakes: no polling.
+//! [`MemoryStore`] and what it needs; its documentation is on the type, where users read it.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -81,6 +75,14 @@ struct Shard {
 }
 
 /// The in-memory [`Store`]. Cheap to create; everything lives as long as the store.
+///
+/// The embedded in-memory store: the default, needing no server.
+///
+/// Keys are spread over 64 mutex-guarded shards by their digest (already uniform, so it is used as its own
+/// hash). Each shard keeps a min-heap of expiry times: every claim evicts a few expired records of its
+/// shard, and [`Store::purge_expired`] evicts all of them, so memory stays bounded by the keys claimed
+/// within one `ttl`. Claims and `UNKNOWN` records never expire. Waiters on a busy key park on a
+/// per-key [`Notify`] that every change of the record wakes: no polling.
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     calls: Box<[Mutex<FastMap<CallId, Digest>>]>,

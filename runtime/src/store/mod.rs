@@ -53,6 +53,7 @@ use std::time::Duration;
 
 /// The attribute that [`Store`] implementations put on their `impl` block (re-exported so that a backend
 /// needs no dependency of its own for it).
+#[doc(hidden)]
 pub use async_trait::async_trait;
 
 use crate::call_id::CallId;

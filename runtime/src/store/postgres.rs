@@ -1,32 +1,4 @@
-//! The PostgreSQL store (feature `postgres`): one database shared by many instances, the key's digest as
-//! primary key (the unique index is the last line of defence), fences from a sequence, compensation
-//! entries taken with `FOR UPDATE SKIP LOCKED`.
-//!
-//! # Round trips
-//!
-//! A fresh call costs two statements (claim, complete) and a replay one: the claim is a single statement
-//! that inserts the row (or reuses a released or expired one) and, when the key is held, returns the
-//! existing record in the same answer.
-//!
-//! # Time
-//!
-//! Leases and expiries are judged by the database server's clock (`statement_timestamp()`, through the
-//! `samekey_now` function of the schema), never by an instance's: instances whose clocks disagree by
-//! seconds still agree on whose lease is alive and which record expired.
-//!
-//! # Waiting for a busy key
-//!
-//! A duplicate that waits for a running call listens (`LISTEN`, on a pooled connection it holds while
-//! it waits) on its key's channel and marks the record waited-for; the record's next change notifies
-//! it (`pg_notify`, from a trigger, when the change commits), so the waiter hears the outcome a few
-//! round trips after the owner's commit (the notification, then a read of the record on the listening
-//! connection), with no polling.
-//!
-//! # Receipts in your own transaction
-//!
-//! [`PgStore::complete_in`] writes the call's outcome inside a transaction of yours, so the business row
-//! and the receipt commit or roll back together (seed 000 §5.3). The runtime's own completion afterwards
-//! finds the receipt written and changes nothing.
+//! [`PgStore`] and what it needs; its documentation is on the type, where users read it.
 
 use std::time::Duration;
 
@@ -99,7 +71,37 @@ CREATE INDEX IF NOT EXISTS samekey_compensation_due ON samekey_compensation (nex
     WHERE state <> 'MANUAL';
 ";
 
-/// A [`Store`] in a PostgreSQL database.
+/// A [`Store`](crate::Store) in a PostgreSQL database.
+///
+/// The PostgreSQL store (feature `postgres`): one database shared by many instances, the key's digest as
+/// primary key (the unique index is the last line of defence), fences from a sequence, compensation
+/// entries taken with `FOR UPDATE SKIP LOCKED`.
+///
+/// # Round trips
+///
+/// A fresh call costs two statements (claim, complete) and a replay one: the claim is a single statement
+/// that inserts the row (or reuses a released or expired one) and, when the key is held, returns the
+/// existing record in the same answer.
+///
+/// # Time
+///
+/// Leases and expiries are judged by the database server's clock (`statement_timestamp()`, through the
+/// `samekey_now` function of the schema), never by an instance's: instances whose clocks disagree by
+/// seconds still agree on whose lease is alive and which record expired.
+///
+/// # Waiting for a busy key
+///
+/// A duplicate that waits for a running call listens (`LISTEN`, on a pooled connection it holds while
+/// it waits) on its key's channel and marks the record waited-for; the record's next change notifies
+/// it (`pg_notify`, from a trigger, when the change commits), so the waiter hears the outcome a few
+/// round trips after the owner's commit (the notification, then a read of the record on the listening
+/// connection), with no polling.
+///
+/// # Receipts in your own transaction
+///
+/// [`PgStore::complete_in`] writes the call's outcome inside a transaction of yours, so the business row
+/// and the receipt commit or roll back together (seed 000 §5.3). The runtime's own completion afterwards
+/// finds the receipt written and changes nothing.
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,

@@ -1,10 +1,4 @@
-//! The SQLite store (feature `sqlite`): embedded and durable across restarts, one file, the key's digest
-//! as primary key (the unique index). The natural choice for one machine; several processes may share
-//! the file (WAL mode, a busy timeout, and every operation one atomic statement).
-//!
-//! A claim is one `INSERT … ON CONFLICT DO UPDATE … WHERE <free> RETURNING` statement: it creates the
-//! row, or reuses a released or expired one, or changes nothing and the record is read back. Waiting for
-//! a busy key polls (the trait's default), as SQLite has no notifications across processes.
+//! [`SqliteStore`] and what it needs; its documentation is on the type, where users read it.
 
 use std::path::Path;
 use std::str::FromStr;
@@ -49,7 +43,15 @@ CREATE TABLE IF NOT EXISTS samekey_compensation (
 ) WITHOUT ROWID;
 ";
 
-/// A [`Store`] in an SQLite file.
+/// A [`Store`](crate::Store) in an SQLite file.
+///
+/// The SQLite store (feature `sqlite`): embedded and durable across restarts, one file, the key's digest
+/// as primary key (the unique index). The natural choice for one machine; several processes may share
+/// the file (WAL mode, a busy timeout, and every operation one atomic statement).
+///
+/// A claim is one `INSERT … ON CONFLICT DO UPDATE … WHERE <free> RETURNING` statement: it creates the
+/// row, or reuses a released or expired one, or changes nothing and the record is read back. Waiting for
+/// a busy key polls (the trait's default), as SQLite has no notifications across processes.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,

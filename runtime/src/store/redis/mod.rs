@@ -1,52 +1,4 @@
-//! The Redis store (feature `redis`): a standalone [`Store`] whose every transition is one server-side
-//! script on one key, and [`CachedStore`], a front cache over a durable store.
-//!
-//! # Keys and Redis Cluster
-//!
-//! A record lives in the hash `samekey:r:{<digest>}`, the callId index in `samekey:c:{<callId>}`, the
-//! compensation queue in the hash `samekey:{queue}`. The part in braces is a hash tag, and every script
-//! reads and writes only its one `KEYS[1]`, so every script runs within one slot; commands on two keys
-//! (a completion and its index entry) are sent side by side, not as one pipeline or transaction.
-//! [`RedisStore::connect_cluster`] uses redis-rs's cluster client, which routes each command to its
-//! slot's node, and [`Store::purge_expired`] scans every primary. The conformance suite runs against a
-//! three-primary cluster in CI (`scripts/services`), and a test checks that keys spread over its nodes.
-//!
-//! # Durability
-//!
-//! Redis keeps what it acknowledged only as far as its settings say, and a claim it forgets is a call
-//! that runs twice. As the store of record it must:
-//!
-//! * never evict: `maxmemory-policy noeviction` (an evicted claim frees its key);
-//! * persist every write: `appendonly yes`, with `appendfsync always` (`everysec` loses up to a second
-//!   of claims in a crash);
-//! * not fail over to a replica that lags: Redis replicates asynchronously, so a promoted replica may
-//!   lack the last claims. Run without automatic failover, or put [`CachedStore`] in front of
-//!   PostgreSQL instead.
-//!
-//! [`RedisStore::connect`] and the other checked constructors read `maxmemory-policy` and `appendonly`
-//! of every primary (`CONFIG GET`) and refuse with [`StoreError::NotDurable`] when one says the server
-//! may lose claims, or cannot be asked. [`RedisStore::connect_unverified`] skips the check: for the
-//! cache of a [`CachedStore`] (which may evict at will: the durable store decides every claim), or for
-//! a managed Redis whose durability you vouch for. `scripts/services` runs Redis as a store of record.
-//!
-//! # The callId index
-//!
-//! A claim is one read-only script when the key is held (a replay costs one round trip and writes
-//! nothing); when it takes the key, the callId index entry goes out with the call's next write (its
-//! completion, a lease renewal, `UNKNOWN`), in that write's round trip. Until then, a call in flight is
-//! found by callId from the process that owns it, and by key from anywhere.
-//!
-//! # Fences and time
-//!
-//! Every script that judges or writes a time reads it from the server (`TIME`), on the node that holds
-//! the record: leases and expiries are the server's, never an instance's, so instances whose clocks
-//! disagree still agree on whose lease is alive. A record's first fence is the server's time in µs'
-//! worth of ms; a reused record's fence is its previous one plus one. A finished record carries
-//! `expires_at`, and Redis removes it on its own a while after that (`PEXPIRE`, relative).
-//!
-//! [`CachedStore`] keeps finished receipts of the durable store: an entry expires (by Redis's own
-//! relative `PEXPIRE`) when the receipt does, as far as the instance that wrote it can tell; the
-//! durable store alone decides every claim once the entry is gone.
+//! [`RedisStore`] and what it needs; its documentation is on the type, where users read it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -152,6 +104,56 @@ impl ConnectionLike for Connection {
 }
 
 /// A standalone [`Store`] in Redis.
+///
+/// The Redis store (feature `redis`): a standalone [`Store`] whose every transition is one server-side
+/// script on one key, and [`CachedStore`], a front cache over a durable store.
+///
+/// # Keys and Redis Cluster
+///
+/// A record lives in the hash `samekey:r:{<digest>}`, the callId index in `samekey:c:{<callId>}`, the
+/// compensation queue in the hash `samekey:{queue}`. The part in braces is a hash tag, and every script
+/// reads and writes only its one `KEYS[1]`, so every script runs within one slot; commands on two keys
+/// (a completion and its index entry) are sent side by side, not as one pipeline or transaction.
+/// [`RedisStore::connect_cluster`] uses redis-rs's cluster client, which routes each command to its
+/// slot's node, and [`Store::purge_expired`] scans every primary. The conformance suite runs against a
+/// three-primary cluster in CI (`scripts/services`), and a test checks that keys spread over its nodes.
+///
+/// # Durability
+///
+/// Redis keeps what it acknowledged only as far as its settings say, and a claim it forgets is a call
+/// that runs twice. As the store of record it must:
+///
+/// * never evict: `maxmemory-policy noeviction` (an evicted claim frees its key);
+/// * persist every write: `appendonly yes`, with `appendfsync always` (`everysec` loses up to a second
+///   of claims in a crash);
+/// * not fail over to a replica that lags: Redis replicates asynchronously, so a promoted replica may
+///   lack the last claims. Run without automatic failover, or put [`CachedStore`] in front of
+///   PostgreSQL instead.
+///
+/// [`RedisStore::connect`] and the other checked constructors read `maxmemory-policy` and `appendonly`
+/// of every primary (`CONFIG GET`) and refuse with [`StoreError::NotDurable`] when one says the server
+/// may lose claims, or cannot be asked. [`RedisStore::connect_unverified`] skips the check: for the
+/// cache of a [`CachedStore`] (which may evict at will: the durable store decides every claim), or for
+/// a managed Redis whose durability you vouch for. `scripts/services` runs Redis as a store of record.
+///
+/// # The callId index
+///
+/// A claim is one read-only script when the key is held (a replay costs one round trip and writes
+/// nothing); when it takes the key, the callId index entry goes out with the call's next write (its
+/// completion, a lease renewal, `UNKNOWN`), in that write's round trip. Until then, a call in flight is
+/// found by callId from the process that owns it, and by key from anywhere.
+///
+/// # Fences and time
+///
+/// Every script that judges or writes a time reads it from the server (`TIME`), on the node that holds
+/// the record: leases and expiries are the server's, never an instance's, so instances whose clocks
+/// disagree still agree on whose lease is alive. A record's first fence is the server's time in µs'
+/// worth of ms; a reused record's fence is its previous one plus one. A finished record carries
+/// `expires_at`, and Redis removes it on its own a while after that (`PEXPIRE`, relative).
+///
+/// [`CachedStore`] keeps finished receipts of the durable store: an entry expires (by Redis's own
+/// relative `PEXPIRE`) when the receipt does, as far as the instance that wrote it can tell; the
+/// durable store alone decides every claim once the entry is gone.
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Connection,
@@ -201,7 +203,7 @@ impl RedisStore {
     }
 
     /// Connects with another key prefix (several applications on one Redis), and checks that the server
-    /// keeps what it acknowledges (see [Durability](self#durability)).
+    /// keeps what it acknowledges (see [Durability](RedisStore#durability)).
     pub async fn connect_with_prefix(url: &str, prefix: &str) -> Result<RedisStore, StoreError> {
         let store = RedisStore::connect_unverified(url, prefix).await?;
         store.verify_durable().await?;
