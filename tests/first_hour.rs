@@ -564,3 +564,26 @@ async fn an_untyped_json_payload_is_a_key_part_and_a_float_in_it_is_refused() {
     })
     .await;
 }
+
+#[idempotent(key = "order_id", scope = "first_hour.inner")]
+async fn inner_step(order_id: &str) -> Result<u32, PayError> {
+    Ok(1)
+}
+
+#[idempotent(key = "order_id", scope = "first_hour.outer")]
+async fn outer_step(order_id: &str) -> Result<u32, PayError> {
+    Ok(inner_step(order_id).await? + 1)
+}
+
+#[tokio::test]
+async fn observed_reports_the_outermost_call_not_the_ones_inside_it() {
+    let rt = Runtime::builder().node("test").build().unwrap();
+    let (out, report) = rt.scope(observed(outer_step("o-13"))).await;
+    assert_eq!(out.unwrap(), 2);
+    let report = report.unwrap();
+    assert_eq!(report.key().scope(), "first_hour.outer");
+    assert_eq!(report.answer(), Answer::Executed);
+    // Nothing to report without an #[idempotent] call.
+    let ((), none) = observed(async {}).await;
+    assert!(none.is_none());
+}

@@ -373,8 +373,12 @@ fn generate(
     };
 
     let runtime = match &args.runtime {
-        Some(expr) => expr.to_token_stream(),
-        None => quote!(&::samekey::__private::ambient_runtime()),
+        // Typed here, so that a runtime of the wrong type is reported as one at the argument.
+        Some(expr) => {
+            let typed = quote_spanned!(expr.span()=> ::core::option::Option::<&::samekey::Runtime>::Some(#expr));
+            typed
+        }
+        None => quote!(::core::option::Option::None),
     };
     // Spanned at the return type: a return type that is not a `Result`, or an error type that
     // misses `Classify`/serde/`From<samekey::Error>`, is reported there.
@@ -619,7 +623,7 @@ mod tests {
         );
         assert!(out.contains("scope_given : false"), "{out}");
         assert!(
-            out.contains("(& :: samekey :: __private :: ambient_runtime () , & __SAMEKEY_SPEC , :: core :: any :: type_name :: < Self > () ,"),
+            out.contains("(:: core :: option :: Option :: None , & __SAMEKEY_SPEC , :: core :: any :: type_name :: < Self > () ,"),
             "a method's `Self` tells its operations apart: {out}"
         );
         assert!(
@@ -656,7 +660,7 @@ mod tests {
         assert!(out.contains("OnUnknown :: Rerun"), "{out}");
         assert!(
             out.contains(
-                "begin :: < Result < Charge , PayError > > (& self . rt , & __SAMEKEY_SPEC"
+                "begin :: < Result < Charge , PayError > > (:: core :: option :: Option :: < & :: samekey :: Runtime > :: Some (& self . rt) , & __SAMEKEY_SPEC"
             ),
             "{out}"
         );

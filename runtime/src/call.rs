@@ -298,13 +298,19 @@ pub struct Run<T, E> {
     self_type: &'static str,
     codec: Codec<T, E>,
     /// What keeps the key from naming the operation (a missing part), checked when the call starts.
-    problem: Option<KeyProblem>,
+    /// Boxed, as the observer below: rare, and the run is moved with every call.
+    problem: Option<Box<KeyProblem>>,
     /// Running without idempotency (a missing key part, and the function opted in).
     plain: bool,
+    /// Where [`observed`](crate::observed) wants this call's report, and what it needs beyond the run.
+    observer: Option<Box<Observer>>,
+}
+
+/// An [`observed`](crate::observed) call's report slot.
+struct Observer {
+    slot: Slot,
     /// The callId whose stored outcome this call replayed.
     replayed: Option<CallId>,
-    /// Where [`observed`](crate::observed) wants this call's report.
-    observer: Option<Slot>,
 }
 
 /// Starts a call: fixes the key (with its window bucket) and the callId (adopted from an inbound context,
@@ -312,8 +318,10 @@ pub struct Run<T, E> {
 ///
 /// `self_type` is the type of `Self` for a method (`""` otherwise): with a default scope, it tells the
 /// operations of one annotated item apart (see [`Error::ScopeClash`]).
+/// `rt` is the function's `runtime = …`, or `None` for the ambient one ([`Runtime::scope`]'s, else the
+/// process-wide default).
 pub fn begin<R>(
-    rt: &Runtime,
+    rt: Option<&Runtime>,
     spec: &'static Spec,
     self_type: &'static str,
     mut key: KeyBuilder,
@@ -325,6 +333,10 @@ where
     R::Ok: CallOutput,
     R::Err: CallError,
 {
+    let rt = match rt {
+        Some(rt) => rt.clone(),
+        None => crate::runtime::ambient_runtime(),
+    };
     let now = rt.now_ms();
     if let Some(window) = spec.window {
         key.window(u64::try_from(window.as_millis()).unwrap_or(u64::MAX), now);
@@ -332,9 +344,9 @@ where
     let (call_id, trace_id) = context::identify(spec.prefix, rt.node_label(), now);
     let rng = rt.jitter_seed(&call_id);
     rt.count(Counter::Calls);
-    let problem = key.problem().cloned();
+    let problem = key.problem().cloned().map(Box::new);
     Run {
-        rt: rt.clone(),
+        rt,
         spec,
         key: key.finish(),
         call_id,
@@ -356,8 +368,12 @@ where
         codec: Codec::new(errors),
         problem,
         plain: false,
-        replayed: None,
-        observer: Slot::take(),
+        observer: Slot::take().map(|slot| {
+            Box::new(Observer {
+                slot,
+                replayed: None,
+            })
+        }),
     }
 }
 
@@ -395,7 +411,8 @@ impl<T, E> Run<T, E> {
     fn done(&mut self, out: Result<T, E>) -> Step<T, E> {
         self.fence = None;
         if let Some(observer) = self.observer.take() {
-            let answer = if self.replayed.is_some() {
+            let Observer { slot, replayed } = *observer;
+            let answer = if replayed.is_some() {
                 Answer::Replayed
             } else if self.plain {
                 Answer::Unprotected
@@ -404,11 +421,8 @@ impl<T, E> Run<T, E> {
             } else {
                 Answer::Executed
             };
-            observer.report(CallReport {
-                call_id: self
-                    .replayed
-                    .clone()
-                    .unwrap_or_else(|| self.call_id.clone()),
+            slot.report(CallReport {
+                call_id: replayed.unwrap_or_else(|| self.call_id.clone()),
                 trace_id: self.trace_id,
                 key: self.key.clone(),
                 answer,
@@ -436,7 +450,7 @@ impl<T, E> Run<T, E> {
                 return self.fail_with(error);
             }
         }
-        match self.problem.take() {
+        match self.problem.take().map(|p| *p) {
             None => {}
             Some(KeyProblem::Missing(part)) if self.spec.on_missing_key == OnMissingKey::Run => {
                 tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
@@ -507,7 +521,9 @@ impl<T, E> Run<T, E> {
                 }
             }
             if record.state.is_terminal() {
-                self.replayed = Some(record.call_id.clone());
+                if let Some(observer) = &mut self.observer {
+                    observer.replayed = Some(record.call_id.clone());
+                }
                 return Held::Step(self.replay(&record));
             }
             // `UNKNOWN`, or an owner's claim: whether that owner's lease ended is the store's to judge

@@ -147,7 +147,6 @@ pub fn validate_node(s: &str) -> Result<(), ParseCallIdError> {
 /// fn header(value: &str) -> usize { value.len() }
 /// assert_eq!(header(&id), text.len());
 /// ```
-#[derive(Clone)]
 pub struct CallId {
     entropy: u64,
     unix_ms: u64,
@@ -155,6 +154,20 @@ pub struct CallId {
     node: Label,
     /// The text form, made on first use (most callIds are only ever written by `Display`).
     text: OnceLock<Arc<str>>,
+}
+
+impl Clone for CallId {
+    /// Clones the fields; the copy makes its text form again if it is asked for it (cloning is on every
+    /// call's path, reading the text is not).
+    fn clone(&self) -> CallId {
+        CallId {
+            entropy: self.entropy,
+            unix_ms: self.unix_ms,
+            prefix: self.prefix.clone(),
+            node: self.node.clone(),
+            text: OnceLock::new(),
+        }
+    }
 }
 
 impl PartialEq for CallId {

@@ -64,5 +64,5 @@ pub mod __private {
     pub use crate::codec::{ErrorCodec, ExactErrors, MessageErrors, Probe};
     pub use crate::key::KeyBuilder;
     pub use crate::operation::OperationCell;
-    pub use crate::runtime::{ambient_runtime, default_runtime};
+    pub use crate::runtime::default_runtime;
 }

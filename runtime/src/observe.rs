@@ -5,6 +5,7 @@
 //! A server reads it to set `Idempotent-Replayed: true`; an operator logs the callId of every call.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::call_id::{CallId, TraceId};
@@ -13,6 +14,10 @@ use crate::key::Key;
 tokio::task_local! {
     static OBSERVER: Slot;
 }
+
+/// How many [`observed`] scopes are running in the process: while none is, a call does not look for
+/// one (a task-local lookup on every call otherwise).
+static SCOPES: AtomicUsize = AtomicUsize::new(0);
 
 /// Where the observed call writes its report.
 #[derive(Clone, Default)]
@@ -27,6 +32,9 @@ struct SlotState {
 impl Slot {
     /// The slot of the enclosing [`observed`] scope, if this is the first call made in it.
     pub(crate) fn take() -> Option<Slot> {
+        if SCOPES.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
         OBSERVER
             .try_with(|slot| {
                 let mut state = slot.0.lock().unwrap_or_else(PoisonError::into_inner);
@@ -121,7 +129,10 @@ impl CallReport {
 /// ```
 pub async fn observed<F: Future>(future: F) -> (F::Output, Option<CallReport>) {
     let slot = Slot::default();
-    let output = OBSERVER.scope(slot.clone(), future).await;
+    let output = {
+        let _counted = Counted::enter();
+        OBSERVER.scope(slot.clone(), future).await
+    };
     let report = slot
         .0
         .lock()
@@ -129,4 +140,20 @@ pub async fn observed<F: Future>(future: F) -> (F::Output, Option<CallReport>) {
         .report
         .take();
     (output, report)
+}
+
+/// Counts one running [`observed`] scope, until dropped (also when the scope's future is).
+struct Counted;
+
+impl Counted {
+    fn enter() -> Counted {
+        SCOPES.fetch_add(1, Ordering::Relaxed);
+        Counted
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        SCOPES.fetch_sub(1, Ordering::Relaxed);
+    }
 }

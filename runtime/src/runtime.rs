@@ -271,7 +271,7 @@ tokio::task_local! {
 
 /// The runtime a call without `runtime = …` uses: the one of the enclosing [`Runtime::scope`], else the
 /// process-wide default.
-pub fn ambient_runtime() -> Runtime {
+pub(crate) fn ambient_runtime() -> Runtime {
     SCOPED
         .try_with(Runtime::clone)
         .unwrap_or_else(|_| default_runtime().clone())
