@@ -90,46 +90,50 @@ impl fmt::Display for Label {
 /// Checks that `s` can be a callId prefix: 1 to 32 bytes of ASCII letters, digits, `_`
 /// or `.` (no `-`, which ends the prefix).
 pub fn validate_label(s: &str) -> Result<(), ParseCallIdError> {
-    if s.is_empty() || s.len() > MAX_LABEL_LEN {
-        return Err(ParseCallIdError::new(
-            Field::Prefix,
-            s,
+    validate(
+        Field::Prefix,
+        s,
+        MAX_LABEL_LEN,
+        b"_.",
+        [
             "a callId prefix must be 1 to 32 characters long",
-        ));
-    }
-    if !s
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
-    {
-        return Err(ParseCallIdError::new(
-            Field::Prefix,
-            s,
             "a callId prefix may only hold ASCII letters, digits, `_` and `.`",
-        ));
-    }
-    Ok(())
+        ],
+    )
 }
 
 /// Checks that `s` can be a node name, the callId's last field: 1 to 63 bytes of ASCII
 /// letters, digits, `_`, `.` or `-`, so that host and pod names (`api-7`, `orders-5d9f-x2x9k`,
 /// `web.eu-1`) are node names as they are.
 pub fn validate_node(s: &str) -> Result<(), ParseCallIdError> {
-    if s.is_empty() || s.len() > MAX_NODE_LEN {
-        return Err(ParseCallIdError::new(
-            Field::Node,
-            s,
+    validate(
+        Field::Node,
+        s,
+        MAX_NODE_LEN,
+        b"_.-",
+        [
             "a node name must be 1 to 63 characters long",
-        ));
+            "a node name may only hold ASCII letters, digits, `_`, `.` and `-`",
+        ],
+    )
+}
+
+/// `s` is 1 to `max` bytes of ASCII letters, digits and `extra`; else the first or the second reason.
+fn validate(
+    field: Field,
+    s: &str,
+    max: usize,
+    extra: &[u8],
+    [length, chars]: [&'static str; 2],
+) -> Result<(), ParseCallIdError> {
+    if s.is_empty() || s.len() > max {
+        return Err(ParseCallIdError::new(field, s, length));
     }
     if !s
         .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+        .all(|b| b.is_ascii_alphanumeric() || extra.contains(&b))
     {
-        return Err(ParseCallIdError::new(
-            Field::Node,
-            s,
-            "a node name may only hold ASCII letters, digits, `_`, `.` and `-`",
-        ));
+        return Err(ParseCallIdError::new(field, s, chars));
     }
     Ok(())
 }
