@@ -217,6 +217,21 @@ async fn a_rejection_after_an_uncertain_attempt_is_recorded() {
     assert_eq!(p.rt.stats().released, 0);
 }
 
+// Row 3: a rejection after an uncertain attempt, with a `lookup` that knows nothing of the callId: the
+// refusal is the remote's answer; it is recorded, not sent a third time.
+#[tokio::test(start_paused = true)]
+async fn a_rejection_the_receipt_knows_nothing_of_is_recorded() {
+    let p = Payments::new();
+    p.remote.script([Fault::RequestLost, Fault::Rejected]);
+    assert_eq!(p.with_lookup("o-1", 500).await, Err(TestError::Rejected));
+    assert_eq!(p.remote.lookups(), 2);
+    assert_eq!(p.remote.seen().len(), 2, "not sent again after the refusal");
+    let (call_id, _, _) = p.attempts()[0].clone();
+    assert_eq!(state_of(&p, &call_id).await, Some(ReceiptState::Failed));
+    assert_eq!(p.with_lookup("o-1", 500).await, Err(TestError::Rejected));
+    assert_eq!(p.remote.executions("o-1"), 0);
+}
+
 // Row 2a: `verify` fingerprint mismatch → KeyReuse, nothing runs.
 #[tokio::test(start_paused = true)]
 async fn verify_mismatch_is_key_reuse() {

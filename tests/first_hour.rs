@@ -266,7 +266,16 @@ impl Payments {
     /// The same, for a caller that accepts running unprotected without a request id.
     #[idempotent(key = "request_id", runtime = &self.samekey, on_missing_key = "run")]
     async fn note(&self, request_id: Option<String>, cents: u64) -> Result<u64, PayError> {
+        // Unprotected without a request id: no claim, no receipt, a key shared by all such calls.
+        assert_eq!(samekey::current().is_protected(), request_id.is_some());
         Ok(cents)
+    }
+
+    /// Acts, then calls `refund` with a request id that may be missing.
+    #[idempotent(key = "order.id + \"cancel\"", runtime = &self.samekey)]
+    async fn cancel(&self, order: &Order, request_id: Option<String>) -> Result<u64, PayError> {
+        self.gateway.requests.fetch_add(1, Ordering::SeqCst);
+        self.refund(request_id, order.cents).await
     }
 }
 
@@ -442,10 +451,32 @@ async fn a_missing_request_id_runs_nothing_unless_the_function_opts_in() {
         2,
         "not a replay of the first"
     );
+    assert_eq!(payments.note(Some("n-1".into()), 3).await.unwrap(), 3);
     assert_eq!(
         payments.samekey.stats().claims,
+        2,
+        "only the calls with an id claimed"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_missing_key_inside_another_call_does_not_give_the_outer_key_back() {
+    let payments = Payments::new();
+    let first = payments.cancel(&order("o-14"), None).await;
+    assert!(
+        matches!(first, Err(PayError::Samekey(Error::MissingKey { .. }))),
+        "{first:?}"
+    );
+    // The outer body acted before the inner call refused: its failure stands for its key.
+    let again = payments.cancel(&order("o-14"), None).await;
+    assert!(
+        matches!(again, Err(PayError::Samekey(Error::Failed { .. }))),
+        "{again:?}"
+    );
+    assert_eq!(
+        payments.gateway.requests.load(Ordering::SeqCst),
         1,
-        "only the refund with an id claimed"
+        "acted once"
     );
 }
 
@@ -541,6 +572,10 @@ async fn an_untyped_json_payload_is_a_key_part_and_a_float_in_it_is_refused() {
     async fn handle(payload: &serde_json::Value) -> Result<u32, PayError> {
         Ok(RECEIPTS_SENT.fetch_add(1, Ordering::SeqCst))
     }
+    #[idempotent(key = "id", verify = "payload", scope = "webhooks.verified")]
+    async fn verified(id: &str, payload: &serde_json::Value) -> Result<u32, PayError> {
+        Ok(RECEIPTS_SENT.fetch_add(1, Ordering::SeqCst))
+    }
     let rt = Runtime::builder().node("test").build().unwrap();
     rt.scope(async {
         let a = serde_json::json!({"order": "o-11", "cents": 1250, "tags": ["a", "b"]});
@@ -559,6 +594,11 @@ async fn an_untyped_json_payload_is_a_key_part_and_a_float_in_it_is_refused() {
                 assert_eq!(part, "payload");
                 assert!(reason.contains("not an integer"), "{reason}");
             }
+            other => panic!("{other:?}"),
+        }
+        // In `verify` too: two requests differing only by a float are not taken for one.
+        match verified("w-1", &float).await {
+            Err(PayError::Samekey(Error::InvalidKey { part, .. })) => assert_eq!(part, "payload"),
             other => panic!("{other:?}"),
         }
     })

@@ -331,7 +331,8 @@ fn generate(
     let spec_value = spec_tokens(&sig.ident, args, policy);
 
     // Key parts go through `named_part`, which notes a missing (`None`) top-level part by its name;
-    // `verify` parts are not the key, and go through `part`.
+    // `verify` parts are not the key (a `None` there is a value), and go through `verify_part`, which
+    // notes only a refused encoding.
     let build = |parts: &[Part], named: bool| {
         let calls = parts.iter().map(|part| {
             // `&(part)` runs from the part's first token to its last, so that rustc underlines
@@ -344,8 +345,9 @@ fn generate(
                     ::samekey::__private::KeyBuilder::named_part(&mut #builder, &#group, #name);
                 }
             } else {
+                let name = key::display(part.tokens.clone());
                 quote_spanned! {part.span=>
-                    ::samekey::__private::KeyBuilder::part(&mut #builder, &#group);
+                    ::samekey::__private::KeyBuilder::verify_part(&mut #builder, &#group, #name);
                 }
             }
         });

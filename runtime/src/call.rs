@@ -290,6 +290,9 @@ pub struct Run<T, E> {
     /// Lookups that failed (no answer, an error): each one uses up a retry.
     lookups_failed: u32,
     waited: Duration,
+    /// The lookup under way was asked because the last attempt was refused after an uncertain one: a
+    /// "not received" then means the refusal stands.
+    refused: bool,
     /// The runtime's time when the call began, used by its first claim.
     began_ms: u64,
     rng: u64,
@@ -344,7 +347,11 @@ where
     let (call_id, trace_id) = context::identify(spec.prefix, rt.node_label(), now);
     let rng = rt.jitter_seed(&call_id);
     rt.count(Counter::Calls);
-    let problem = key.problem().cloned().map(Box::new);
+    let problem = key
+        .problem()
+        .or_else(|| verify.as_ref().and_then(KeyBuilder::problem))
+        .cloned()
+        .map(Box::new);
     Run {
         rt,
         spec,
@@ -362,6 +369,7 @@ where
         lookups_processing: 0,
         lookups_failed: 0,
         waited: Duration::ZERO,
+        refused: false,
         began_ms: now,
         rng,
         self_type,
@@ -654,6 +662,7 @@ impl<T, E> Run<T, E> {
         O: CallResult<Ok = T, Err = E>,
     {
         self.attempts += 1;
+        self.refused = false;
         self.rt.count(Counter::Attempts);
         self.in_flight = true;
         tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
@@ -668,6 +677,11 @@ impl<T, E> Run<T, E> {
             started,
             started.saturating_add(Self::ms(self.spec.ttl)),
         );
+        let context = if self.plain {
+            context.unprotected()
+        } else {
+            context
+        };
         let body = context.scope(body);
         let outcome = match self.spec.timeout {
             // The lease already covers the whole timeout.
@@ -704,6 +718,7 @@ impl<T, E> Run<T, E> {
                     ErrorClass::Permanent | ErrorClass::Rejected
                         if self.uncertain && self.spec.has_lookup =>
                     {
+                        self.refused = true;
                         self.unknown_outcome(Some(error)).await
                     }
                     ErrorClass::Permanent => self.fail(error).await,
@@ -820,7 +835,15 @@ impl<T, E> Run<T, E> {
                 tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                     attempt = self.attempts, "lookup: not received");
                 // The receipt covers the callId, so every attempt so far: none of them arrived (yet):
-                // a retry with the same callId is safe, the remote dedups a late arrival by it.
+                // a retry with the same callId is safe, the remote dedups a late arrival by it. But
+                // after a refusal, nothing took effect and the refusal is the remote's answer: it is
+                // recorded (never given back: the first request may still arrive), not sent again.
+                if self.refused {
+                    if let Some(error) = self.last_error.take() {
+                        self.refused = false;
+                        return self.fail(error).await;
+                    }
+                }
                 if self.attempts == 0 {
                     Step::Attempt
                 } else {

@@ -318,7 +318,9 @@ impl FromStr for CallId {
             unix_ms,
             prefix: Label::from(prefix),
             node: Label::from(node),
-            text: OnceLock::from(Arc::from(s)),
+            // Not `s`: a parsed text may spell the fields otherwise (upper-case hex, leading zeros);
+            // the text form is always the canonical one, made on first use.
+            text: OnceLock::new(),
         })
     }
 }
@@ -587,6 +589,13 @@ mod tests {
 
     #[test]
     fn host_style_node_names_are_accepted() {
+        let spelled = "ord-0017-00000000000000FF-api-7".parse::<CallId>().unwrap();
+        assert_eq!(
+            spelled.as_str(),
+            "ord-17-00000000000000ff-api-7",
+            "the canonical text"
+        );
+        assert_eq!(&*spelled, spelled.to_string());
         for node in [
             "api-7",
             "orders-api-5d9f8b6c5-x2x9k",

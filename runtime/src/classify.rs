@@ -14,8 +14,9 @@ use std::time::Duration;
 /// | `Unknown` | only after `lookup` says "not received" | `UNKNOWN` and queued, if nothing settles it | a timeout or a reset after sending: it may have happened |
 ///
 /// After an attempt whose outcome was unknown, a `Permanent` or `Rejected` answer may only mean "you
-/// already did that": with a `lookup`, the call asks the receipt first; without one, the answer is
-/// recorded `FAILED` (never released, since the first attempt may have taken effect).
+/// already did that": with a `lookup`, the call asks the receipt first (a receipt that knows nothing of
+/// the callId confirms the refusal, which is then recorded); without one, the answer is recorded
+/// `FAILED`. Either way it is never released, since the first attempt may have taken effect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorClass {
     /// Retrying cannot help, and the answer stands (the operation may have changed something, or must

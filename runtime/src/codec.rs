@@ -21,8 +21,10 @@ pub struct ErrorCodec<E> {
     pub(crate) decode: fn(&[u8]) -> serde_json::Result<Result<E, String>>,
 }
 
-/// A failure stored by its message.
+/// A failure stored by its message. Unknown fields are refused, so that a stored error of the user's type
+/// is never read as one.
 #[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ByMessage {
     #[serde(rename = "samekey.failure")]
     message: String,
@@ -52,13 +54,11 @@ impl<E: Serialize + DeserializeOwned> ExactErrors<E> for &Probe<E> {
     fn codec(&self) -> ErrorCodec<E> {
         ErrorCodec {
             encode: |e| serde_json::to_vec(e),
-            // A failure stored by message (by a build whose error type had no serde) still replays.
-            decode: |b| match serde_json::from_slice(b) {
-                Ok(e) => Ok(Ok(e)),
-                Err(e) => match serde_json::from_slice::<ByMessage>(b) {
-                    Ok(stored) => Ok(Err(stored.message)),
-                    Err(_) => Err(e),
-                },
+            // A failure stored by message (by a build whose error type had no serde) still replays. It
+            // is tried first: an `E` whose fields all have defaults would read it as itself.
+            decode: |b| match serde_json::from_slice::<ByMessage>(b) {
+                Ok(stored) => Ok(Err(stored.message)),
+                Err(_) => serde_json::from_slice(b).map(Ok),
             },
         }
     }
@@ -105,3 +105,42 @@ pub trait StoredByMessage: Display {}
 
 #[diagnostic::do_not_recommend]
 impl<E: Display> StoredByMessage for E {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error type all of whose fields have defaults reads almost any JSON object as itself.
+    #[derive(Debug, Default, PartialEq, Serialize, Deserialize)]
+    #[serde(default)]
+    struct Lenient {
+        code: u32,
+    }
+
+    impl std::fmt::Display for Lenient {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "code {}", self.code)
+        }
+    }
+
+    #[test]
+    fn each_codec_reads_the_others_records() {
+        let exact = ExactErrors::codec(&&Probe::<Lenient>::new());
+        let message = MessageErrors::codec(&Probe::<Lenient>::new());
+        let by_message = (message.encode)(&Lenient { code: 7 }).unwrap();
+        let exactly = (exact.encode)(&Lenient { code: 7 }).unwrap();
+        assert_eq!(
+            (exact.decode)(&by_message).unwrap(),
+            Err("code 7".to_owned())
+        );
+        assert_eq!((exact.decode)(&exactly).unwrap(), Ok(Lenient { code: 7 }));
+        assert_eq!(
+            (message.decode)(&by_message).unwrap(),
+            Err("code 7".to_owned())
+        );
+        assert_eq!(
+            (message.decode)(&exactly).unwrap(),
+            Err(r#"{"code":7}"#.to_owned())
+        );
+    }
+}

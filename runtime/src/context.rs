@@ -38,6 +38,7 @@ pub struct Context {
     fence: Fence,
     started_ms: u64,
     expires_at_ms: u64,
+    protected: bool,
 }
 
 impl Context {
@@ -58,7 +59,23 @@ impl Context {
             fence,
             started_ms,
             expires_at_ms,
+            protected: true,
         }
+    }
+
+    /// The context of a call that runs without idempotency.
+    pub(crate) fn unprotected(mut self) -> Context {
+        self.protected = false;
+        self
+    }
+
+    /// Whether the call is protected by a claimed key: `false` only when a top-level key part was
+    /// missing and the function opted in with `on_missing_key = "run"`. Such a call has no claim and no
+    /// receipt: its [`key`](Context::key) is the key of the missing value, shared by every such call
+    /// (do not send it anywhere as an idempotency key), its [`fence`](Context::fence) is 0, and
+    /// `PgStore::complete_in` writes nothing for it. Its callId is its own, as always.
+    pub fn is_protected(&self) -> bool {
+        self.protected
     }
 
     /// The callId: the same on every attempt. Send it to the remote side so it can deduplicate and

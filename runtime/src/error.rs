@@ -114,7 +114,9 @@ impl Classify for Error {
             | Error::ScopeClash { .. }
             | Error::Failed { .. }
             | Error::DefaultAlreadySet => ErrorClass::Permanent,
-            Error::MissingKey { .. } | Error::InvalidKey { .. } => ErrorClass::Rejected,
+            // Not `Rejected`: passed up from a call nested in another one's body, it must not give
+            // the outer key back, since the outer body may have acted before it.
+            Error::MissingKey { .. } | Error::InvalidKey { .. } => ErrorClass::Permanent,
         }
     }
 }
@@ -122,8 +124,7 @@ impl Classify for Error {
 /// So that a function returning `io::Result<T>` can be `#[idempotent]`: the `io::Error` carries the
 /// samekey error (`get_ref()` and `downcast_ref::<samekey::Error>()` give it back) and keeps its
 /// [`ErrorClass`]; its kind is `TimedOut` for an uncertain outcome (`Unknown`, a store failure),
-/// `WouldBlock` for "not now" (`InProgress`, `Exhausted`), `InvalidInput` for a key that cannot name the
-/// operation, and `Other` otherwise.
+/// `WouldBlock` for "not now" (`InProgress`, `Exhausted`), and `Other` otherwise.
 impl From<Error> for std::io::Error {
     fn from(e: Error) -> std::io::Error {
         use std::io::ErrorKind;
@@ -196,7 +197,7 @@ mod tests {
                 Error::MissingKey {
                     part: "request_id".into(),
                 },
-                ErrorClass::Rejected,
+                ErrorClass::Permanent,
             ),
             (Error::KeyReuse { call_id }, ErrorClass::Permanent),
         ];

@@ -439,6 +439,17 @@ impl KeyBuilder {
         }
     }
 
+    /// Appends one `verify` part named `name`, noting whether it refused its encoding (a missing
+    /// `verify` part is a value like any other). Used by the generated code.
+    #[doc(hidden)]
+    pub fn verify_part<P: KeyPart + ?Sized>(&mut self, part: &P, name: &'static str) {
+        part.encode_key(&mut self.encoder);
+        if let Some(reason) = self.encoder.refused.take() {
+            self.problem
+                .get_or_insert(KeyProblem::Refused(name, reason));
+        }
+    }
+
     /// What keeps this key from naming its operation, if anything.
     pub(crate) fn problem(&self) -> Option<&KeyProblem> {
         self.problem.as_ref()
@@ -719,6 +730,9 @@ impl KeyPart for serde_json::Value {
                     out.signed(i128::from(i));
                 } else {
                     out.refuse("a JSON number that is not an integer: floats are not stable key parts (rounding, -0.0); send amounts in integer minor units");
+                    // Refused, but still told apart: a `verify` fingerprint or a `Key::build` of
+                    // two different floats must not be the same.
+                    out.bytes(&n.as_f64().unwrap_or(f64::NAN).to_bits().to_be_bytes());
                 }
             }
             Value::String(s) => {

@@ -196,12 +196,18 @@ WHERE key = $1 AND (expires_at IS NULL OR expires_at > samekey_now($6))
     /// an `#[idempotent]` function, with `samekey::current()`, just before committing, and return the
     /// same value from the body.
     ///
-    /// Refused with [`StoreError::Fenced`] when another owner took the key over: then roll back.
+    /// Refused with [`StoreError::Fenced`] when another owner took the key over: then roll back. A call
+    /// that runs unprotected ([`Context::is_protected`] is `false`: a missing key part and
+    /// `on_missing_key = "run"`) has no receipt: nothing is written, and the answer is
+    /// [`Transition::AlreadyApplied`].
     pub async fn complete_in<T: Serialize>(
         conn: &mut PgConnection,
         call: &Context,
         value: &T,
     ) -> Result<Transition, StoreError> {
+        if !call.is_protected() {
+            return Ok(Transition::AlreadyApplied);
+        }
         let outcome = serde_json::to_vec(value)
             .map_err(|e| StoreError::Corrupt(format!("the outcome cannot be encoded: {e}")))?;
         let now = call.started_ms();
