@@ -1220,7 +1220,7 @@ async fn leave_unknown(
 }
 
 async fn finish_compensation(rt: &Runtime, key: &Key, call_id: &CallId) {
-    if let Err(e) = rt.store().finish_compensation(call_id).await {
+    if let Err(e) = rt.store().finish_compensation(call_id, None).await {
         tracing::warn!(target: "samekey", call_id = %call_id, key = %key.short(), attempt = 0u32,
             error = %e, "could not clear the compensation entry");
     }

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::call_id::CallId;
 use crate::key::Key;
+use crate::receipt::Fence;
 
 /// Where a queued entry stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,6 +40,9 @@ pub struct CompensationEntry {
     pub state: CompensationState,
     /// When it was queued (Unix ms).
     pub enqueued_ms: u64,
+    /// The worker fence of its latest take (0: never taken). A worker presents it to reschedule,
+    /// escalate or finish the entry, and is refused once another worker took it.
+    pub fence: Fence,
 }
 
 impl CompensationEntry {
@@ -52,6 +56,7 @@ impl CompensationEntry {
             next_at_ms: now_ms,
             state: CompensationState::Pending,
             enqueued_ms: now_ms,
+            fence: Fence(0),
         }
     }
 }

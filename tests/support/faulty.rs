@@ -220,21 +220,28 @@ impl Store for Faulty {
         )
         .await
     }
-    async fn reschedule_compensation(&self, id: &CallId, r: u32, n: u64) -> Result<(), StoreError> {
+    async fn reschedule_compensation(
+        &self,
+        id: &CallId,
+        f: Fence,
+        r: u32,
+        d: u64,
+        n: u64,
+    ) -> Result<(), StoreError> {
         self.run(
             "reschedule_compensation",
-            self.inner.reschedule_compensation(id, r, n),
+            self.inner.reschedule_compensation(id, f, r, d, n),
         )
         .await
     }
-    async fn finish_compensation(&self, id: &CallId) -> Result<(), StoreError> {
-        self.run("finish_compensation", self.inner.finish_compensation(id))
+    async fn finish_compensation(&self, id: &CallId, f: Option<Fence>) -> Result<(), StoreError> {
+        self.run("finish_compensation", self.inner.finish_compensation(id, f))
             .await
     }
-    async fn escalate_compensation(&self, id: &CallId, n: u64) -> Result<(), StoreError> {
+    async fn escalate_compensation(&self, id: &CallId, f: Fence, n: u64) -> Result<(), StoreError> {
         self.run(
             "escalate_compensation",
-            self.inner.escalate_compensation(id, n),
+            self.inner.escalate_compensation(id, f, n),
         )
         .await
     }

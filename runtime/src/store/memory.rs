@@ -449,8 +449,9 @@ impl Store for MemoryStore {
         &self,
         now_ms: u64,
         limit: usize,
-        lease_until_ms: u64,
+        lease_ms: u64,
     ) -> Result<Vec<CompensationEntry>, StoreError> {
+        let lease_until_ms = now_ms.saturating_add(lease_ms);
         let mut queue = lock(&self.queue);
         let mut due: Vec<&mut CompensationEntry> = queue
             .values_mut()
@@ -466,6 +467,7 @@ impl Store for MemoryStore {
             .take(limit)
             .map(|e| {
                 e.state = CompensationState::Taken { lease_until_ms };
+                e.fence = Fence(e.fence.0 + 1);
                 e.clone()
             })
             .collect())
@@ -474,25 +476,45 @@ impl Store for MemoryStore {
     async fn reschedule_compensation(
         &self,
         call_id: &CallId,
+        fence: Fence,
         round: u32,
-        next_at_ms: u64,
+        delay_ms: u64,
+        now_ms: u64,
     ) -> Result<(), StoreError> {
         let mut queue = lock(&self.queue);
-        let entry = queue.get_mut(call_id).ok_or(StoreError::NotFound)?;
+        let entry = held_entry(&mut queue, call_id, fence)?;
         entry.round = round;
-        entry.next_at_ms = next_at_ms;
+        entry.next_at_ms = now_ms.saturating_add(delay_ms);
         entry.state = CompensationState::Pending;
         Ok(())
     }
 
-    async fn finish_compensation(&self, call_id: &CallId) -> Result<(), StoreError> {
-        lock(&self.queue).remove(call_id);
+    async fn finish_compensation(
+        &self,
+        call_id: &CallId,
+        fence: Option<Fence>,
+    ) -> Result<(), StoreError> {
+        let mut queue = lock(&self.queue);
+        if let (Some(fence), Some(entry)) = (fence, queue.get(call_id)) {
+            if entry.fence != fence {
+                return Err(StoreError::Fenced {
+                    presented: fence.0,
+                    current: entry.fence.0,
+                });
+            }
+        }
+        queue.remove(call_id);
         Ok(())
     }
 
-    async fn escalate_compensation(&self, call_id: &CallId, now_ms: u64) -> Result<(), StoreError> {
+    async fn escalate_compensation(
+        &self,
+        call_id: &CallId,
+        fence: Fence,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
         let mut queue = lock(&self.queue);
-        let entry = queue.get_mut(call_id).ok_or(StoreError::NotFound)?;
+        let entry = held_entry(&mut queue, call_id, fence)?;
         entry.state = CompensationState::Manual;
         entry.next_at_ms = now_ms;
         Ok(())
@@ -503,6 +525,24 @@ impl Store for MemoryStore {
         all.sort_by_key(|e| e.enqueued_ms);
         Ok(all)
     }
+}
+
+/// The queued entry of `call_id`, if the worker that presents `fence` still holds it.
+// A callId's cached text form takes no part in its `Hash` and `Eq`: it is a key that does not change.
+#[allow(clippy::mutable_key_type)]
+fn held_entry<'q>(
+    queue: &'q mut HashMap<CallId, CompensationEntry>,
+    call_id: &CallId,
+    fence: Fence,
+) -> Result<&'q mut CompensationEntry, StoreError> {
+    let entry = queue.get_mut(call_id).ok_or(StoreError::NotFound)?;
+    if entry.fence != fence {
+        return Err(StoreError::Fenced {
+            presented: fence.0,
+            current: entry.fence.0,
+        });
+    }
+    Ok(entry)
 }
 
 #[cfg(test)]

@@ -194,28 +194,48 @@ pub trait Store: std::any::Any + Send + Sync {
     /// nothing.
     async fn enqueue_compensation(&self, entry: CompensationEntry) -> Result<(), StoreError>;
 
-    /// Takes up to `limit` pending entries due at `now_ms`, leasing each to the caller until
-    /// `lease_until_ms` so that no other worker takes it meanwhile.
+    /// Takes, atomically, up to `limit` entries due now (pending and due, or taken under a lease that
+    /// lapsed), oldest due first, and leases each to the caller for `lease_ms` under a new worker
+    /// fence ([`CompensationEntry::fence`], larger than any earlier take of that entry), so that no
+    /// other worker takes it meanwhile and a worker whose lease lapsed and whose entry was taken again
+    /// is refused by the fenced operations below. "Now" is the store's clock where nodes share it.
     async fn take_due_compensations(
         &self,
         now_ms: u64,
         limit: usize,
-        lease_until_ms: u64,
+        lease_ms: u64,
     ) -> Result<Vec<CompensationEntry>, StoreError>;
 
-    /// Puts a taken entry back for round `round`, due at `next_at_ms`.
+    /// Puts an entry the caller took under `fence` back for round `round`, due `delay_ms` from now.
+    /// [`StoreError::Fenced`] when another worker took it since; [`StoreError::NotFound`] when it is
+    /// gone.
     async fn reschedule_compensation(
         &self,
         call_id: &CallId,
+        fence: Fence,
         round: u32,
-        next_at_ms: u64,
+        delay_ms: u64,
+        now_ms: u64,
     ) -> Result<(), StoreError>;
 
-    /// Removes a resolved entry. Removing one that is not queued changes nothing.
-    async fn finish_compensation(&self, call_id: &CallId) -> Result<(), StoreError>;
+    /// Removes a resolved entry: whoever holds it (`None`: the call's key was resolved by its owner,
+    /// or by a person), or only if the caller still holds it (`Some(fence)`, else
+    /// [`StoreError::Fenced`]). Removing one that is not queued changes nothing.
+    async fn finish_compensation(
+        &self,
+        call_id: &CallId,
+        fence: Option<Fence>,
+    ) -> Result<(), StoreError>;
 
-    /// Marks an entry `MANUAL`: it stays, visible, for a person.
-    async fn escalate_compensation(&self, call_id: &CallId, now_ms: u64) -> Result<(), StoreError>;
+    /// Marks an entry the caller took under `fence` `MANUAL`: it stays, visible, for a person.
+    /// [`StoreError::Fenced`] when another worker took it since; [`StoreError::NotFound`] when it is
+    /// gone.
+    async fn escalate_compensation(
+        &self,
+        call_id: &CallId,
+        fence: Fence,
+        now_ms: u64,
+    ) -> Result<(), StoreError>;
 
     /// All queued entries, pending and manual, oldest first (for inspection).
     async fn list_compensations(&self) -> Result<Vec<CompensationEntry>, StoreError>;

@@ -65,8 +65,10 @@ CREATE TABLE IF NOT EXISTS samekey_compensation (
     next_at     BIGINT NOT NULL,
     state       TEXT NOT NULL,              -- PENDING TAKEN MANUAL
     lease_until BIGINT,
-    enqueued    BIGINT NOT NULL
+    enqueued    BIGINT NOT NULL,
+    taker       BIGINT NOT NULL DEFAULT 0   -- the worker fence of the latest take
 );
+ALTER TABLE samekey_compensation ADD COLUMN IF NOT EXISTS taker BIGINT NOT NULL DEFAULT 0;
 CREATE INDEX IF NOT EXISTS samekey_compensation_due ON samekey_compensation (next_at)
     WHERE state <> 'MANUAL';
 ";
@@ -161,7 +163,10 @@ WHERE key = $1 AND (expires_at IS NULL OR expires_at > samekey_now($6))
                 AND to_regclass('samekey_receipts_expires_at') IS NOT NULL
                 AND to_regclass('samekey_fence') IS NOT NULL
                 AND to_regprocedure('samekey_now(bigint)') IS NOT NULL
-                AND EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'samekey_settled')",
+                AND EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'samekey_settled')
+                AND EXISTS (SELECT 1 FROM information_schema.columns
+                    WHERE table_schema = current_schema() AND table_name = 'samekey_compensation'
+                        AND column_name = 'taker')",
         )
         .fetch_one(&self.pool)
         .await

@@ -125,6 +125,7 @@ where
         }
     };
     let round: i64 = row.try_get("round").map_err(driver)?;
+    let taker: i64 = row.try_get("taker").map_err(driver)?;
     Ok(CompensationEntry {
         call_id: call_id_of(&call_id)?,
         key: key_of(&digest, scope)?,
@@ -134,21 +135,13 @@ where
         next_at_ms: uint(row.try_get("next_at").map_err(driver)?, "due time")?,
         state,
         enqueued_ms: uint(row.try_get("enqueued").map_err(driver)?, "enqueue time")?,
+        fence: fence_of(taker)?,
     })
 }
 
 /// A fence read back from a `BIGINT`.
 pub(crate) fn fence_of(v: i64) -> Result<Fence, StoreError> {
     uint(v, "fence").map(Fence)
-}
-
-/// `NotFound` when an update of a compensation entry changed no row.
-pub(crate) fn found(rows: u64) -> Result<(), StoreError> {
-    if rows == 0 {
-        Err(StoreError::NotFound)
-    } else {
-        Ok(())
-    }
 }
 
 /// A key's row (`$1`: the key).
@@ -170,18 +163,15 @@ pub(crate) const ENQUEUE: &str = "INSERT INTO samekey_compensation
 VALUES ($1, $2, $3, $4, $5, $6, 'PENDING', NULL, $7)
 ON CONFLICT (call_id) DO NOTHING";
 
-pub(crate) const RESCHEDULE: &str = "UPDATE samekey_compensation
-SET round = $1, next_at = $2, state = 'PENDING', lease_until = NULL
-WHERE call_id = $3";
+/// Removes an entry (`$1`), whoever holds it (`$2` null) or only its holder (`$2` the worker fence).
+pub(crate) const FINISH: &str =
+    "DELETE FROM samekey_compensation WHERE call_id = $1 AND ($2 IS NULL OR taker = $2)";
 
-pub(crate) const FINISH: &str = "DELETE FROM samekey_compensation WHERE call_id = $1";
-
-pub(crate) const ESCALATE: &str =
-    "UPDATE samekey_compensation SET state = 'MANUAL', next_at = $1, lease_until = NULL
-WHERE call_id = $2";
+/// The worker fence of an entry (`$1`), to tell "gone" from "taken by another worker".
+pub(crate) const TAKER: &str = "SELECT taker FROM samekey_compensation WHERE call_id = $1";
 
 pub(crate) const LIST: &str =
-    "SELECT call_id, key, scope, reason, round, next_at, state, lease_until, enqueued
+    "SELECT call_id, key, scope, reason, round, next_at, state, lease_until, enqueued, taker
 FROM samekey_compensation ORDER BY enqueued, call_id";
 
 /// Everything of [`Store`](super::Store) the SQL backends do alike, for a store type with a `pool`
@@ -284,17 +274,74 @@ WHERE key = $3 AND fence = $4
 RETURNING fence"
             );
 
-            /// The statement that takes due compensation entries (`$1` lease, `$2` now, `$3` limit).
+            /// The statement that takes due compensation entries (`$1` lease length, `$2` now, `$3`
+            /// limit), each under a new worker fence.
             const TAKE_DUE_SQL: &'static str = concat!(
-                "UPDATE samekey_compensation SET state = 'TAKEN', lease_until = $1
+                "UPDATE samekey_compensation SET state = 'TAKEN', lease_until = ",
+                $now_open,
+                "$2",
+                $now_close,
+                " + $1, taker = taker + 1
 WHERE call_id IN (
     SELECT call_id FROM samekey_compensation
-    WHERE (state = 'PENDING' AND next_at <= $2) OR (state = 'TAKEN' AND lease_until <= $2)
+    WHERE (state = 'PENDING' AND next_at <= ",
+                $now_open,
+                "$2",
+                $now_close,
+                ")
+        OR (state = 'TAKEN' AND lease_until <= ",
+                $now_open,
+                "$2",
+                $now_close,
+                ")
     ORDER BY next_at, enqueued LIMIT $3 ",
                 $locking,
                 ")
-RETURNING call_id, key, scope, reason, round, next_at, state, lease_until, enqueued"
+RETURNING call_id, key, scope, reason, round, next_at, state, lease_until, enqueued, taker"
             );
+
+            /// Puts a held entry back (`$1` round, `$2` now, `$3` delay, `$4` callId, `$5` fence).
+            const RESCHEDULE_SQL: &'static str = concat!(
+                "UPDATE samekey_compensation
+SET round = $1, next_at = ",
+                $now_open,
+                "$2",
+                $now_close,
+                " + $3, state = 'PENDING', lease_until = NULL
+WHERE call_id = $4 AND taker = $5"
+            );
+
+            /// Marks a held entry `MANUAL` (`$1` now, `$2` callId, `$3` fence).
+            const ESCALATE_SQL: &'static str = concat!(
+                "UPDATE samekey_compensation SET state = 'MANUAL', next_at = ",
+                $now_open,
+                "$1",
+                $now_close,
+                ", lease_until = NULL
+WHERE call_id = $2 AND taker = $3"
+            );
+
+            /// Why a fenced update of the entry `call_id` changed nothing: it is gone (`NotFound`), or
+            /// another worker took it (`Fenced`).
+            async fn entry_refusal(
+                &self,
+                call_id: &$crate::call_id::CallId,
+                fence: $crate::receipt::Fence,
+            ) -> $crate::error::StoreError {
+                use $crate::store::sql::{driver, TAKER};
+                let taker: Result<Option<i64>, _> = sqlx::query_scalar(TAKER)
+                    .bind(call_id.to_string())
+                    .fetch_optional(&self.pool)
+                    .await;
+                match taker {
+                    Err(e) => driver(e),
+                    Ok(None) => $crate::error::StoreError::NotFound,
+                    Ok(Some(current)) => $crate::error::StoreError::Fenced {
+                        presented: fence.0,
+                        current: u64::try_from(current).unwrap_or(0),
+                    },
+                }
+            }
 
             /// The key's row on `conn`, whatever its expiry (`None` for no row or a released one).
             async fn row_on(
@@ -582,12 +629,12 @@ RETURNING call_id, key, scope, reason, round, next_at, state, lease_until, enque
                 &self,
                 now_ms: u64,
                 limit: usize,
-                lease_until_ms: u64,
+                lease_ms: u64,
             ) -> Result<Vec<$crate::compensation::CompensationEntry>, $crate::error::StoreError>
             {
                 use $crate::store::sql::{compensation, driver, int};
                 let rows = sqlx::query(Self::TAKE_DUE_SQL)
-                    .bind(int(lease_until_ms)?)
+                    .bind(int(lease_ms)?)
                     .bind(int(now_ms)?)
                     .bind(i64::try_from(limit).unwrap_or(i64::MAX))
                     .fetch_all(&self.pool)
@@ -604,46 +651,69 @@ RETURNING call_id, key, scope, reason, round, next_at, state, lease_until, enque
             async fn reschedule_compensation(
                 &self,
                 call_id: &$crate::call_id::CallId,
+                fence: $crate::receipt::Fence,
                 round: u32,
-                next_at_ms: u64,
+                delay_ms: u64,
+                now_ms: u64,
             ) -> Result<(), $crate::error::StoreError> {
-                use $crate::store::sql::{driver, found, int, RESCHEDULE};
-                let done = sqlx::query(RESCHEDULE)
+                use $crate::store::sql::{driver, int};
+                let done = sqlx::query(Self::RESCHEDULE_SQL)
                     .bind(i64::from(round))
-                    .bind(int(next_at_ms)?)
+                    .bind(int(now_ms)?)
+                    .bind(int(delay_ms)?)
                     .bind(call_id.to_string())
+                    .bind(int(fence.0)?)
                     .execute(&self.pool)
                     .await
                     .map_err(driver)?;
-                found(done.rows_affected())
+                if done.rows_affected() == 0 {
+                    return Err(self.entry_refusal(call_id, fence).await);
+                }
+                Ok(())
             }
 
             async fn finish_compensation(
                 &self,
                 call_id: &$crate::call_id::CallId,
+                fence: Option<$crate::receipt::Fence>,
             ) -> Result<(), $crate::error::StoreError> {
-                use $crate::store::sql::{driver, FINISH};
-                sqlx::query(FINISH)
+                use $crate::store::sql::{driver, int, FINISH};
+                let done = sqlx::query(FINISH)
                     .bind(call_id.to_string())
+                    .bind(fence.map(|f| int(f.0)).transpose()?)
                     .execute(&self.pool)
                     .await
                     .map_err(driver)?;
-                Ok(())
+                match fence {
+                    Some(fence) if done.rows_affected() == 0 => {
+                        match self.entry_refusal(call_id, fence).await {
+                            // Gone already: finishing it again changes nothing.
+                            $crate::error::StoreError::NotFound => Ok(()),
+                            refused => Err(refused),
+                        }
+                    }
+                    _ => Ok(()),
+                }
             }
 
             async fn escalate_compensation(
                 &self,
                 call_id: &$crate::call_id::CallId,
+                fence: $crate::receipt::Fence,
                 now_ms: u64,
             ) -> Result<(), $crate::error::StoreError> {
-                use $crate::store::sql::{driver, found, int, ESCALATE};
-                let done = sqlx::query(ESCALATE)
+                use $crate::store::sql::{driver, int};
+                let done = sqlx::query(Self::ESCALATE_SQL)
                     .bind(int(now_ms)?)
                     .bind(call_id.to_string())
+                    .bind(int(fence.0)?)
                     .execute(&self.pool)
                     .await
                     .map_err(driver)?;
-                found(done.rows_affected())
+                if done.rows_affected() == 0 {
+                    return Err(self.entry_refusal(call_id, fence).await);
+                }
+                Ok(())
             }
 
             async fn list_compensations(

@@ -39,7 +39,8 @@ CREATE TABLE IF NOT EXISTS samekey_compensation (
     next_at     INTEGER NOT NULL,
     state       TEXT NOT NULL,              -- PENDING TAKEN MANUAL
     lease_until INTEGER,
-    enqueued    INTEGER NOT NULL
+    enqueued    INTEGER NOT NULL,
+    taker       INTEGER NOT NULL DEFAULT 0  -- the worker fence of the latest take
 ) WITHOUT ROWID;
 ";
 
@@ -117,6 +118,27 @@ RETURNING fence";
             .execute(&self.pool)
             .await
             .map_err(driver)?;
+        // A file made by an earlier release: its queue lacks the worker fence.
+        let has_taker: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pragma_table_info('samekey_compensation') WHERE name = 'taker'",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .map_err(driver)?;
+        if has_taker == 0 {
+            let added = sqlx::query(
+                "ALTER TABLE samekey_compensation ADD COLUMN taker INTEGER NOT NULL DEFAULT 0",
+            )
+            .execute(&self.pool)
+            .await;
+            match added {
+                // Another process migrating the same file added it first.
+                Err(e) if e.to_string().contains("duplicate column") => {}
+                other => {
+                    other.map_err(driver)?;
+                }
+            }
+        }
         Ok(())
     }
 

@@ -378,30 +378,43 @@ impl<D: Store> Store for CachedStore<D> {
         &self,
         now_ms: u64,
         limit: usize,
-        lease_until_ms: u64,
+        lease_ms: u64,
     ) -> Result<Vec<CompensationEntry>, StoreError> {
         self.durable
-            .take_due_compensations(now_ms, limit, lease_until_ms)
+            .take_due_compensations(now_ms, limit, lease_ms)
             .await
     }
 
     async fn reschedule_compensation(
         &self,
         call_id: &CallId,
+        fence: Fence,
         round: u32,
-        next_at_ms: u64,
+        delay_ms: u64,
+        now_ms: u64,
     ) -> Result<(), StoreError> {
         self.durable
-            .reschedule_compensation(call_id, round, next_at_ms)
+            .reschedule_compensation(call_id, fence, round, delay_ms, now_ms)
             .await
     }
 
-    async fn finish_compensation(&self, call_id: &CallId) -> Result<(), StoreError> {
-        self.durable.finish_compensation(call_id).await
+    async fn finish_compensation(
+        &self,
+        call_id: &CallId,
+        fence: Option<Fence>,
+    ) -> Result<(), StoreError> {
+        self.durable.finish_compensation(call_id, fence).await
     }
 
-    async fn escalate_compensation(&self, call_id: &CallId, now_ms: u64) -> Result<(), StoreError> {
-        self.durable.escalate_compensation(call_id, now_ms).await
+    async fn escalate_compensation(
+        &self,
+        call_id: &CallId,
+        fence: Fence,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.durable
+            .escalate_compensation(call_id, fence, now_ms)
+            .await
     }
 
     async fn list_compensations(&self) -> Result<Vec<CompensationEntry>, StoreError> {

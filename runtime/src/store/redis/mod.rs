@@ -50,9 +50,15 @@ const PURGE_ONE: &str = concat!(
     include_str!("scripts/purge_one.lua")
 );
 
-const TAKE_DUE: &str = include_str!("scripts/take_due.lua");
+const TAKE_DUE: &str = concat!(
+    include_str!("scripts/now.lua"),
+    include_str!("scripts/take_due.lua")
+);
 
-const UPDATE_ENTRY: &str = include_str!("scripts/update_entry.lua");
+const UPDATE_ENTRY: &str = concat!(
+    include_str!("scripts/now.lua"),
+    include_str!("scripts/update_entry.lua")
+);
 
 /// The JSON form of a queued entry (numbers as strings: Lua's numbers are doubles).
 #[derive(Serialize, Deserialize)]
@@ -66,6 +72,13 @@ struct QueuedEntry {
     state: String,
     lease_until: String,
     enqueued: String,
+    /// The worker fence of the latest take (absent in entries of an earlier release: 0).
+    #[serde(default = "never_taken")]
+    taker: String,
+}
+
+fn never_taken() -> String {
+    "0".into()
 }
 
 /// One server (reconnecting), or a Redis Cluster (routing each command to its slot's node).
@@ -807,6 +820,7 @@ impl Store for RedisStore {
             state: "PENDING".into(),
             lease_until: "0".into(),
             enqueued: entry.enqueued_ms.to_string(),
+            taker: entry.fence.0.to_string(),
         };
         let json = serde_json::to_string(&queued).map_err(corrupt)?;
         let _: bool = self
@@ -819,17 +833,16 @@ impl Store for RedisStore {
 
     async fn take_due_compensations(
         &self,
-        now_ms: u64,
+        _now_ms: u64,
         limit: usize,
-        lease_until_ms: u64,
+        lease_ms: u64,
     ) -> Result<Vec<CompensationEntry>, StoreError> {
         let taken: Vec<String> = self
             .scripts
             .take_due
             .key(self.queue_key())
-            .arg(now_ms)
             .arg(limit)
-            .arg(lease_until_ms.to_string())
+            .arg(lease_ms)
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
@@ -839,40 +852,38 @@ impl Store for RedisStore {
     async fn reschedule_compensation(
         &self,
         call_id: &CallId,
+        fence: Fence,
         round: u32,
-        next_at_ms: u64,
+        delay_ms: u64,
+        _now_ms: u64,
     ) -> Result<(), StoreError> {
         self.update_entry(
             call_id,
-            &[
-                ("round", round.to_string()),
-                ("next_at", next_at_ms.to_string()),
-                ("state", "PENDING".into()),
-                ("lease_until", "0".into()),
-            ],
+            Some(fence),
+            &["reschedule", &round.to_string(), &delay_ms.to_string()],
         )
         .await
     }
 
-    async fn finish_compensation(&self, call_id: &CallId) -> Result<(), StoreError> {
-        let _: i64 = self
-            .conn()
-            .hdel(self.queue_key(), call_id.to_string())
-            .await
-            .map_err(unavailable)?;
-        Ok(())
+    async fn finish_compensation(
+        &self,
+        call_id: &CallId,
+        fence: Option<Fence>,
+    ) -> Result<(), StoreError> {
+        match self.update_entry(call_id, fence, &["finish"]).await {
+            // Gone already: finishing it again changes nothing.
+            Err(StoreError::NotFound) => Ok(()),
+            done => done,
+        }
     }
 
-    async fn escalate_compensation(&self, call_id: &CallId, now_ms: u64) -> Result<(), StoreError> {
-        self.update_entry(
-            call_id,
-            &[
-                ("state", "MANUAL".into()),
-                ("next_at", now_ms.to_string()),
-                ("lease_until", "0".into()),
-            ],
-        )
-        .await
+    async fn escalate_compensation(
+        &self,
+        call_id: &CallId,
+        fence: Fence,
+        _now_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.update_entry(call_id, Some(fence), &["escalate"]).await
     }
 
     async fn list_compensations(&self) -> Result<Vec<CompensationEntry>, StoreError> {
@@ -953,24 +964,35 @@ impl RedisStore {
         Ok(())
     }
 
+    /// Runs `action` (`update_entry.lua`) on the entry of `call_id`, for the worker holding it under
+    /// `fence` (`None`: whoever holds it).
     async fn update_entry(
         &self,
         call_id: &CallId,
-        fields: &[(&str, String)],
+        fence: Option<Fence>,
+        action: &[&str],
     ) -> Result<(), StoreError> {
         let mut invocation = self.scripts.update_entry.key(self.queue_key());
-        invocation.arg(call_id.to_string());
-        for (name, value) in fields {
-            invocation.arg(*name).arg(value);
+        invocation
+            .arg(call_id.to_string())
+            .arg(fence.map(|f| f.0.to_string()).unwrap_or_default());
+        for arg in action {
+            invocation.arg(*arg);
         }
-        let found: i64 = invocation
+        let answer: Vec<i64> = invocation
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
-        if found == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::NotFound)
+        match answer.as_slice() {
+            [1] => Ok(()),
+            [0] => Err(StoreError::NotFound),
+            [-1, current] => Err(StoreError::Fenced {
+                presented: fence.map_or(0, |f| f.0),
+                current: u64::try_from(*current).unwrap_or(0),
+            }),
+            other => Err(corrupt(format!(
+                "unexpected answer {other:?} to a compensation update"
+            ))),
         }
     }
 }
@@ -995,6 +1017,7 @@ fn parse_entry(json: &str) -> Result<CompensationEntry, StoreError> {
         next_at_ms: num(&q.next_at, "due time")?,
         state,
         enqueued_ms: num(&q.enqueued, "enqueue time")?,
+        fence: Fence(num(&q.taker, "worker fence")?),
     })
 }
 

@@ -1,8 +1,8 @@
--- Takes up to ARGV[2] compensation entries of the queue KEYS[1] due at ARGV[1], leasing each until
--- ARGV[3]. Answers the taken entries (JSON).
+-- Takes up to ARGV[1] compensation entries of the queue KEYS[1] due now (the server's time), leasing
+-- each for ARGV[2] ms under a new worker fence (`taker`). Answers the taken entries (JSON).
 local q = KEYS[1]
-local now = tonumber(ARGV[1])
-local limit = tonumber(ARGV[2])
+local limit = tonumber(ARGV[1])
+local lease = tonumber(ARGV[2])
 local all = redis.call('HGETALL', q)
 local due = {}
 for i = 1, #all, 2 do
@@ -26,7 +26,8 @@ local out = {}
 for i = 1, math.min(limit, #due) do
   local e = due[i][2]
   e.state = 'TAKEN'
-  e.lease_until = ARGV[3]
+  e.lease_until = tostring(now + lease)
+  e.taker = tostring((tonumber(e.taker) or 0) + 1)
   local s = cjson.encode(e)
   redis.call('HSET', q, due[i][1], s)
   table.insert(out, s)
