@@ -50,6 +50,7 @@
 //! * [`Runtime`]: the store, node name, clock and limits calls use; [`Runtime::scope`] for tests;
 //!   [`Runtime::stats`], [`Runtime::receipt`] and [`Runtime::compensations`] to see what happened.
 //! * [`observed`]: whether a call was a replay, and its callId.
+//! * [`Compensator`]: the worker that drives every call left `UNKNOWN` to an end, in bounded rounds.
 //! * [`store`]: the [`Store`] contract and the backends; [`conformance`] for your own.
 //! * [`KeyPart`]: what may be part of a key, and the key encoding.
 //!
@@ -138,10 +139,11 @@ pub use samekey_macros::KeyPart;
 
 pub use samekey_runtime::{
     current, default_runtime, key_bytes, observed, store, try_current, Answer, Backoff, Builder,
-    CallId, CallReport, Classify, Clock, CompensationEntry, CompensationState, Context, Error,
-    ErrorClass, Fence, Fingerprint, Inbound, Key, KeyBuilder, KeyBytes, KeyEncoder, KeyPart, Label,
-    MemoryStore, ParseCallIdError, Receipt, ReceiptState, RemoteStatus, Runtime, Stats, Store,
-    StoreError, StoredByMessage, SystemClock, TokioClock, TraceId, Transition, DEFAULT_BUSY_WAIT,
+    CallId, CallReport, Classify, Clock, CompensationEntry, CompensationState, Compensator,
+    Context, Error, ErrorClass, Fence, Fingerprint, Inbound, Key, KeyBuilder, KeyBytes, KeyEncoder,
+    KeyPart, Label, MemoryStore, NotReceived, Operation, ParseCallIdError, Pass, Receipt,
+    ReceiptState, RemoteStatus, Resolution, Runtime, Stats, Store, StoreError, StoredByMessage,
+    SystemClock, TokioClock, TraceId, Transition, DEFAULT_BUSY_WAIT, DEFAULT_COMPENSATION_ROUNDS,
     DEFAULT_LEASE, DEFAULT_LOOKUP_POLLS, DEFAULT_MAX_RETRY_AFTER,
 };
 

@@ -30,6 +30,15 @@ struct ByMessage {
     message: String,
 }
 
+/// A failure stored by its message, as the message codec writes it: what the compensation worker
+/// records for a failure it learns of, so that duplicates replay it as `Error::Failed`.
+pub(crate) fn message_bytes(message: &str) -> Vec<u8> {
+    serde_json::to_vec(&ByMessage {
+        message: message.to_owned(),
+    })
+    .unwrap_or_default()
+}
+
 /// Picks a function's [`ErrorCodec`] by what its error type `E` implements:
 /// `(&&Probe::<E>::new()).codec()` is the exact (serde) codec when `E` has serde, else the message
 /// codec (method resolution tries [`ExactErrors`], implemented for `&Probe`, before

@@ -14,6 +14,7 @@ mod classify;
 mod clock;
 mod codec;
 mod compensation;
+mod compensator;
 pub mod conformance;
 mod context;
 mod error;
@@ -31,6 +32,9 @@ pub use classify::{Classify, ErrorClass, RemoteStatus};
 pub use clock::{Clock, SystemClock, TokioClock};
 pub use codec::StoredByMessage;
 pub use compensation::{CompensationEntry, CompensationState};
+pub use compensator::{
+    Compensator, NotReceived, Operation, Pass, Resolution, DEFAULT_COMPENSATION_ROUNDS,
+};
 pub use context::{current, try_current, Context, Inbound};
 pub use error::{Error, StoreError};
 pub use key::{key_bytes, Fingerprint, Key, KeyBuilder, KeyBytes, KeyEncoder, KeyPart, ShortKey};

@@ -1,0 +1,500 @@
+//! The compensation worker: drives every queued `UNKNOWN` call to an end — its outcome recorded, its key
+//! given back, or a person asked — in bounded rounds, one worker per entry at a time.
+//!
+//! # Guarantees
+//!
+//! * **One worker per entry.** An entry is taken under a lease and a worker fence; a worker whose lease
+//!   lapsed and whose entry another worker took is refused every write to that entry, so it cannot
+//!   reschedule, finish or escalate it.
+//! * **One owner per key.** Before acting on a call, the worker takes its key over (a new receipt
+//!   fence, as a duplicate call would), so a stalled caller that comes back is fenced out, and two
+//!   workers never record two outcomes.
+//! * **Bounded.** Every round that settles nothing moves the entry to the next, later round; after the
+//!   last one the entry becomes `MANUAL` and the escalation hook runs. Nothing is retried forever and
+//!   nothing disappears: an entry ends recorded, released, failed, or `MANUAL`.
+
+use std::collections::HashMap;
+use std::fmt::Display;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::call_id::CallId;
+use crate::classify::RemoteStatus;
+use crate::codec::message_bytes;
+use crate::compensation::CompensationEntry;
+use crate::error::{Error, StoreError};
+use crate::receipt::{Fence, ReceiptState};
+use crate::runtime::Runtime;
+use crate::store::{Claimed, Completion};
+
+/// The default rounds: the delay before each next look at an entry that is still undecided.
+pub const DEFAULT_COMPENSATION_ROUNDS: [Duration; 5] = [
+    Duration::from_secs(60),
+    Duration::from_secs(5 * 60),
+    Duration::from_secs(30 * 60),
+    Duration::from_secs(2 * 60 * 60),
+    Duration::from_secs(12 * 60 * 60),
+];
+
+/// What a lookup answered, encoded for the receipt: the success value's JSON, or the failure's message.
+type Answer = Result<RemoteStatus<Vec<u8>, String>, String>;
+type Lookup = Arc<dyn Fn(CallId) -> Pin<Box<dyn Future<Output = Answer> + Send>> + Send + Sync>;
+
+/// What the worker does with a call the remote side says it never received.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotReceived {
+    /// Give the key back: nothing happened, so the next call with this key runs (the default).
+    Release,
+    /// Record the call `FAILED` ("not received by the remote"): duplicates get that failure.
+    Fail,
+}
+
+/// One operation (scope) the worker can resolve: how to ask about a callId, and what to do then.
+pub struct Operation {
+    lookup: Lookup,
+    ttl: Duration,
+    not_received: NotReceived,
+}
+
+impl Operation {
+    /// An operation whose calls are asked about with `lookup`, the same contract as the
+    /// `#[idempotent(lookup = …)]` argument: `Succeeded(T)` and `Failed(E)` are recorded as the call's
+    /// outcome (a failure by its message: duplicates get `samekey::Error::Failed`), `NotReceived`
+    /// follows [`Operation::not_received`], `Processing` or an `Err` wait for the next round.
+    pub fn new<T, E, LE, F, Fut>(lookup: F) -> Operation
+    where
+        T: Serialize,
+        E: Display,
+        LE: Display,
+        F: Fn(CallId) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<RemoteStatus<T, E>, LE>> + Send + 'static,
+    {
+        let lookup: Lookup = Arc::new(move |call_id| {
+            let asked = lookup(call_id);
+            Box::pin(async move {
+                match asked.await {
+                    Ok(RemoteStatus::Succeeded(value)) => serde_json::to_vec(&value)
+                        .map(RemoteStatus::Succeeded)
+                        .map_err(|e| format!("the lookup's value cannot be encoded: {e}")),
+                    Ok(RemoteStatus::Failed(error)) => Ok(RemoteStatus::Failed(error.to_string())),
+                    Ok(RemoteStatus::NotReceived) => Ok(RemoteStatus::NotReceived),
+                    Ok(RemoteStatus::Processing) => Ok(RemoteStatus::Processing),
+                    Err(e) => Err(e.to_string()),
+                }
+            })
+        });
+        Operation {
+            lookup,
+            ttl: Duration::from_secs(24 * 60 * 60),
+            not_received: NotReceived::Release,
+        }
+    }
+
+    /// How long an outcome the worker records is kept (the function's `ttl`; default 24 h).
+    pub fn ttl(mut self, ttl: Duration) -> Operation {
+        self.ttl = ttl;
+        self
+    }
+
+    /// What a "not received" answer leads to (default [`NotReceived::Release`]).
+    pub fn not_received(mut self, then: NotReceived) -> Operation {
+        self.not_received = then;
+        self
+    }
+}
+
+/// What one pass of the worker did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Pass {
+    /// Entries taken.
+    pub taken: usize,
+    /// Calls recorded `SUCCESS` from the remote's answer.
+    pub succeeded: usize,
+    /// Calls recorded `FAILED` (the remote's failure, or "not received" under [`NotReceived::Fail`]).
+    pub failed: usize,
+    /// Keys given back (not received, [`NotReceived::Release`]).
+    pub released: usize,
+    /// Entries whose call was settled elsewhere meanwhile (a duplicate took it over), now removed.
+    pub settled_elsewhere: usize,
+    /// Entries put back for a later round.
+    pub rescheduled: usize,
+    /// Entries that ran out of rounds: now `MANUAL`.
+    pub escalated: usize,
+    /// Entries another worker took meanwhile (this one's lease lapsed): left to it.
+    pub lost: usize,
+}
+
+/// Which count of a [`Pass`] an entry adds to.
+type Counter = fn(&mut Pass) -> &mut usize;
+
+/// How a person resolves an entry by hand ([`Compensator::resolve`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolution {
+    /// It took effect: record `SUCCESS` with this JSON value (what the function would have returned).
+    Succeeded(serde_json::Value),
+    /// It failed: record `FAILED` with this message.
+    Failed(String),
+    /// It never happened: give the key back.
+    Release,
+}
+
+type Hook = Arc<dyn Fn(&CompensationEntry) + Send + Sync>;
+
+/// The compensation worker. Register each operation's lookup by scope, then run passes — in a task of
+/// the service ([`Compensator::run`]) or in a process of its own; several workers may run at once.
+///
+/// ```
+/// # use samekey_runtime::{Compensator, Operation, RemoteStatus, Runtime};
+/// # async fn status(call: &str) -> Result<RemoteStatus<u64, String>, String> { Ok(RemoteStatus::NotReceived) }
+/// # async fn demo(rt: Runtime) {
+/// let worker = Compensator::new(&rt)
+///     .operation("orders.charge", Operation::new(|call| async move { status(&call).await }))
+///     .on_escalate(|entry| eprintln!("call {} needs a person: {}", entry.call_id, entry.reason));
+/// let pass = worker.run_once().await;
+/// # let _ = pass;
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Compensator {
+    rt: Runtime,
+    operations: HashMap<String, Arc<Operation>>,
+    rounds: Vec<Duration>,
+    lease: Duration,
+    batch: usize,
+    escalate: Option<Hook>,
+}
+
+impl Compensator {
+    /// A worker on the runtime's store and clock, with the [`DEFAULT_COMPENSATION_ROUNDS`], a 60 s lease per
+    /// entry, and batches of 100.
+    pub fn new(rt: &Runtime) -> Compensator {
+        Compensator {
+            rt: rt.clone(),
+            operations: HashMap::new(),
+            rounds: DEFAULT_COMPENSATION_ROUNDS.to_vec(),
+            lease: Duration::from_secs(60),
+            batch: 100,
+            escalate: None,
+        }
+    }
+
+    /// Registers the operation of a scope (the `scope` of its `#[idempotent]`, or its default scope,
+    /// `module::path::fn_name`). Entries of scopes with no operation wait for rounds like undecided
+    /// ones, and end `MANUAL`.
+    pub fn operation(mut self, scope: impl Into<String>, operation: Operation) -> Compensator {
+        self.operations.insert(scope.into(), Arc::new(operation));
+        self
+    }
+
+    /// The delays before each next round of an undecided entry; after the last, it becomes `MANUAL`.
+    pub fn rounds(mut self, rounds: impl IntoIterator<Item = Duration>) -> Compensator {
+        self.rounds = rounds.into_iter().collect();
+        self
+    }
+
+    /// How long a taken entry is this worker's (default 60 s): longer than one lookup takes.
+    pub fn lease(mut self, lease: Duration) -> Compensator {
+        self.lease = lease;
+        self
+    }
+
+    /// Runs when an entry becomes `MANUAL` (page someone, open a ticket). Called once per entry, by the
+    /// worker that escalated it.
+    pub fn on_escalate(
+        mut self,
+        hook: impl Fn(&CompensationEntry) + Send + Sync + 'static,
+    ) -> Compensator {
+        self.escalate = Some(Arc::new(hook));
+        self
+    }
+
+    /// One pass: takes the entries due now and works each once. A store that fails ends the pass
+    /// early; what it took is taken again once its lease lapses.
+    pub async fn run_once(&self) -> Result<Pass, Error> {
+        let now = self.rt.now_ms();
+        let taken = self
+            .rt
+            .store()
+            .take_due_compensations(now, self.batch, ms(self.lease))
+            .await?;
+        let mut pass = Pass {
+            taken: taken.len(),
+            ..Pass::default()
+        };
+        for entry in taken {
+            self.work(entry, &mut pass).await?;
+        }
+        Ok(pass)
+    }
+
+    /// Runs passes every `every` until `stop` resolves (e.g. a shutdown signal). A pass that fails is
+    /// logged and the next one runs on time.
+    pub async fn run(&self, every: Duration, stop: impl Future<Output = ()>) {
+        let mut stop = std::pin::pin!(stop);
+        loop {
+            if let Err(e) = self.run_once().await {
+                tracing::warn!(target: "samekey", error = %e, "compensation pass failed");
+            }
+            tokio::select! {
+                () = &mut stop => return,
+                () = tokio::time::sleep(every) => {}
+            }
+        }
+    }
+
+    /// Resolves an entry by hand (a `MANUAL` one, usually), as `who` decided for `why`: records the
+    /// outcome or gives the key back, then removes the entry. Logged with who and why.
+    pub async fn resolve(
+        &self,
+        call_id: &CallId,
+        resolution: Resolution,
+        who: &str,
+        why: &str,
+    ) -> Result<(), Error> {
+        let store = self.rt.store();
+        let entry = store
+            .list_compensations()
+            .await?
+            .into_iter()
+            .find(|e| &e.call_id == call_id)
+            .ok_or(Error::Store(StoreError::NotFound))?;
+        let now = self.rt.now_ms();
+        let record = store.get(&entry.key, now).await?;
+        if let Some(record) = record.filter(|r| &r.call_id == call_id && !r.state.is_terminal()) {
+            let fence = match store
+                .take_over(&entry.key, record.fence, ms(self.lease), now)
+                .await?
+            {
+                Claimed::Acquired(fence) => fence,
+                Claimed::Existing(_) => {
+                    return Err(Error::InProgress {
+                        call_id: call_id.clone(),
+                    })
+                }
+            };
+            let ttl = self
+                .operations
+                .get(entry.key.scope())
+                .map_or(Duration::from_secs(24 * 60 * 60), |op| op.ttl);
+            match resolution {
+                Resolution::Release => store.release(&entry.key, fence).await?,
+                Resolution::Succeeded(value) => {
+                    let bytes = serde_json::to_vec(&value)
+                        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                    let done = completion(ReceiptState::Success, bytes, ttl);
+                    store.complete(&entry.key, fence, done, now).await?;
+                }
+                Resolution::Failed(message) => {
+                    let done = completion(ReceiptState::Failed, message_bytes(&message), ttl);
+                    store.complete(&entry.key, fence, done, now).await?;
+                }
+            }
+        }
+        store.finish_compensation(call_id, None).await?;
+        tracing::warn!(target: "samekey", call_id = %call_id, key = %entry.key.short(), attempt = 0u32,
+            who, why, "compensation resolved by hand");
+        Ok(())
+    }
+
+    /// Works one taken entry: take the call's key over, ask, record — or put it back for later.
+    async fn work(&self, entry: CompensationEntry, pass: &mut Pass) -> Result<(), Error> {
+        let store = self.rt.store();
+        let now = self.rt.now_ms();
+        let record = store.get(&entry.key, now).await?;
+        let Some(record) = record.filter(|r| r.call_id == entry.call_id) else {
+            // Gone, or the key is another call's now: this call was settled (or expired) elsewhere.
+            return self
+                .finish(&entry, pass, |p| &mut p.settled_elsewhere)
+                .await;
+        };
+        if record.state.is_terminal() {
+            return self
+                .finish(&entry, pass, |p| &mut p.settled_elsewhere)
+                .await;
+        }
+        let Some(operation) = self.operations.get(entry.key.scope()).cloned() else {
+            let reason = format!("no operation registered for scope `{}`", entry.key.scope());
+            return self.later(entry, &reason, pass).await;
+        };
+        let fence = match store
+            .take_over(&entry.key, record.fence, ms(self.lease), now)
+            .await
+        {
+            Ok(Claimed::Acquired(fence)) => fence,
+            // A call holds the key and runs (it will settle the entry), or it was settled meanwhile.
+            Ok(Claimed::Existing(_)) | Err(StoreError::NotFound) => {
+                return self
+                    .later(entry, "the call's key is held by a running call", pass)
+                    .await;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        tracing::info!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
+            attempt = 0u32, round = entry.round, fence = fence.0, "compensation: asking the receipt");
+        let answer = (operation.lookup)(entry.call_id.clone()).await;
+        let now = self.rt.now_ms();
+        let ttl = operation.ttl;
+        let (written, counter): (Result<(), StoreError>, Counter) = match answer {
+            Ok(RemoteStatus::Succeeded(bytes)) => (
+                self.record(&entry, fence, ReceiptState::Success, bytes, ttl)
+                    .await,
+                |p| &mut p.succeeded,
+            ),
+            Ok(RemoteStatus::Failed(message)) => (
+                self.record(
+                    &entry,
+                    fence,
+                    ReceiptState::Failed,
+                    message_bytes(&message),
+                    ttl,
+                )
+                .await,
+                |p| &mut p.failed,
+            ),
+            Ok(RemoteStatus::NotReceived) if operation.not_received == NotReceived::Release => {
+                (store.release(&entry.key, fence).await, |p| &mut p.released)
+            }
+            Ok(RemoteStatus::NotReceived) => {
+                let message = "not received by the remote side; given up by compensation";
+                (
+                    self.record(
+                        &entry,
+                        fence,
+                        ReceiptState::Failed,
+                        message_bytes(message),
+                        ttl,
+                    )
+                    .await,
+                    |p| &mut p.failed,
+                )
+            }
+            Ok(RemoteStatus::Processing) | Err(_) => {
+                if let Err(e) = &answer {
+                    tracing::info!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
+                        attempt = 0u32, error = %e, "compensation: lookup failed");
+                }
+                // Undecided: the call goes back to UNKNOWN (so a duplicate still asks first), and the
+                // entry to a later round.
+                match store.mark_unknown(&entry.key, fence, now).await {
+                    Ok(_) | Err(StoreError::Fenced { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                return self
+                    .later(entry, "the remote side has not decided yet", pass)
+                    .await;
+            }
+        };
+        match written {
+            Ok(()) => self.finish(&entry, pass, counter).await,
+            // Fenced out of the key: another owner holds the call and settles its entry.
+            Err(StoreError::Fenced { .. }) => {
+                self.later(entry, "the call's key was taken over meanwhile", pass)
+                    .await
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Records the call's outcome under the worker's fence on its key.
+    async fn record(
+        &self,
+        entry: &CompensationEntry,
+        fence: Fence,
+        state: ReceiptState,
+        bytes: Vec<u8>,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        let now = self.rt.now_ms();
+        self.rt
+            .store()
+            .complete(&entry.key, fence, completion(state, bytes, ttl), now)
+            .await
+            .map(drop)
+    }
+
+    /// Removes a settled entry, counting it under `counter`.
+    async fn finish(
+        &self,
+        entry: &CompensationEntry,
+        pass: &mut Pass,
+        counter: Counter,
+    ) -> Result<(), Error> {
+        match self
+            .rt
+            .store()
+            .finish_compensation(&entry.call_id, Some(entry.fence))
+            .await
+        {
+            Ok(()) => *counter(pass) += 1,
+            Err(StoreError::Fenced { .. }) => pass.lost += 1,
+            Err(e) => return Err(e.into()),
+        }
+        tracing::info!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
+            attempt = 0u32, round = entry.round, "compensation: settled");
+        Ok(())
+    }
+
+    /// Puts an undecided entry to its next round, or escalates it after the last.
+    async fn later(
+        &self,
+        entry: CompensationEntry,
+        why: &str,
+        pass: &mut Pass,
+    ) -> Result<(), Error> {
+        let store = self.rt.store();
+        let now = self.rt.now_ms();
+        let round = entry.round.saturating_add(1);
+        let result = match self.rounds.get(entry.round as usize) {
+            Some(delay) => {
+                let done = store
+                    .reschedule_compensation(&entry.call_id, entry.fence, round, ms(*delay), now)
+                    .await;
+                if done.is_ok() {
+                    pass.rescheduled += 1;
+                    tracing::info!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
+                        attempt = 0u32, round, delay_ms = ms(*delay), why, "compensation: next round");
+                }
+                done
+            }
+            None => {
+                let done = store
+                    .escalate_compensation(&entry.call_id, entry.fence, now)
+                    .await;
+                if done.is_ok() {
+                    pass.escalated += 1;
+                    tracing::warn!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
+                        attempt = 0u32, rounds = entry.round, why, "compensation: needs a person (MANUAL)");
+                    if let Some(hook) = &self.escalate {
+                        hook(&entry);
+                    }
+                }
+                done
+            }
+        };
+        match result {
+            Ok(()) => Ok(()),
+            Err(StoreError::Fenced { .. } | StoreError::NotFound) => {
+                pass.lost += 1;
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+fn completion(state: ReceiptState, bytes: Vec<u8>, ttl: Duration) -> Completion {
+    Completion {
+        state,
+        outcome: Some(Arc::from(bytes)),
+        ttl_ms: ms(ttl),
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,182 @@
+//! The compensation worker on every backend, in real time (the shared stores judge leases and rounds
+//! by their own clocks): a lost reply recorded, two workers racing, a worker that died holding an
+//! entry, rounds ending `MANUAL`. A store's queue is shared by everything on it, so each backend's
+//! scenarios run one after the other, and they look at their own calls only.
+
+mod support;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use samekey::{
+    idempotent, CallId, CompensationState, Compensator, Error, Operation, ReceiptState, Runtime,
+    Store,
+};
+use support::stores::*;
+use support::{Fault, Remote, TestError};
+
+struct Svc {
+    rt: Runtime,
+    remote: Remote,
+}
+
+impl Svc {
+    fn on(store: Arc<dyn Store>) -> Svc {
+        Svc {
+            rt: Runtime::builder()
+                .node("worker-test")
+                .shared_store(store)
+                .build()
+                .unwrap(),
+            remote: Remote::new(),
+        }
+    }
+
+    #[idempotent(key = "order", scope = "compensation_stores.charge", runtime = &self.rt, timeout = "1s", on_unknown = "hold")]
+    async fn charge(&self, order: &str, amount: u64) -> Result<u64, TestError> {
+        let cx = samekey::current();
+        self.remote.charge(cx.call_id(), order, amount).await
+    }
+
+    fn worker(&self) -> Compensator {
+        let remote = self.remote.clone();
+        Compensator::new(&self.rt)
+            .operation(
+                "compensation_stores.charge",
+                Operation::new(move |call: CallId| {
+                    let remote = remote.clone();
+                    async move { remote.status(&call).await }
+                }),
+            )
+            .rounds([Duration::from_millis(50), Duration::from_millis(50)])
+            .lease(Duration::from_millis(300))
+    }
+
+    async fn unknown(&self, order: &str, fault: Fault) -> CallId {
+        self.remote.script([fault]);
+        match self.charge(order, 500).await {
+            Err(TestError::Samekey(Error::Unknown { call_id })) => call_id,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    async fn entry_state(&self, call_id: &CallId) -> Option<CompensationState> {
+        self.rt
+            .compensations()
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|e| &e.call_id == call_id)
+            .map(|e| e.state)
+    }
+
+    async fn state(&self, call_id: &CallId) -> Option<ReceiptState> {
+        self.rt.receipt(call_id).await.unwrap().map(|r| r.state)
+    }
+
+    /// Runs passes until `done` holds (up to 5 s).
+    async fn until(&self, worker: &Compensator, mut done: impl AsyncFnMut() -> bool) {
+        for _ in 0..100 {
+            worker.run_once().await.unwrap();
+            if done().await {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the worker never got there");
+    }
+}
+
+fn order(what: &str) -> String {
+    format!("{what}-{:x}", samekey::TraceId::new().as_u128())
+}
+
+async fn worker_scenarios(store: Arc<dyn Store>) {
+    lost_reply_is_recorded(Svc::on(store.clone())).await;
+    two_workers_race(Svc::on(store.clone())).await;
+    dead_worker_is_taken_over(Svc::on(store.clone())).await;
+    rounds_end_with_a_person(Svc::on(store)).await;
+}
+
+async fn lost_reply_is_recorded(svc: Svc) {
+    let order = order("lost");
+    let call_id = svc.unknown(&order, Fault::ReplyLost).await;
+    let worker = svc.worker();
+    svc.until(&worker, async || svc.entry_state(&call_id).await.is_none())
+        .await;
+    assert_eq!(svc.state(&call_id).await, Some(ReceiptState::Success));
+    assert_eq!(svc.charge(&order, 500).await, Ok(500));
+    assert_eq!(svc.remote.executions(&order), 1);
+}
+
+async fn two_workers_race(svc: Svc) {
+    let mut calls = Vec::new();
+    for i in 0..6 {
+        calls.push(
+            svc.unknown(&order(&format!("race{i}")), Fault::ReplyLost)
+                .await,
+        );
+    }
+    let (a, b) = (svc.worker(), svc.worker());
+    let (ra, rb) = tokio::join!(a.run_once(), b.run_once());
+    ra.unwrap();
+    rb.unwrap();
+    for call_id in &calls {
+        assert_eq!(svc.state(call_id).await, Some(ReceiptState::Success));
+        assert_eq!(svc.entry_state(call_id).await, None);
+    }
+    assert_eq!(svc.remote.lookups(), 6, "each call asked about once");
+}
+
+async fn dead_worker_is_taken_over(svc: Svc) {
+    let order = order("dead");
+    let call_id = svc.unknown(&order, Fault::ReplyLost).await;
+    // A worker takes everything due and dies.
+    let now = svc.rt.now_ms();
+    svc.rt
+        .store()
+        .take_due_compensations(now, 10_000, 300)
+        .await
+        .unwrap();
+    assert!(matches!(
+        svc.entry_state(&call_id).await,
+        Some(CompensationState::Taken { .. })
+    ));
+    let worker = svc.worker();
+    svc.until(&worker, async || svc.entry_state(&call_id).await.is_none())
+        .await;
+    assert_eq!(svc.state(&call_id).await, Some(ReceiptState::Success));
+    assert_eq!(svc.remote.executions(&order), 1);
+}
+
+async fn rounds_end_with_a_person(svc: Svc) {
+    let call_id = svc.unknown(&order("rounds"), Fault::ReplyLost).await;
+    svc.remote
+        .script_lookups(std::iter::repeat_n(Err("receipts down".to_owned()), 100));
+    let escalated = Arc::new(AtomicU32::new(0));
+    let worker = svc.worker().on_escalate({
+        let (escalated, call_id) = (escalated.clone(), call_id.clone());
+        move |entry| {
+            if entry.call_id == call_id {
+                escalated.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    svc.until(&worker, async || {
+        svc.entry_state(&call_id).await == Some(CompensationState::Manual)
+    })
+    .await;
+    worker.run_once().await.unwrap();
+    assert_eq!(escalated.load(Ordering::SeqCst), 1, "one escalation");
+    assert_eq!(svc.state(&call_id).await, Some(ReceiptState::Unknown));
+    svc.rt
+        .store()
+        .finish_compensation(&call_id, None)
+        .await
+        .unwrap();
+}
+
+support::on_stores!(memory, sqlite if "sqlite", postgres if "postgres", redis if "redis" => {
+    worker_scenarios,
+});

@@ -1,0 +1,258 @@
+//! The compensation worker, with paused time: every `UNKNOWN` call ends recorded, released, failed or
+//! `MANUAL`; one worker per entry; a worker that crashed is taken over; a person resolves by hand.
+
+mod support;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use samekey::{
+    idempotent, CallId, CompensationState, Compensator, Error, NotReceived, Operation, Resolution,
+    Runtime, TokioClock,
+};
+use support::{Fault, Remote, TestError};
+
+struct Svc {
+    rt: Runtime,
+    remote: Remote,
+}
+
+impl Svc {
+    fn new() -> Svc {
+        Svc {
+            rt: Runtime::builder()
+                .node("test")
+                .clock(TokioClock::new())
+                .build()
+                .unwrap(),
+            remote: Remote::new(),
+        }
+    }
+
+    /// The same operation, for a caller that may ask the receipt.
+    #[idempotent(key = "order", scope = "orders.charge", runtime = &self.rt, timeout = "1s", lookup = |c| self.remote.status(c))]
+    async fn charge_checked(&self, order: &str, amount: u64) -> Result<u64, TestError> {
+        let cx = samekey::current();
+        self.remote.charge(cx.call_id(), order, amount).await
+    }
+
+    /// Without `lookup`: an unknown outcome is left to compensation at once.
+    #[idempotent(key = "order", scope = "orders.charge", runtime = &self.rt, timeout = "1s", on_unknown = "hold")]
+    async fn charge(&self, order: &str, amount: u64) -> Result<u64, TestError> {
+        let cx = samekey::current();
+        self.remote.charge(cx.call_id(), order, amount).await
+    }
+
+    fn operation(&self) -> Operation {
+        let remote = self.remote.clone();
+        Operation::new(move |call: CallId| {
+            let remote = remote.clone();
+            async move { remote.status(&call).await }
+        })
+    }
+
+    fn worker(&self) -> Compensator {
+        Compensator::new(&self.rt)
+            .operation("orders.charge", self.operation())
+            .rounds([Duration::from_secs(1), Duration::from_secs(2)])
+    }
+
+    /// A call whose reply (or request) is lost: `UNKNOWN`, queued.
+    async fn unknown(&self, order: &str, fault: Fault) -> CallId {
+        self.remote.script([fault]);
+        match self.charge(order, 500).await {
+            Err(TestError::Samekey(Error::Unknown { call_id })) => call_id,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    async fn queued(&self) -> Vec<samekey::CompensationEntry> {
+        self.rt.compensations().await.unwrap()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_charge_whose_reply_was_lost_is_recorded_as_it_happened() {
+    let svc = Svc::new();
+    let call_id = svc.unknown("o-1", Fault::ReplyLost).await;
+    assert_eq!(svc.queued().await.len(), 1);
+    let pass = svc.worker().run_once().await.unwrap();
+    assert_eq!((pass.taken, pass.succeeded), (1, 1));
+    assert!(svc.queued().await.is_empty());
+    let receipt = svc.rt.receipt(&call_id).await.unwrap().unwrap();
+    assert_eq!(receipt.state, samekey::ReceiptState::Success);
+    // A duplicate now replays the outcome the worker recorded; nothing is charged again.
+    assert_eq!(svc.charge("o-1", 500).await, Ok(500));
+    assert_eq!(svc.remote.executions("o-1"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_charge_never_received_gives_its_key_back() {
+    let svc = Svc::new();
+    svc.unknown("o-2", Fault::RequestLost).await;
+    let pass = svc.worker().run_once().await.unwrap();
+    assert_eq!(pass.released, 1);
+    assert!(svc.queued().await.is_empty());
+    assert_eq!(svc.charge("o-2", 500).await, Ok(500), "the next call runs");
+    assert_eq!(svc.remote.executions("o-2"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_charge_never_received_may_be_failed_instead() {
+    let svc = Svc::new();
+    let call_id = svc.unknown("o-3", Fault::RequestLost).await;
+    let worker = Compensator::new(&svc.rt).operation(
+        "orders.charge",
+        svc.operation().not_received(NotReceived::Fail),
+    );
+    assert_eq!(worker.run_once().await.unwrap().failed, 1);
+    match svc.charge("o-3", 500).await {
+        Err(TestError::Samekey(Error::Failed {
+            call_id: failed,
+            message,
+        })) => {
+            assert_eq!(failed, call_id);
+            assert!(message.contains("not received"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(svc.remote.executions("o-3"), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_undecided_call_waits_for_later_rounds_then_asks_a_person_once() {
+    let svc = Svc::new();
+    let call_id = svc.unknown("o-4", Fault::ReplyLost).await;
+    svc.remote
+        .script_lookups(std::iter::repeat_n(Err("receipts down".to_owned()), 3));
+    let escalated = Arc::new(AtomicU32::new(0));
+    let worker = svc.worker().on_escalate({
+        let escalated = escalated.clone();
+        move |_| {
+            escalated.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    assert_eq!(worker.run_once().await.unwrap().rescheduled, 1);
+    assert_eq!(
+        worker.run_once().await.unwrap().taken,
+        0,
+        "not due before 1 s"
+    );
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(worker.run_once().await.unwrap().rescheduled, 1);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(worker.run_once().await.unwrap().escalated, 1);
+    assert_eq!(escalated.load(Ordering::SeqCst), 1);
+    let queued = svc.queued().await;
+    assert_eq!(queued[0].state, CompensationState::Manual);
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    assert_eq!(
+        worker.run_once().await.unwrap().taken,
+        0,
+        "a MANUAL entry is a person's"
+    );
+    // Meanwhile a duplicate still asks first: the receipt went back to UNKNOWN after each round.
+    let receipt = svc.rt.receipt(&call_id).await.unwrap().unwrap();
+    assert_eq!(receipt.state, samekey::ReceiptState::Unknown);
+
+    // The person checked with the provider: it was charged.
+    worker
+        .resolve(
+            &call_id,
+            Resolution::Succeeded(serde_json::json!(500)),
+            "alice",
+            "confirmed on the provider's dashboard",
+        )
+        .await
+        .unwrap();
+    assert!(svc.queued().await.is_empty());
+    assert_eq!(svc.charge("o-4", 500).await, Ok(500));
+    assert_eq!(svc.remote.executions("o-4"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_workers_never_work_one_entry() {
+    let svc = Svc::new();
+    for i in 0..10 {
+        svc.unknown(&format!("o-race-{i}"), Fault::ReplyLost).await;
+    }
+    let (a, b) = (svc.worker(), svc.worker());
+    let (pa, pb) = tokio::join!(a.run_once(), b.run_once());
+    let (pa, pb) = (pa.unwrap(), pb.unwrap());
+    assert_eq!(pa.taken + pb.taken, 10);
+    assert_eq!(pa.succeeded + pb.succeeded, 10);
+    assert_eq!(svc.remote.lookups(), 10, "each call asked about once");
+    assert!(svc.queued().await.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_crashed_holding_entries_is_taken_over_after_its_lease() {
+    let svc = Svc::new();
+    svc.unknown("o-5", Fault::ReplyLost).await;
+    // A worker takes the entry and dies before doing anything with it.
+    let now = svc.rt.now_ms();
+    let taken = svc
+        .rt
+        .store()
+        .take_due_compensations(now, 10, 60_000)
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 1);
+    let worker = svc.worker();
+    assert_eq!(
+        worker.run_once().await.unwrap().taken,
+        0,
+        "leased to the dead worker"
+    );
+    tokio::time::advance(Duration::from_secs(61)).await;
+    let pass = worker.run_once().await.unwrap();
+    assert_eq!((pass.taken, pass.succeeded), (1, 1));
+    // The dead worker's fence no longer holds the entry (it is gone, too).
+    assert!(svc
+        .rt
+        .store()
+        .finish_compensation(&taken[0].call_id, Some(taken[0].fence))
+        .await
+        .is_ok());
+    assert_eq!(svc.charge("o-5", 500).await, Ok(500));
+    assert_eq!(svc.remote.executions("o-5"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_entry_settled_by_a_duplicate_is_removed_without_asking() {
+    let svc = Svc::new();
+    let call_id = svc.unknown("o-7", Fault::ReplyLost).await;
+    // A duplicate that may ask (`lookup`) takes the call over and records it; it removes the entry.
+    assert_eq!(svc.charge_checked("o-7", 500).await, Ok(500));
+    assert!(svc.queued().await.is_empty());
+    // Had its removal failed, the worker finds the call settled and only removes the entry.
+    let key = svc.rt.receipt(&call_id).await.unwrap().unwrap().key;
+    let now = svc.rt.now_ms();
+    svc.rt
+        .store()
+        .enqueue_compensation(samekey::CompensationEntry::new(call_id, key, "left", now))
+        .await
+        .unwrap();
+    let lookups = svc.remote.lookups();
+    let pass = svc.worker().run_once().await.unwrap();
+    assert_eq!(pass.settled_elsewhere, 1);
+    assert_eq!(svc.remote.lookups(), lookups, "nothing asked");
+    assert!(svc.queued().await.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_entry_of_a_scope_without_an_operation_ends_with_a_person() {
+    let svc = Svc::new();
+    svc.unknown("o-6", Fault::ReplyLost).await;
+    // No operation registered: the entry waits; a person resolves it later. Meanwhile nothing breaks.
+    let blind = Compensator::new(&svc.rt).rounds([Duration::from_secs(1)]);
+    assert_eq!(blind.run_once().await.unwrap().rescheduled, 1);
+    assert_eq!(svc.remote.lookups(), 0);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let pass = blind.run_once().await.unwrap();
+    assert_eq!(
+        pass.escalated, 1,
+        "no operation for the scope: a person decides"
+    );
+}
