@@ -96,6 +96,7 @@ async fn worker_scenarios(store: Arc<dyn Store>) {
     lost_reply_is_recorded(Svc::on(store.clone())).await;
     two_workers_race(Svc::on(store.clone())).await;
     dead_worker_is_taken_over(Svc::on(store.clone())).await;
+    orphan_is_swept(Svc::on(store.clone())).await;
     rounds_end_with_a_person(Svc::on(store)).await;
 }
 
@@ -147,6 +148,38 @@ async fn dead_worker_is_taken_over(svc: Svc) {
     svc.until(&worker, async || svc.entry_state(&call_id).await.is_none())
         .await;
     assert_eq!(svc.state(&call_id).await, Some(ReceiptState::Success));
+    assert_eq!(svc.remote.executions(&order), 1);
+}
+
+async fn orphan_is_swept(svc: Svc) {
+    use samekey::store::{Claim, Claimed};
+    // A process claimed the key, charged, and crashed: PROCESSING, nothing queued.
+    let order = order("orphan");
+    let call_id = CallId::new("pay", "crashed").unwrap();
+    let key = samekey::Key::build("compensation_stores.charge", &order.as_str());
+    let claimed = svc
+        .rt
+        .store()
+        .claim(Claim {
+            key,
+            call_id: call_id.clone(),
+            fingerprint: None,
+            lease_ms: 300,
+            now_ms: svc.rt.now_ms(),
+        })
+        .await
+        .unwrap();
+    assert!(matches!(claimed, Claimed::Acquired(_)));
+    svc.remote.charge(&call_id, &order, 500).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let worker = svc.worker();
+    svc.until(&worker, async || {
+        worker.sweep().await.unwrap();
+        svc.state(&call_id).await == Some(ReceiptState::Success)
+    })
+    .await;
+    assert_eq!(svc.entry_state(&call_id).await, None);
+    assert_eq!(svc.charge(&order, 500).await, Ok(500));
     assert_eq!(svc.remote.executions(&order), 1);
 }
 

@@ -256,3 +256,47 @@ async fn an_entry_of_a_scope_without_an_operation_ends_with_a_person() {
         "no operation for the scope: a person decides"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_orphan_of_a_crashed_owner_is_swept_into_the_queue_and_resolved() {
+    use samekey::store::{Claim, Claimed};
+    let svc = Svc::new();
+    // A process claimed the key, sent the charge, and crashed: PROCESSING, nothing queued.
+    let call_id = CallId::new("pay", "crashed").unwrap();
+    let key = samekey::Key::build("orders.charge", &"o-8");
+    let now = svc.rt.now_ms();
+    let claimed = svc
+        .rt
+        .store()
+        .claim(Claim {
+            key: key.clone(),
+            call_id: call_id.clone(),
+            fingerprint: None,
+            lease_ms: 2_000,
+            now_ms: now,
+        })
+        .await
+        .unwrap();
+    assert!(matches!(claimed, Claimed::Acquired(_)));
+    svc.remote.charge(&call_id, "o-8", 500).await.unwrap();
+    let worker = svc.worker();
+    assert_eq!(
+        worker.sweep().await.unwrap(),
+        0,
+        "its lease is still running"
+    );
+    tokio::time::advance(Duration::from_secs(3)).await;
+    assert_eq!(worker.sweep().await.unwrap(), 1);
+    assert_eq!(
+        worker.sweep().await.unwrap(),
+        0,
+        "a queued orphan is not listed again"
+    );
+    assert_eq!(svc.queued().await.len(), 1);
+    let pass = worker.run_once().await.unwrap();
+    assert_eq!(pass.succeeded, 1, "the gateway charged it: recorded");
+    assert!(svc.queued().await.is_empty());
+    assert_eq!(worker.sweep().await.unwrap(), 0, "no orphan left");
+    assert_eq!(svc.charge("o-8", 500).await, Ok(500));
+    assert_eq!(svc.remote.executions("o-8"), 1);
+}

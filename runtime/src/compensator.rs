@@ -166,6 +166,7 @@ pub struct Compensator {
     rounds: Vec<Duration>,
     lease: Duration,
     batch: usize,
+    sweep_every: Duration,
     escalate: Option<Hook>,
 }
 
@@ -179,6 +180,7 @@ impl Compensator {
             rounds: DEFAULT_COMPENSATION_ROUNDS.to_vec(),
             lease: Duration::from_secs(60),
             batch: 100,
+            sweep_every: Duration::from_secs(10 * 60),
             escalate: None,
         }
     }
@@ -201,6 +203,31 @@ impl Compensator {
     pub fn lease(mut self, lease: Duration) -> Compensator {
         self.lease = lease;
         self
+    }
+
+    /// How often [`Compensator::run`] sweeps the store for orphans (default 10 min): a sweep reads
+    /// through the records (an index on PostgreSQL and SQLite, a `SCAN` of every key on Redis).
+    pub fn sweep_every(mut self, every: Duration) -> Compensator {
+        self.sweep_every = every;
+        self
+    }
+
+    /// Queues the orphans: calls still `PROCESSING` after their owner's lease ended (an owner that
+    /// crashed mid-call queued nothing, and only a new call on the key would otherwise resolve it).
+    /// Answers how many it queued; they are worked like any entry, by the next passes.
+    pub async fn sweep(&self) -> Result<usize, Error> {
+        let store = self.rt.store();
+        let now = self.rt.now_ms();
+        let orphans = store.list_orphans(now, self.batch).await?;
+        for orphan in &orphans {
+            let reason = "its owner's lease ended while PROCESSING (the owner crashed?)";
+            let entry =
+                CompensationEntry::new(orphan.call_id.clone(), orphan.key.clone(), reason, now);
+            store.enqueue_compensation(entry).await?;
+            tracing::warn!(target: "samekey", call_id = %orphan.call_id, key = %orphan.key.short(),
+                attempt = 0u32, "compensation: queued an orphan");
+        }
+        Ok(orphans.len())
     }
 
     /// Runs when an entry becomes `MANUAL` (page someone, open a ticket). Called once per entry, by the
@@ -232,11 +259,19 @@ impl Compensator {
         Ok(pass)
     }
 
-    /// Runs passes every `every` until `stop` resolves (e.g. a shutdown signal). A pass that fails is
-    /// logged and the next one runs on time.
+    /// Runs passes every `every` until `stop` resolves (e.g. a shutdown signal), and a
+    /// [sweep](Compensator::sweep) for orphans first and then every [`sweep_every`](Compensator::sweep_every).
+    /// A pass that fails is logged and the next one runs on time.
     pub async fn run(&self, every: Duration, stop: impl Future<Output = ()>) {
         let mut stop = std::pin::pin!(stop);
+        let mut swept: Option<tokio::time::Instant> = None;
         loop {
+            if swept.is_none_or(|at| at.elapsed() >= self.sweep_every) {
+                swept = Some(tokio::time::Instant::now());
+                if let Err(e) = self.sweep().await {
+                    tracing::warn!(target: "samekey", error = %e, "compensation sweep failed");
+                }
+            }
             if let Err(e) = self.run_once().await {
                 tracing::warn!(target: "samekey", error = %e, "compensation pass failed");
             }

@@ -611,6 +611,72 @@ async fn compensation_take_is_exclusive(store: Arc<dyn Store>) {
     }
 }
 
+/// A record still `PROCESSING` after its owner's lease is an orphan (the owner crashed) until someone
+/// resolves it; a live claim, an `UNKNOWN` one and a finished one are not.
+pub async fn orphans_are_listed(store: Arc<dyn Store>) {
+    let (crashed, alive, finished) = (fresh_key("orphan"), fresh_key("alive"), fresh_key("done"));
+    let mut time = Timeline::of(&*store, T0).await;
+    let mine = |records: Vec<crate::receipt::Receipt>| -> Vec<Key> {
+        records
+            .into_iter()
+            .map(|r| r.key)
+            .filter(|k| k == &crashed || k == &alive || k == &finished)
+            .collect()
+    };
+    let claim_for = |key: &Key, now, lease| {
+        let store = store.clone();
+        let claim = claim(key, &call(), now, lease);
+        async move {
+            match store.claim(claim).await.expect("claim") {
+                Claimed::Acquired(fence) => fence,
+                Claimed::Existing(r) => panic!("fresh key held: {r:?}"),
+            }
+        }
+    };
+    // Leases long enough for a store that scans its whole keyspace to list (Redis).
+    claim_for(&crashed, time.now, 1_000).await;
+    let done = claim_for(&finished, time.now, 1_000).await;
+    let early = store.list_orphans(time.now, 10_000).await.expect("list");
+    assert!(
+        mine(early.clone()).is_empty(),
+        "leases still running: {early:?}"
+    );
+    store
+        .complete(&finished, done, success(b"1", 60_000), time.now)
+        .await
+        .expect("complete");
+    time.pass(1_100).await;
+    claim_for(&alive, time.now, 60_000).await;
+    let listed = store.list_orphans(time.now, 10_000).await.expect("list");
+    let orphan = listed
+        .iter()
+        .find(|r| r.key == crashed)
+        .expect("the crashed owner's record")
+        .clone();
+    assert_eq!(
+        mine(listed),
+        std::slice::from_ref(&crashed),
+        "only the crashed owner's record"
+    );
+    store
+        .enqueue_compensation(CompensationEntry::new(
+            orphan.call_id.clone(),
+            crashed.clone(),
+            "orphan",
+            time.now,
+        ))
+        .await
+        .expect("enqueue");
+    assert!(
+        mine(store.list_orphans(time.now, 10_000).await.expect("list")).is_empty(),
+        "a queued orphan is not listed again"
+    );
+    store
+        .finish_compensation(&orphan.call_id, None)
+        .await
+        .expect("finish");
+}
+
 /// Of many concurrent take-overs of one uncertain record, exactly one wins; the stale owner's writes
 /// are all refused afterwards.
 pub async fn take_over_is_exclusive_and_fences_out(store: Arc<dyn Store>) {
@@ -702,7 +768,7 @@ macro_rules! store_conformance_tests {
             claim_is_exclusive claim_records_processing fences_grow complete_is_fenced_and_reentrant
             unknown_moves_forward release_frees_the_key take_over_rules extend_lease_is_fenced
             ttl_expiry wait_settled_wakes compensation_queue take_over_is_exclusive_and_fences_out
-            wait_settled_wakes_on_release);
+            wait_settled_wakes_on_release orphans_are_listed);
     };
     (@tests $make:expr; $($check:ident)+) => {
         $(

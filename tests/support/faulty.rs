@@ -204,6 +204,10 @@ impl Store for Faulty {
     async fn purge_expired(&self, n: u64) -> Result<usize, StoreError> {
         self.run("purge_expired", self.inner.purge_expired(n)).await
     }
+    async fn list_orphans(&self, n: u64, l: usize) -> Result<Vec<Receipt>, StoreError> {
+        self.run("list_orphans", self.inner.list_orphans(n, l))
+            .await
+    }
     async fn enqueue_compensation(&self, e: CompensationEntry) -> Result<(), StoreError> {
         self.run("enqueue_compensation", self.inner.enqueue_compensation(e))
             .await

@@ -438,6 +438,28 @@ impl Store for MemoryStore {
         Ok(total)
     }
 
+    async fn list_orphans(&self, now_ms: u64, limit: usize) -> Result<Vec<Receipt>, StoreError> {
+        let mut orphans = Vec::new();
+        for shard in self.shards.iter() {
+            let shard = lock(shard);
+            orphans.extend(
+                shard
+                    .records
+                    .values()
+                    .map(|e| &e.receipt)
+                    .filter(|r| r.state == ReceiptState::Processing && !r.lease_alive(now_ms))
+                    .cloned(),
+            );
+        }
+        // After the shards' locks are released: the queue's lock is never taken under one.
+        let queue = lock(&self.queue);
+        orphans.retain(|r| !queue.contains_key(&r.call_id));
+        drop(queue);
+        orphans.sort_by_key(|r| r.lease_until_ms);
+        orphans.truncate(limit);
+        Ok(orphans)
+    }
+
     async fn enqueue_compensation(&self, entry: CompensationEntry) -> Result<(), StoreError> {
         lock(&self.queue)
             .entry(entry.call_id.clone())

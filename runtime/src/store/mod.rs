@@ -190,6 +190,12 @@ pub trait Store: std::any::Any + Send + Sync {
     /// Evicts records that expired by now; returns how many.
     async fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError>;
 
+    /// Up to `limit` records still `PROCESSING` whose owner's lease ended by now and that no
+    /// compensation entry covers (an owner that crashed mid-call: nothing queued it), earliest lease
+    /// first. The compensation worker's sweep queues them; once queued, a record is not listed again.
+    /// "Now" is the store's clock where nodes share it.
+    async fn list_orphans(&self, now_ms: u64, limit: usize) -> Result<Vec<Receipt>, StoreError>;
+
     /// Queues an uncertain call for compensation. Enqueuing a callId that is already queued changes
     /// nothing.
     async fn enqueue_compensation(&self, entry: CompensationEntry) -> Result<(), StoreError>;

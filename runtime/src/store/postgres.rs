@@ -56,6 +56,8 @@ END $$;
 CREATE INDEX IF NOT EXISTS samekey_receipts_call_id ON samekey_receipts (call_id);
 CREATE INDEX IF NOT EXISTS samekey_receipts_expires_at ON samekey_receipts (expires_at)
     WHERE expires_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS samekey_receipts_orphans ON samekey_receipts (lease_until)
+    WHERE state = 'PROCESSING';
 CREATE TABLE IF NOT EXISTS samekey_compensation (
     call_id     TEXT PRIMARY KEY,
     key         BYTEA NOT NULL,
@@ -161,6 +163,7 @@ WHERE key = $1 AND (expires_at IS NULL OR expires_at > samekey_now($6))
         let present: bool = sqlx::query_scalar(
             "SELECT to_regclass('samekey_compensation_due') IS NOT NULL
                 AND to_regclass('samekey_receipts_expires_at') IS NOT NULL
+                AND to_regclass('samekey_receipts_orphans') IS NOT NULL
                 AND to_regclass('samekey_fence') IS NOT NULL
                 AND to_regprocedure('samekey_now(bigint)') IS NOT NULL
                 AND EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'samekey_settled')

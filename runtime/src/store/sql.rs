@@ -300,6 +300,19 @@ WHERE call_id IN (
 RETURNING call_id, key, scope, reason, round, next_at, state, lease_until, enqueued, taker"
             );
 
+            /// Records `PROCESSING` past their lease (`$1` now, `$2` limit).
+            const ORPHANS_SQL: &'static str = concat!(
+                "SELECT key, scope, call_id, state, fence, lease_until, expires_at,
+    fingerprint, outcome, created, updated
+FROM samekey_receipts r WHERE state = 'PROCESSING' AND lease_until <= ",
+                $now_open,
+                "$1",
+                $now_close,
+                "
+    AND NOT EXISTS (SELECT 1 FROM samekey_compensation c WHERE c.call_id = r.call_id)
+ORDER BY lease_until LIMIT $2"
+            );
+
             /// Puts a held entry back (`$1` round, `$2` now, `$3` delay, `$4` callId, `$5` fence).
             const RESCHEDULE_SQL: &'static str = concat!(
                 "UPDATE samekey_compensation
@@ -604,6 +617,27 @@ WHERE call_id = $2 AND taker = $3"
                     .await
                     .map_err(driver)?;
                 Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+            }
+
+            async fn list_orphans(
+                &self,
+                now_ms: u64,
+                limit: usize,
+            ) -> Result<Vec<$crate::receipt::Receipt>, $crate::error::StoreError> {
+                use $crate::store::sql::{driver, int, receipt};
+                let rows = sqlx::query(Self::ORPHANS_SQL)
+                    .bind(int(now_ms)?)
+                    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(driver)?;
+                let mut orphans = Vec::with_capacity(rows.len());
+                for row in &rows {
+                    if let Some(r) = receipt(row)? {
+                        orphans.push(r);
+                    }
+                }
+                Ok(orphans)
             }
 
             async fn enqueue_compensation(

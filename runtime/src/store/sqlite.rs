@@ -30,6 +30,8 @@ CREATE TABLE IF NOT EXISTS samekey_receipts (
 CREATE INDEX IF NOT EXISTS samekey_receipts_call_id ON samekey_receipts (call_id);
 CREATE INDEX IF NOT EXISTS samekey_receipts_expires_at ON samekey_receipts (expires_at)
     WHERE expires_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS samekey_receipts_orphans ON samekey_receipts (lease_until)
+    WHERE state = 'PROCESSING';
 CREATE TABLE IF NOT EXISTS samekey_compensation (
     call_id     TEXT PRIMARY KEY NOT NULL,
     key         BLOB NOT NULL,

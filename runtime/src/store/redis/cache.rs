@@ -370,6 +370,10 @@ impl<D: Store> Store for CachedStore<D> {
         self.durable.purge_expired(now_ms).await
     }
 
+    async fn list_orphans(&self, now_ms: u64, limit: usize) -> Result<Vec<Receipt>, StoreError> {
+        self.durable.list_orphans(now_ms, limit).await
+    }
+
     async fn enqueue_compensation(&self, entry: CompensationEntry) -> Result<(), StoreError> {
         self.durable.enqueue_compensation(entry).await
     }

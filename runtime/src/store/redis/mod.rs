@@ -395,6 +395,12 @@ impl RedisStore {
     /// The record of `key` unless it expired by the server's clock, through the `READ` script
     /// (`mode` = `wait` also marks a `PROCESSING` record waited-for).
     async fn read(&self, key: &Key, mode: &str) -> Result<Option<Receipt>, StoreError> {
+        let (now, record) = self.read_at(key, mode).await?;
+        Ok(record.filter(|r| !r.expired(now)))
+    }
+
+    /// A record as it is, whatever its expiry, and the server's time it was read at.
+    async fn read_at(&self, key: &Key, mode: &str) -> Result<(u64, Option<Receipt>), StoreError> {
         let answer: redis::Value = self
             .scripts
             .read
@@ -407,7 +413,41 @@ impl RedisStore {
             Some(redis::Value::BulkString(now)) => number(now, "the server's time")?,
             other => return Err(corrupt(format!("unexpected time {other:?}"))),
         };
-        Ok(parse_record(key.scope(), &answer_fields(&answer)?)?.filter(|r| !r.expired(now)))
+        Ok((now, parse_record(key.scope(), &answer_fields(&answer)?)?))
+    }
+
+    /// The names of every record key, from every primary (`SCAN`, in batches).
+    async fn record_names(&self) -> Result<Vec<String>, StoreError> {
+        let pattern = format!("{}:r:*", self.prefix);
+        let mut names = Vec::new();
+        for node in self.primaries().await? {
+            let mut cursor: u64 = 0;
+            loop {
+                let scan = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1_000)
+                    .clone();
+                let (next, batch): (u64, Vec<String>) = match (&node, self.conn()) {
+                    (Some(route), Connection::Cluster(mut c)) => {
+                        let answer = c
+                            .route_command(scan.clone(), RoutingInfo::SingleNode(route.clone()))
+                            .await
+                            .map_err(unavailable)?;
+                        redis::from_redis_value(answer).map_err(corrupt)?
+                    }
+                    (_, mut conn) => scan.query_async(&mut conn).await.map_err(unavailable)?,
+                };
+                names.extend(batch);
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(names)
     }
 
     fn index_later(&self, key: &Key, call_id: CallId) {
@@ -766,35 +806,7 @@ impl Store for RedisStore {
     }
 
     async fn purge_expired(&self, _now_ms: u64) -> Result<usize, StoreError> {
-        let pattern = format!("{}:r:*", self.prefix);
-        let mut names = Vec::new();
-        for node in self.primaries().await? {
-            let mut cursor: u64 = 0;
-            loop {
-                let scan = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(1_000)
-                    .clone();
-                let (next, batch): (u64, Vec<String>) = match (&node, self.conn()) {
-                    (Some(route), Connection::Cluster(mut c)) => {
-                        let answer = c
-                            .route_command(scan.clone(), RoutingInfo::SingleNode(route.clone()))
-                            .await
-                            .map_err(unavailable)?;
-                        redis::from_redis_value(answer).map_err(corrupt)?
-                    }
-                    (_, mut conn) => scan.query_async(&mut conn).await.map_err(unavailable)?,
-                };
-                names.extend(batch);
-                if next == 0 {
-                    break;
-                }
-                cursor = next;
-            }
-        }
+        let names = self.record_names().await?;
         let mut purged = 0;
         for name in names {
             let gone: i64 = self
@@ -807,6 +819,38 @@ impl Store for RedisStore {
             purged += usize::from(gone == 1);
         }
         Ok(purged)
+    }
+
+    /// Scans every record (`SCAN` on every primary): a sweep's cost grows with the keys held, so run
+    /// it at the pace of the compensation worker, not per call.
+    async fn list_orphans(&self, _now_ms: u64, limit: usize) -> Result<Vec<Receipt>, StoreError> {
+        let prefix = format!("{}:r:{{", self.prefix);
+        let mut orphans = Vec::new();
+        for name in self.record_names().await? {
+            let Some(digest) = name
+                .strip_prefix(&prefix)
+                .and_then(|rest| rest.strip_suffix('}'))
+                .and_then(digest_from_hex)
+            else {
+                continue;
+            };
+            let (now, record) = self.read_at(&Key::from_digest("", digest), "").await?;
+            let Some(r) = record else { continue };
+            if r.state != ReceiptState::Processing || r.lease_alive(now) {
+                continue;
+            }
+            let queued: bool = self
+                .conn()
+                .hexists(self.queue_key(), r.call_id.to_string())
+                .await
+                .map_err(unavailable)?;
+            if !queued {
+                orphans.push(r);
+            }
+        }
+        orphans.sort_by_key(|r| r.lease_until_ms);
+        orphans.truncate(limit);
+        Ok(orphans)
     }
 
     async fn enqueue_compensation(&self, entry: CompensationEntry) -> Result<(), StoreError> {

@@ -26,7 +26,7 @@ local out = {}
 for i = 1, math.min(limit, #due) do
   local e = due[i][2]
   e.state = 'TAKEN'
-  e.lease_until = tostring(now + lease)
+  e.lease_until = string.format('%.0f', now + lease)
   e.taker = tostring((tonumber(e.taker) or 0) + 1)
   local s = cjson.encode(e)
   redis.call('HSET', q, due[i][1], s)

@@ -13,12 +13,12 @@ if action == 'finish' then
   return {1}
 elseif action == 'reschedule' then
   e.round = ARGV[4]
-  e.next_at = tostring(now + tonumber(ARGV[5]))
+  e.next_at = string.format('%.0f', now + tonumber(ARGV[5]))
   e.state = 'PENDING'
   e.lease_until = '0'
 elseif action == 'escalate' then
   e.state = 'MANUAL'
-  e.next_at = tostring(now)
+  e.next_at = string.format('%.0f', now)
   e.lease_until = '0'
 else
   return redis.error_reply('unknown compensation action ' .. tostring(action))
