@@ -51,6 +51,7 @@
 //!   [`Runtime::stats`], [`Runtime::receipt`] and [`Runtime::compensations`] to see what happened.
 //! * [`observed`]: whether a call was a replay, and its callId.
 //! * [`Compensator`]: the worker that drives every call left `UNKNOWN` to an end, in bounded rounds.
+//! * [`Runtime::apply_callback`]: a provider's callback applied to a receipt at most once.
 //! * [`store`]: the [`Store`] contract and the backends; [`conformance`] for your own.
 //! * [`KeyPart`]: what may be part of a key, and the key encoding.
 //!
@@ -138,13 +139,13 @@ pub use samekey_macros::scoped;
 pub use samekey_macros::KeyPart;
 
 pub use samekey_runtime::{
-    current, default_runtime, key_bytes, observed, store, try_current, Answer, Backoff, Builder,
-    CallId, CallReport, Classify, Clock, CompensationEntry, CompensationState, Compensator,
-    Context, Error, ErrorClass, Fence, Fingerprint, Inbound, Key, KeyBuilder, KeyBytes, KeyEncoder,
-    KeyPart, Label, MemoryStore, NotReceived, Operation, ParseCallIdError, Pass, Receipt,
-    ReceiptState, RemoteStatus, Resolution, Runtime, Stats, Store, StoreError, StoredByMessage,
-    SystemClock, TokioClock, TraceId, Transition, DEFAULT_BUSY_WAIT, DEFAULT_COMPENSATION_ROUNDS,
-    DEFAULT_LEASE, DEFAULT_LOOKUP_POLLS, DEFAULT_MAX_RETRY_AFTER,
+    current, default_runtime, key_bytes, observed, store, try_current, Answer, Applied, Backoff,
+    Builder, CallId, CallReport, Callback, Classify, Clock, CompensationEntry, CompensationState,
+    Compensator, Context, Error, ErrorClass, Fence, Fingerprint, Inbound, Key, KeyBuilder,
+    KeyBytes, KeyEncoder, KeyPart, Label, MemoryStore, NotReceived, Operation, ParseCallIdError,
+    Pass, Receipt, ReceiptState, RemoteStatus, Resolution, Runtime, Stats, Store, StoreError,
+    StoredByMessage, SystemClock, TokioClock, TraceId, Transition, DEFAULT_BUSY_WAIT,
+    DEFAULT_COMPENSATION_ROUNDS, DEFAULT_LEASE, DEFAULT_LOOKUP_POLLS, DEFAULT_MAX_RETRY_AFTER,
 };
 
 /// The SQL driver of the SQLite and PostgreSQL stores (features `sqlite`, `postgres`): use it for the

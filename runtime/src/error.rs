@@ -97,6 +97,24 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// The store knows no receipt of this call (never made here, or expired): a callback about it
+    /// ([`Runtime::apply_callback`](crate::Runtime::apply_callback)) has nothing to apply to.
+    #[error("no receipt of call {call_id}: never made here, or expired")]
+    NoReceipt {
+        /// The call.
+        call_id: CallId,
+    },
+    /// A callback would move a finished receipt to another outcome (`SUCCESS` → `FAILED` or back):
+    /// receipts only move forward, so it was refused and nothing changed.
+    #[error("call {call_id} is {from}: a callback saying {to} is refused (a receipt only moves forward)")]
+    TransitionRefused {
+        /// The call.
+        call_id: CallId,
+        /// Its recorded state.
+        from: ReceiptState,
+        /// The state the callback asked for.
+        to: ReceiptState,
+    },
     /// [`Runtime::install_default`](crate::Runtime::install_default) was called after the default runtime
     /// was set or first used.
     #[error("the default samekey runtime is already set; install it before the first call")]
@@ -113,6 +131,8 @@ impl Classify for Error {
             | Error::NotReplayable { .. }
             | Error::ScopeClash { .. }
             | Error::Failed { .. }
+            | Error::NoReceipt { .. }
+            | Error::TransitionRefused { .. }
             | Error::DefaultAlreadySet => ErrorClass::Permanent,
             // Not `Rejected`: passed up from a call nested in another one's body, it must not give
             // the outer key back, since the outer body may have acted before it.

@@ -10,6 +10,7 @@
 
 mod call;
 mod call_id;
+pub mod callback;
 mod classify;
 mod clock;
 mod codec;
@@ -28,6 +29,7 @@ mod stats;
 pub mod store;
 
 pub use call_id::{validate_label, validate_node, CallId, Label, ParseCallIdError, TraceId};
+pub use callback::{Applied, Callback};
 pub use classify::{Classify, ErrorClass, RemoteStatus};
 pub use clock::{Clock, SystemClock, TokioClock};
 pub use codec::StoredByMessage;

@@ -1,0 +1,182 @@
+//! Callbacks: the other side tells, once or ten times, in any order, what became of a call.
+//! [`Runtime::apply_callback`] moves the call's receipt to that outcome at most once.
+//!
+//! # Guarantees
+//!
+//! * **Forward only, re-entrant.** The first delivery records the outcome (`Applied`); a repeat of the
+//!   same outcome changes nothing (`AlreadyApplied`); a delivery that would move a finished receipt
+//!   to another outcome (`SUCCESS` → `FAILED`, `FAILED` → `SUCCESS`) is refused with
+//!   [`Error::TransitionRefused`] and changes nothing.
+//! * **One writer.** An `UNKNOWN` call, or one whose owner's lease ended, is taken over (a new receipt
+//!   fence) before the outcome is written: the owner, should it come back, is fenced out and answers
+//!   the recorded outcome. A call whose owner is still running is waited for (bounded), then judged.
+//! * **Across processes**, on every store: the store's atomic take-over and fenced completion decide.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::call_id::CallId;
+use crate::codec::message_bytes;
+use crate::error::{Error, StoreError};
+use crate::receipt::ReceiptState;
+use crate::runtime::Runtime;
+use crate::store::{Claimed, Completion};
+
+/// What a callback says became of a call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Callback {
+    state: ReceiptState,
+    outcome: Vec<u8>,
+    ttl: Duration,
+}
+
+impl Callback {
+    /// It took effect with `value` (what the function would have returned: duplicates replay it).
+    pub fn succeeded<T: Serialize>(value: &T) -> Result<Callback, Error> {
+        let outcome = serde_json::to_vec(value).map_err(|e| {
+            Error::Store(StoreError::Corrupt(format!(
+                "the callback's value cannot be encoded: {e}"
+            )))
+        })?;
+        Ok(Callback {
+            state: ReceiptState::Success,
+            outcome,
+            ttl: Duration::from_secs(24 * 60 * 60),
+        })
+    }
+
+    /// It failed for good, with this message (duplicates get `samekey::Error::Failed`).
+    pub fn failed(message: impl std::fmt::Display) -> Callback {
+        Callback {
+            state: ReceiptState::Failed,
+            outcome: message_bytes(&message.to_string()),
+            ttl: Duration::from_secs(24 * 60 * 60),
+        }
+    }
+
+    /// How long the recorded outcome is kept: the function's `ttl` (default 24 h).
+    pub fn ttl(mut self, ttl: Duration) -> Callback {
+        self.ttl = ttl;
+        self
+    }
+}
+
+/// What a delivery did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// This delivery recorded the outcome.
+    Applied,
+    /// The receipt already had this outcome: nothing changed.
+    AlreadyApplied,
+}
+
+/// How many times a delivery looks at a receipt that others keep changing before it gives up.
+const MAX_LOOKS: u32 = 16;
+
+impl Runtime {
+    /// Applies a callback about `call_id` to its receipt, at most once (see the [module
+    /// docs](crate::callback)). Run the downstream work (ship the order) after `Applied` **and** after
+    /// `AlreadyApplied`, through an `#[idempotent]` function keyed by the business reference: it then
+    /// runs once however many deliveries come, and a process that crashed between recording and
+    /// shipping ships on the provider's next delivery.
+    ///
+    /// Errors: [`Error::TransitionRefused`] for a backwards delivery, [`Error::NoReceipt`] when the
+    /// store knows no receipt of `call_id` (never made here, or expired), [`Error::InProgress`] when
+    /// the call's owner kept running through the runtime's busy wait, [`Error::Store`].
+    pub async fn apply_callback(
+        &self,
+        call_id: &CallId,
+        callback: Callback,
+    ) -> Result<Applied, Error> {
+        let store = self.store();
+        let mut record = store
+            .get_by_call_id(call_id)
+            .await?
+            .ok_or_else(|| Error::NoReceipt {
+                call_id: call_id.clone(),
+            })?;
+        for _ in 0..MAX_LOOKS {
+            if record.call_id != *call_id {
+                // The key belongs to another call now: this one's receipt is gone.
+                return Err(Error::NoReceipt {
+                    call_id: call_id.clone(),
+                });
+            }
+            let now = self.now_ms();
+            if record.state.is_terminal() {
+                if record.state == callback.state {
+                    tracing::info!(target: "samekey", call_id = %call_id, key = %record.key.short(),
+                        attempt = 0u32, state = %record.state, "callback: already applied");
+                    return Ok(Applied::AlreadyApplied);
+                }
+                tracing::warn!(target: "samekey", call_id = %call_id, key = %record.key.short(),
+                    attempt = 0u32, from = %record.state, to = %callback.state,
+                    "callback refused: it would move a finished receipt backwards");
+                return Err(Error::TransitionRefused {
+                    call_id: call_id.clone(),
+                    from: record.state,
+                    to: callback.state,
+                });
+            }
+            if record.lease_alive(now) {
+                // The owner is still running: its own outcome, or its lease's end, comes first.
+                let wait = self.busy_wait();
+                record = match store.wait_settled(&record.key, wait, now).await? {
+                    Some(next) if next.fence != record.fence || next.state != record.state => next,
+                    _ => {
+                        return Err(Error::InProgress {
+                            call_id: call_id.clone(),
+                        })
+                    }
+                };
+                continue;
+            }
+            let key = record.key.clone();
+            let lease = u64::try_from(self.lease().as_millis()).unwrap_or(u64::MAX);
+            let fence = match store.take_over(&key, record.fence, lease, now).await {
+                Ok(Claimed::Acquired(fence)) => fence,
+                Ok(Claimed::Existing(newer)) => {
+                    record = newer;
+                    continue;
+                }
+                Err(StoreError::NotFound) => {
+                    return Err(Error::NoReceipt {
+                        call_id: call_id.clone(),
+                    })
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let completion = Completion {
+                state: callback.state,
+                outcome: Some(callback.outcome.clone().into()),
+                ttl_ms: u64::try_from(callback.ttl.as_millis()).unwrap_or(u64::MAX),
+            };
+            match store.complete(&key, fence, completion, self.now_ms()).await {
+                Ok(_) => {
+                    if let Err(e) = store.finish_compensation(call_id, None).await {
+                        tracing::warn!(target: "samekey", call_id = %call_id, key = %key.short(),
+                            attempt = 0u32, error = %e, "callback: could not clear the compensation entry");
+                    }
+                    tracing::info!(target: "samekey", call_id = %call_id, key = %key.short(),
+                        attempt = 0u32, state = %callback.state, "callback: applied");
+                    return Ok(Applied::Applied);
+                }
+                // Another delivery (or the owner) got there first: look again.
+                Err(StoreError::Fenced { .. } | StoreError::InvalidTransition { .. }) => {
+                    record =
+                        store
+                            .get(&key, self.now_ms())
+                            .await?
+                            .ok_or_else(|| Error::NoReceipt {
+                                call_id: call_id.clone(),
+                            })?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(Error::InProgress {
+            call_id: call_id.clone(),
+        })
+    }
+}

@@ -1,0 +1,179 @@
+//! Callback dedup on every backend: a payment callback delivered three times at once and again after
+//! a restart applies once, the downstream work runs once, a backwards delivery is refused.
+
+mod support;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use samekey::{idempotent, Applied, CallId, Callback, Error, ReceiptState, Runtime, Store};
+use support::stores::*;
+use support::{Fault, Remote, TestError};
+
+struct Shop {
+    rt: Runtime,
+    remote: Remote,
+    shipped: Arc<AtomicU32>,
+}
+
+impl Shop {
+    fn on(store: Arc<dyn Store>, shipped: Arc<AtomicU32>) -> Shop {
+        Shop {
+            rt: Runtime::builder()
+                .node("shop")
+                .shared_store(store)
+                .build()
+                .unwrap(),
+            remote: Remote::new(),
+            shipped,
+        }
+    }
+
+    #[idempotent(key = "order", scope = "callbacks.charge", runtime = &self.rt, timeout = "1s", on_unknown = "hold")]
+    async fn charge(&self, order: &str, amount: u64) -> Result<u64, TestError> {
+        let cx = samekey::current();
+        self.remote.charge(cx.call_id(), order, amount).await
+    }
+
+    /// A charge that takes a while (no timeout: its owner holds the key while it runs).
+    #[idempotent(key = "order", scope = "callbacks.slow", runtime = &self.rt)]
+    async fn charge_slowly(&self, order: &str, amount: u64) -> Result<u64, TestError> {
+        let cx = samekey::current();
+        self.remote.charge(cx.call_id(), order, amount).await
+    }
+
+    /// The downstream work: idempotent by the order, so it runs once however often it is asked.
+    #[idempotent(key = "order", scope = "callbacks.ship", runtime = &self.rt)]
+    async fn ship(&self, order: &str) -> Result<u32, TestError> {
+        Ok(self.shipped.fetch_add(1, Ordering::SeqCst) + 1)
+    }
+
+    /// The provider's callback handler.
+    async fn on_paid(&self, call_id: &CallId, order: &str, amount: u64) -> Result<Applied, Error> {
+        let applied = self
+            .rt
+            .apply_callback(call_id, Callback::succeeded(&amount)?)
+            .await?;
+        self.ship(order).await.expect("ship");
+        Ok(applied)
+    }
+}
+
+fn order(what: &str) -> String {
+    format!("{what}-{:x}", samekey::TraceId::new().as_u128())
+}
+
+async fn callback_scenarios(store: Arc<dyn Store>) {
+    let shipped = Arc::new(AtomicU32::new(0));
+    let shop = Arc::new(Shop::on(store.clone(), shipped.clone()));
+    let order = order("cb");
+    // The charge's reply is lost: UNKNOWN, queued; the provider charged and will call back.
+    shop.remote.script([Fault::ReplyLost]);
+    let call_id = match shop.charge(&order, 500).await {
+        Err(TestError::Samekey(Error::Unknown { call_id })) => call_id,
+        other => panic!("{other:?}"),
+    };
+
+    let mut deliveries = tokio::task::JoinSet::new();
+    for _ in 0..3 {
+        let (shop, call_id, order) = (shop.clone(), call_id.clone(), order.clone());
+        deliveries.spawn(async move { shop.on_paid(&call_id, &order, 500).await });
+    }
+    let mut applied = Vec::new();
+    while let Some(done) = deliveries.join_next().await {
+        applied.push(done.unwrap().unwrap());
+    }
+    applied.sort_by_key(|a| *a == Applied::AlreadyApplied);
+    assert_eq!(
+        applied,
+        [
+            Applied::Applied,
+            Applied::AlreadyApplied,
+            Applied::AlreadyApplied
+        ]
+    );
+    assert_eq!(shipped.load(Ordering::SeqCst), 1, "shipped once");
+    let receipt = shop.rt.receipt(&call_id).await.unwrap().unwrap();
+    assert_eq!(receipt.state, ReceiptState::Success);
+    assert!(
+        shop.rt
+            .compensations()
+            .await
+            .unwrap()
+            .iter()
+            .all(|e| e.call_id != call_id),
+        "the callback settled the queued call"
+    );
+    assert_eq!(
+        shop.charge(&order, 500).await,
+        Ok(500),
+        "a duplicate replays"
+    );
+
+    // A restart: another process on the same store gets the provider's next delivery.
+    let restarted = Shop::on(store, shipped.clone());
+    assert_eq!(
+        restarted.on_paid(&call_id, &order, 500).await.unwrap(),
+        Applied::AlreadyApplied
+    );
+    assert_eq!(shipped.load(Ordering::SeqCst), 1, "still shipped once");
+
+    // A late "declined" for a paid call is refused and changes nothing.
+    match restarted
+        .rt
+        .apply_callback(&call_id, Callback::failed("card declined"))
+        .await
+    {
+        Err(Error::TransitionRefused { from, to, .. }) => {
+            assert_eq!((from, to), (ReceiptState::Success, ReceiptState::Failed));
+        }
+        other => panic!("{other:?}"),
+    }
+    let receipt = restarted.rt.receipt(&call_id).await.unwrap().unwrap();
+    assert_eq!(receipt.state, ReceiptState::Success);
+
+    let stranger = CallId::new("pay", "elsewhere").unwrap();
+    assert!(matches!(
+        restarted
+            .rt
+            .apply_callback(&stranger, Callback::failed("?"))
+            .await,
+        Err(Error::NoReceipt { .. })
+    ));
+}
+
+/// A callback that arrives while the call's owner still runs waits for it, then judges.
+async fn callback_before_the_reply(store: Arc<dyn Store>) {
+    let shipped = Arc::new(AtomicU32::new(0));
+    let shop = Arc::new(Shop::on(store, shipped));
+    let order = order("early");
+    shop.remote
+        .script([Fault::Slow(std::time::Duration::from_millis(300))]);
+    let owner = tokio::spawn({
+        let (shop, order) = (shop.clone(), order.clone());
+        async move { shop.charge_slowly(&order, 500).await }
+    });
+    let call_id: CallId = loop {
+        if let Some(seen) = shop.remote.seen().first() {
+            break seen.parse().unwrap();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    };
+    let applied = shop
+        .rt
+        .apply_callback(&call_id, Callback::succeeded(&500u64).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        applied,
+        Applied::AlreadyApplied,
+        "the owner recorded it first"
+    );
+    assert_eq!(owner.await.unwrap(), Ok(500));
+    assert_eq!(shop.remote.executions(&order), 1);
+}
+
+support::on_stores!(memory, sqlite if "sqlite", postgres if "postgres", redis if "redis" => {
+    callback_scenarios,
+    callback_before_the_reply,
+});
