@@ -18,7 +18,7 @@ use crate::compensation::{CompensationEntry, CompensationState};
 use crate::error::StoreError;
 use crate::key::{Fingerprint, Key};
 use crate::receipt::{Fence, ReceiptState, Transition};
-use crate::store::{Claim, Claimed, Completion, Store, StoreClock};
+use crate::store::{Claim, Claimed, Completion, Cursor, ReceiptQuery, Store, StoreClock};
 
 /// A fixed point in time for the checks: 2024-03-09T16:00:00Z. A store that takes the caller's time
 /// is driven from it; one that judges by its own clock ignores it, and the checks that need time to
@@ -611,6 +611,80 @@ async fn compensation_take_is_exclusive(store: Arc<dyn Store>) {
     }
 }
 
+/// Receipts are listed by creation time in pages that follow each other without gaps or repeats,
+/// filtered by scope and state; released keys and expired receipts are not listed.
+pub async fn receipts_are_listed(store: Arc<dyn Store>) {
+    let scope = format!("samekey.listing.{:x}", TraceId::new().as_u128());
+    let mut time = Timeline::of(&*store, T0).await;
+    let start = store.now_ms(time.now).await.expect("the store's time");
+    let mut keys = Vec::new();
+    let mut fences = Vec::new();
+    for i in 0..7u32 {
+        let key = Key::build(&scope, &i);
+        let fence = acquire(&*store, &key, &call(), time.now).await;
+        keys.push(key);
+        fences.push(fence);
+        time.pass(2).await;
+    }
+    // Two succeed, one is released (no longer a receipt), one expires soon.
+    for i in [0, 1] {
+        store
+            .complete(&keys[i], fences[i], success(b"1", 600_000), time.now)
+            .await
+            .expect("complete");
+    }
+    store.release(&keys[2], fences[2]).await.expect("release");
+    store
+        .complete(&keys[3], fences[3], success(b"1", 100), time.now)
+        .await
+        .expect("complete");
+    time.pass(300).await;
+    let query = ReceiptQuery::created_between(start.saturating_sub(60_000), start + 3_600_000)
+        .scope(scope.clone())
+        .limit(2);
+    let mut listed = Vec::new();
+    let mut page_query = query.clone();
+    let mut pages = 0;
+    loop {
+        let page = store
+            .list_receipts(&page_query, time.now)
+            .await
+            .expect("list");
+        pages += 1;
+        listed.extend(page.receipts);
+        match page.next {
+            Some(next) => page_query = query.clone().after(next),
+            None => break,
+        }
+        assert!(pages < 100, "pages never end");
+    }
+    let expected: Vec<Key> = [0, 1, 4, 5, 6].iter().map(|&i| keys[i].clone()).collect();
+    let mut got: Vec<Key> = listed.iter().map(|r| r.key.clone()).collect();
+    let cursors: Vec<Cursor> = listed.iter().map(Cursor::of).collect();
+    assert!(
+        cursors.windows(2).all(|w| w[0] < w[1]),
+        "in order, without repeats"
+    );
+    got.sort_by_key(|k| *k.digest());
+    let mut want = expected.clone();
+    want.sort_by_key(|k| *k.digest());
+    assert_eq!(got, want, "every receipt once; no released, no expired one");
+    let succeeded = store
+        .list_receipts(
+            &query.clone().limit(1_000).states([ReceiptState::Success]),
+            time.now,
+        )
+        .await
+        .expect("list");
+    assert_eq!(succeeded.receipts.len(), 2);
+    assert!(succeeded.next.is_none());
+    let other_scope = store
+        .list_receipts(&query.clone().scope("samekey.nothing.here"), time.now)
+        .await
+        .expect("list");
+    assert!(other_scope.receipts.is_empty());
+}
+
 /// A record still `PROCESSING` after its owner's lease is an orphan (the owner crashed) until someone
 /// resolves it; a live claim, an `UNKNOWN` one and a finished one are not.
 pub async fn orphans_are_listed(store: Arc<dyn Store>) {
@@ -768,7 +842,7 @@ macro_rules! store_conformance_tests {
             claim_is_exclusive claim_records_processing fences_grow complete_is_fenced_and_reentrant
             unknown_moves_forward release_frees_the_key take_over_rules extend_lease_is_fenced
             ttl_expiry wait_settled_wakes compensation_queue take_over_is_exclusive_and_fences_out
-            wait_settled_wakes_on_release orphans_are_listed);
+            wait_settled_wakes_on_release orphans_are_listed receipts_are_listed);
     };
     (@tests $make:expr; $($check:ident)+) => {
         $(

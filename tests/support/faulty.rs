@@ -204,6 +204,14 @@ impl Store for Faulty {
     async fn purge_expired(&self, n: u64) -> Result<usize, StoreError> {
         self.run("purge_expired", self.inner.purge_expired(n)).await
     }
+    async fn list_receipts(
+        &self,
+        q: &samekey::store::ReceiptQuery,
+        n: u64,
+    ) -> Result<samekey::store::ReceiptPage, StoreError> {
+        self.run("list_receipts", self.inner.list_receipts(q, n))
+            .await
+    }
     async fn list_orphans(&self, n: u64, l: usize) -> Result<Vec<Receipt>, StoreError> {
         self.run("list_orphans", self.inner.list_orphans(n, l))
             .await

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use tokio::sync::futures::OwnedNotified;
 use tokio::sync::Notify;
 
-use super::{Claim, Claimed, Completion, Store};
+use super::{page_of, Claim, Claimed, Completion, Cursor, ReceiptPage, ReceiptQuery, Store};
 use crate::call_id::CallId;
 use crate::compensation::{CompensationEntry, CompensationState};
 use crate::error::StoreError;
@@ -436,6 +436,30 @@ impl Store for MemoryStore {
             total += self.evict(&mut shard, now_ms, usize::MAX);
         }
         Ok(total)
+    }
+
+    async fn list_receipts(
+        &self,
+        query: &ReceiptQuery,
+        now_ms: u64,
+    ) -> Result<ReceiptPage, StoreError> {
+        let mut rows: Vec<Receipt> = Vec::new();
+        for shard in self.shards.iter() {
+            let shard = lock(shard);
+            rows.extend(
+                shard
+                    .records
+                    .values()
+                    .map(|e| &e.receipt)
+                    .filter(|r| {
+                        (query.since_ms..query.until_ms).contains(&r.created_ms)
+                            && !r.expired(now_ms)
+                            && query.after.is_none_or(|after| Cursor::of(r) > after)
+                    })
+                    .cloned(),
+            );
+        }
+        Ok(page_of(rows, query))
     }
 
     async fn list_orphans(&self, now_ms: u64, limit: usize) -> Result<Vec<Receipt>, StoreError> {

@@ -58,6 +58,8 @@ CREATE INDEX IF NOT EXISTS samekey_receipts_expires_at ON samekey_receipts (expi
     WHERE expires_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS samekey_receipts_orphans ON samekey_receipts (lease_until)
     WHERE state = 'PROCESSING';
+CREATE INDEX IF NOT EXISTS samekey_receipts_created ON samekey_receipts (created, key);
+CREATE INDEX IF NOT EXISTS samekey_receipts_scope_created ON samekey_receipts (scope, created, key);
 CREATE TABLE IF NOT EXISTS samekey_compensation (
     call_id     TEXT PRIMARY KEY,
     key         BYTEA NOT NULL,
@@ -164,6 +166,7 @@ WHERE key = $1 AND (expires_at IS NULL OR expires_at > samekey_now($6))
             "SELECT to_regclass('samekey_compensation_due') IS NOT NULL
                 AND to_regclass('samekey_receipts_expires_at') IS NOT NULL
                 AND to_regclass('samekey_receipts_orphans') IS NOT NULL
+                AND to_regclass('samekey_receipts_scope_created') IS NOT NULL
                 AND to_regclass('samekey_fence') IS NOT NULL
                 AND to_regprocedure('samekey_now(bigint)') IS NOT NULL
                 AND EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'samekey_settled')

@@ -300,6 +300,23 @@ WHERE call_id IN (
 RETURNING call_id, key, scope, reason, round, next_at, state, lease_until, enqueued, taker"
             );
 
+            /// A page of receipts (`$1` since, `$2` until, `$3` scope or null, `$4` now, `$5` cursor
+            /// time, `$6` cursor key, `$7` limit): the cursor is `(-1, empty)` for the first page.
+            const LIST_SQL: &'static str = concat!(
+                "SELECT key, scope, call_id, state, fence, lease_until, expires_at,
+    fingerprint, outcome, created, updated
+FROM samekey_receipts
+WHERE created >= $1 AND created < $2 AND state <> 'RELEASED'
+    AND ($3 IS NULL OR scope = $3)
+    AND (expires_at IS NULL OR expires_at > ",
+                $now_open,
+                "$4",
+                $now_close,
+                ")
+    AND (created > $5 OR (created = $5 AND key > $6))
+ORDER BY created, key LIMIT $7"
+            );
+
             /// Records `PROCESSING` past their lease (`$1` now, `$2` limit).
             const ORPHANS_SQL: &'static str = concat!(
                 "SELECT key, scope, call_id, state, fence, lease_until, expires_at,
@@ -617,6 +634,44 @@ WHERE call_id = $2 AND taker = $3"
                     .await
                     .map_err(driver)?;
                 Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+            }
+
+            async fn list_receipts(
+                &self,
+                query: &$crate::store::ReceiptQuery,
+                now_ms: u64,
+            ) -> Result<$crate::store::ReceiptPage, $crate::error::StoreError> {
+                use $crate::store::sql::{driver, int, receipt};
+                let limit = query.limit.max(1);
+                let (after_ms, after_key) = match &query.after {
+                    Some(c) => (int(c.created_ms)?, c.digest.to_vec()),
+                    None => (-1, Vec::new()),
+                };
+                let rows = sqlx::query(Self::LIST_SQL)
+                    .bind(int(query.since_ms)?)
+                    .bind(int(query.until_ms)?)
+                    .bind(query.scope.as_deref())
+                    .bind(int(now_ms)?)
+                    .bind(after_ms)
+                    .bind(after_key)
+                    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(driver)?;
+                let mut read = Vec::with_capacity(rows.len());
+                for row in &rows {
+                    if let Some(r) = receipt(row)? {
+                        read.push(r);
+                    }
+                }
+                let next = (rows.len() == limit)
+                    .then(|| read.last().map($crate::store::Cursor::of))
+                    .flatten();
+                read.retain(|r| query.admits(r));
+                Ok($crate::store::ReceiptPage {
+                    receipts: read,
+                    next,
+                })
             }
 
             async fn list_orphans(

@@ -32,6 +32,8 @@ CREATE INDEX IF NOT EXISTS samekey_receipts_expires_at ON samekey_receipts (expi
     WHERE expires_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS samekey_receipts_orphans ON samekey_receipts (lease_until)
     WHERE state = 'PROCESSING';
+CREATE INDEX IF NOT EXISTS samekey_receipts_created ON samekey_receipts (created, key);
+CREATE INDEX IF NOT EXISTS samekey_receipts_scope_created ON samekey_receipts (scope, created, key);
 CREATE TABLE IF NOT EXISTS samekey_compensation (
     call_id     TEXT PRIMARY KEY NOT NULL,
     key         BLOB NOT NULL,

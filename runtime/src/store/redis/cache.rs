@@ -14,7 +14,7 @@ use crate::compensation::CompensationEntry;
 use crate::error::StoreError;
 use crate::key::{Fingerprint, Key};
 use crate::receipt::{Fence, Receipt, Transition};
-use crate::store::{Claim, Claimed, Completion, Store, StoreClock};
+use crate::store::{Claim, Claimed, Completion, ReceiptPage, ReceiptQuery, Store, StoreClock};
 
 /// A front cache over a durable store: replays and receipt queries are served from Redis, and the
 /// durable store still decides every claim.
@@ -368,6 +368,14 @@ impl<D: Store> Store for CachedStore<D> {
             }
         }
         self.durable.purge_expired(now_ms).await
+    }
+
+    async fn list_receipts(
+        &self,
+        query: &ReceiptQuery,
+        now_ms: u64,
+    ) -> Result<ReceiptPage, StoreError> {
+        self.durable.list_receipts(query, now_ms).await
     }
 
     async fn list_orphans(&self, now_ms: u64, limit: usize) -> Result<Vec<Receipt>, StoreError> {

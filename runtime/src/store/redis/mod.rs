@@ -12,7 +12,10 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{AsyncCommands, RedisFuture, Script};
 use serde::{Deserialize, Serialize};
 
-use super::{already_or_not_owned, not_owned, Claim, Claimed, Completion, Store, StoreClock};
+use super::{
+    already_or_not_owned, not_owned, Claim, Claimed, Completion, Cursor, ReceiptPage, ReceiptQuery,
+    Store, StoreClock,
+};
 use crate::call_id::CallId;
 use crate::compensation::{CompensationEntry, CompensationState};
 use crate::error::StoreError;
@@ -819,6 +822,36 @@ impl Store for RedisStore {
             purged += usize::from(gone == 1);
         }
         Ok(purged)
+    }
+
+    /// Scans every record (`SCAN` on every primary) for each page: a listing's cost grows with the
+    /// keys held. Fine for a store of record that keeps a day or two of receipts; for reconciling
+    /// millions, list from a durable store behind a [`CachedStore`].
+    async fn list_receipts(
+        &self,
+        query: &ReceiptQuery,
+        _now_ms: u64,
+    ) -> Result<ReceiptPage, StoreError> {
+        let prefix = format!("{}:r:{{", self.prefix);
+        let mut rows = Vec::new();
+        for name in self.record_names().await? {
+            let Some(digest) = name
+                .strip_prefix(&prefix)
+                .and_then(|rest| rest.strip_suffix('}'))
+                .and_then(digest_from_hex)
+            else {
+                continue;
+            };
+            let (now, record) = self.read_at(&Key::from_digest("", digest), "").await?;
+            let Some(r) = record else { continue };
+            if (query.since_ms..query.until_ms).contains(&r.created_ms)
+                && !r.expired(now)
+                && query.after.is_none_or(|after| Cursor::of(&r) > after)
+            {
+                rows.push(r);
+            }
+        }
+        Ok(super::page_of(rows, query))
     }
 
     /// Scans every record (`SCAN` on every primary): a sweep's cost grows with the keys held, so run
