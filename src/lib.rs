@@ -157,6 +157,9 @@ pub use samekey_runtime::sqlx;
 #[cfg(feature = "redis")]
 pub use samekey_runtime::redis;
 
+/// Reconciliation: this side's receipts against the counterparty's records (see [`reconcile::Reconciler`]).
+pub use samekey_runtime::reconcile;
+
 /// The store conformance suite, for backend authors: see [`samekey_runtime::conformance`].
 pub use samekey_runtime::conformance;
 /// Generates one test per conformance check for a store: see [`samekey_runtime::conformance`].

@@ -23,6 +23,7 @@ mod key;
 mod observe;
 mod operation;
 mod receipt;
+pub mod reconcile;
 mod retry;
 mod runtime;
 mod stats;
