@@ -172,6 +172,51 @@ async fn an_undecided_call_waits_for_later_rounds_then_asks_a_person_once() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_resolution_that_disagrees_with_a_settled_call_is_refused() {
+    let svc = Svc::new();
+    let call_id = svc.unknown("o-9", Fault::ReplyLost).await;
+    // A duplicate that may ask settles the call: it was charged.
+    assert_eq!(svc.charge_checked("o-9", 500).await, Ok(500));
+    let key = svc.rt.receipt(&call_id).await.unwrap().unwrap().key;
+    let now = svc.rt.now_ms();
+    svc.rt
+        .store()
+        .enqueue_compensation(samekey::CompensationEntry::new(
+            call_id.clone(),
+            key,
+            "stale",
+            now,
+        ))
+        .await
+        .unwrap();
+    let worker = svc.worker();
+    let refused = worker
+        .resolve(&call_id, Resolution::Release, "bob", "customer says unpaid")
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(Error::AlreadySettled {
+                state: samekey::ReceiptState::Success,
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(svc.queued().await.len(), 1, "the entry stays");
+    worker
+        .resolve(
+            &call_id,
+            Resolution::Succeeded(serde_json::json!(500)),
+            "bob",
+            "agrees with the receipt",
+        )
+        .await
+        .unwrap();
+    assert!(svc.queued().await.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
 async fn two_workers_never_work_one_entry() {
     let svc = Svc::new();
     for i in 0..10 {

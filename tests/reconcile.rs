@@ -23,6 +23,11 @@ impl Day {
         self.remote.charge(cx.call_id(), order, amount).await
     }
 
+    #[idempotent(key = "order", scope = "reconcile.refund", runtime = &self.rt)]
+    async fn refund(&self, order: &str) -> Result<u64, TestError> {
+        Ok(1)
+    }
+
     /// Pays, and answers the call's callId.
     async fn paid(&self, order: &str, amount: u64, fault: Fault) -> CallId {
         self.remote.script([fault]);
@@ -50,6 +55,8 @@ async fn a_day_is_reconciled(store: Arc<dyn Store>) {
     let unknown_here = day.paid(&order(4), 300, Fault::ReplyLost).await;
     let not_there = day.paid(&order(5), 100, Fault::None).await;
     let never_here = CallId::new("pay", "elsewhere").unwrap();
+    let (_, refund) = observed(day.refund(&order(6))).await;
+    let other_scope = refund.unwrap().call_id().clone();
     assert!(matches!(
         day.pay(&order(4), 300).await,
         Err(TestError::Samekey(Error::Unknown { .. }))
@@ -64,6 +71,8 @@ async fn a_day_is_reconciled(store: Arc<dyn Store>) {
         line(&declined_here, "succeeded", 900),
         line(&unknown_here, "succeeded", 300),
         line(&never_here, "succeeded", 50),
+        line(&matched, "succeeded", 500),
+        line(&other_scope, "succeeded", 1),
         "{\"call_id\": \"garbled\"}\n".to_owned(),
     ]
     .concat();
@@ -77,7 +86,9 @@ async fn a_day_is_reconciled(store: Arc<dyn Store>) {
         .await
         .unwrap();
 
-    assert_eq!(report.remote_records, 5);
+    assert_eq!(report.remote_records, 7);
+    assert_eq!(report.repeated, 1, "a line repeating a callId");
+    assert_eq!(report.outside_query, 1, "another scope's call");
     assert_eq!(report.receipts, 5);
     assert_eq!(report.matched, 1);
     assert_eq!(report.amount_mismatches, 1);

@@ -103,7 +103,8 @@ impl Runtime {
                     call_id: call_id.clone(),
                 });
             }
-            let now = self.now_ms();
+            // The lease is judged by the store's clock where nodes share it, as the store will.
+            let now = store.now_ms(self.now_ms()).await?;
             if record.state.is_terminal() {
                 if record.state == callback.state {
                     tracing::info!(target: "samekey", call_id = %call_id, key = %record.key.short(),
@@ -123,11 +124,20 @@ impl Runtime {
                 // The owner is still running: its own outcome, or its lease's end, comes first.
                 let wait = self.busy_wait();
                 record = match store.wait_settled(&record.key, wait, now).await? {
-                    Some(next) if next.fence != record.fence || next.state != record.state => next,
-                    _ => {
-                        return Err(Error::InProgress {
+                    None => {
+                        return Err(Error::NoReceipt {
                             call_id: call_id.clone(),
                         })
+                    }
+                    Some(next) => {
+                        let later = store.now_ms(self.now_ms()).await?;
+                        let unchanged = next.fence == record.fence && next.state == record.state;
+                        if unchanged && next.lease_alive(later) {
+                            return Err(Error::InProgress {
+                                call_id: call_id.clone(),
+                            });
+                        }
+                        next
                     }
                 };
                 continue;

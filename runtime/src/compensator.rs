@@ -127,6 +127,9 @@ pub struct Pass {
     pub escalated: usize,
     /// Entries another worker took meanwhile (this one's lease lapsed): left to it.
     pub lost: usize,
+    /// Entries of the batch not worked: half their lease had gone by working the others. They are
+    /// taken again (by any worker) once the lease lapses.
+    pub deferred: usize,
 }
 
 /// Which count of a [`Pass`] an entry adds to.
@@ -199,7 +202,8 @@ impl Compensator {
         self
     }
 
-    /// How long a taken entry is this worker's (default 60 s): longer than one lookup takes.
+    /// How long a taken entry is this worker's (default 60 s). A pass works its batch while less than
+    /// half of it went by, and leaves the rest for a later take: make it several lookups long.
     pub fn lease(mut self, lease: Duration) -> Compensator {
         self.lease = lease;
         self
@@ -253,7 +257,14 @@ impl Compensator {
             taken: taken.len(),
             ..Pass::default()
         };
+        // An entry is this worker's for one lease from the take: one worked after most of it went by
+        // could be taken by another worker meanwhile. Past half the lease, the rest waits.
+        let taken_at = tokio::time::Instant::now();
         for entry in taken {
+            if taken_at.elapsed() > self.lease / 2 {
+                pass.deferred += 1;
+                continue;
+            }
             self.work(entry, &mut pass).await?;
         }
         Ok(pass)
@@ -283,7 +294,9 @@ impl Compensator {
     }
 
     /// Resolves an entry by hand (a `MANUAL` one, usually), as `who` decided for `why`: records the
-    /// outcome or gives the key back, then removes the entry. Logged with who and why.
+    /// outcome or gives the key back, then removes the entry. Logged with who and why. A call settled
+    /// meanwhile keeps its outcome: a resolution that agrees removes the entry, one that does not is
+    /// [`Error::AlreadySettled`]; a call whose key a running call holds is [`Error::InProgress`].
     pub async fn resolve(
         &self,
         call_id: &CallId,
@@ -299,19 +312,43 @@ impl Compensator {
             .find(|e| &e.call_id == call_id)
             .ok_or(Error::Store(StoreError::NotFound))?;
         let now = self.rt.now_ms();
-        let record = store.get(&entry.key, now).await?;
-        if let Some(record) = record.filter(|r| &r.call_id == call_id && !r.state.is_terminal()) {
-            let fence = match store
-                .take_over(&entry.key, record.fence, ms(self.lease), now)
+        let mut record = store.get(&entry.key, now).await?;
+        // The call's receipt as it stands: taken over to write the person's answer, or already
+        // settled — then the answer must agree with it.
+        let fence = loop {
+            let Some(r) = record.filter(|r| &r.call_id == call_id) else {
+                break None;
+            };
+            if r.state.is_terminal() {
+                let agrees = matches!(
+                    (&resolution, r.state),
+                    (Resolution::Succeeded(_), ReceiptState::Success)
+                        | (Resolution::Failed(_), ReceiptState::Failed)
+                );
+                if !agrees {
+                    return Err(Error::AlreadySettled {
+                        call_id: call_id.clone(),
+                        state: r.state,
+                    });
+                }
+                break None;
+            }
+            match store
+                .take_over(&entry.key, r.fence, ms(self.lease), now)
                 .await?
             {
-                Claimed::Acquired(fence) => fence,
+                Claimed::Acquired(fence) => break Some(fence),
+                Claimed::Existing(next) if next.fence != r.fence || next.state != r.state => {
+                    record = Some(next);
+                }
                 Claimed::Existing(_) => {
                     return Err(Error::InProgress {
                         call_id: call_id.clone(),
                     })
                 }
-            };
+            }
+        };
+        if let Some(fence) = fence {
             let ttl = self
                 .operations
                 .get(entry.key.scope())
@@ -362,7 +399,19 @@ impl Compensator {
         {
             Ok(Claimed::Acquired(fence)) => fence,
             // A call holds the key and runs (it will settle the entry), or it was settled meanwhile.
-            Ok(Claimed::Existing(_)) | Err(StoreError::NotFound) => {
+            // Settled meanwhile (a duplicate, a callback), or gone, or another call's now.
+            Ok(Claimed::Existing(r)) if r.call_id != entry.call_id || r.state.is_terminal() => {
+                return self
+                    .finish(&entry, pass, |p| &mut p.settled_elsewhere)
+                    .await;
+            }
+            Err(StoreError::NotFound) => {
+                return self
+                    .finish(&entry, pass, |p| &mut p.settled_elsewhere)
+                    .await;
+            }
+            // A call holds the key and runs: it settles the entry, or the next round looks again.
+            Ok(Claimed::Existing(_)) => {
                 return self
                     .later(entry, "the call's key is held by a running call", pass)
                     .await;

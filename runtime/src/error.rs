@@ -115,6 +115,16 @@ pub enum Error {
         /// The state the callback asked for.
         to: ReceiptState,
     },
+    /// A person's resolution of a compensation entry
+    /// ([`Compensator::resolve`](crate::Compensator::resolve)) disagrees with the outcome the call has
+    /// meanwhile: it was not applied, and the entry stays.
+    #[error("call {call_id} is already {state}: the resolution was not applied")]
+    AlreadySettled {
+        /// The call.
+        call_id: CallId,
+        /// Its recorded state.
+        state: ReceiptState,
+    },
     /// [`Runtime::install_default`](crate::Runtime::install_default) was called after the default runtime
     /// was set or first used.
     #[error("the default samekey runtime is already set; install it before the first call")]
@@ -133,6 +143,7 @@ impl Classify for Error {
             | Error::Failed { .. }
             | Error::NoReceipt { .. }
             | Error::TransitionRefused { .. }
+            | Error::AlreadySettled { .. }
             | Error::DefaultAlreadySet => ErrorClass::Permanent,
             // Not `Rejected`: passed up from a call nested in another one's body, it must not give
             // the outer key back, since the outer body may have acted before it.

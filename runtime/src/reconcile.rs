@@ -113,6 +113,11 @@ pub struct Report {
     pub amount_mismatches: u64,
     /// See [`Discrepancy::Unreadable`].
     pub unreadable: u64,
+    /// Counterparty records whose receipt here lies outside the query (another scope or state,
+    /// created outside the range): not compared.
+    pub outside_query: u64,
+    /// Counterparty records repeating a callId already read: not compared again.
+    pub repeated: u64,
     /// The first discrepancies of each kind, with the callIds to look at.
     pub examples: Vec<Discrepancy>,
 }
@@ -200,7 +205,10 @@ impl Reconciler {
                 }
             };
             report.remote_records += 1;
-            seen.insert(fingerprint(&record.call_id));
+            if !seen.insert(fingerprint(&record.call_id)) {
+                report.repeated += 1;
+                continue;
+            }
             let Some(here) = store.get_by_call_id(&record.call_id).await? else {
                 report.missing_here += 1;
                 let found = Discrepancy::MissingHere {
@@ -209,6 +217,11 @@ impl Reconciler {
                 self.example(&mut report, &mut kinds, 0, found);
                 continue;
             };
+            let in_range = (self.query.since_ms..self.query.until_ms).contains(&here.created_ms);
+            if !in_range || !self.query.admits(&here) {
+                report.outside_query += 1;
+                continue;
+            }
             let agree = matches!(
                 (here.state, record.outcome),
                 (ReceiptState::Success, RemoteOutcome::Succeeded)

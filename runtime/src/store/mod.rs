@@ -28,7 +28,8 @@
 //!   process or one machine owns (memory, SQLite) judges by it, so tests drive time; a store that
 //!   several nodes share (PostgreSQL, Redis) judges by its own clock and ignores the caller's, since
 //!   nodes disagree about time. [`Store::clock`] says whose clock that is, [`Store::now_ms`] what it
-//!   reads now. (The compensation queue's times are still the caller's.)
+//!   reads now. The compensation queue's leases and rounds are judged the same way (an entry's
+//!   `next_at_ms` when queued is the caller's time: it is due at once).
 //! * **Failing closed.** An unreachable store answers [`StoreError::Unavailable`]; callers run nothing.
 
 mod memory;

@@ -450,6 +450,9 @@ impl RedisStore {
                 cursor = next;
             }
         }
+        // `SCAN` may return a key more than once.
+        names.sort_unstable();
+        names.dedup();
         Ok(names)
     }
 
