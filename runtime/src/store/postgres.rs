@@ -56,10 +56,6 @@ END $$;
 CREATE INDEX IF NOT EXISTS samekey_receipts_call_id ON samekey_receipts (call_id);
 CREATE INDEX IF NOT EXISTS samekey_receipts_expires_at ON samekey_receipts (expires_at)
     WHERE expires_at IS NOT NULL;
-CREATE INDEX IF NOT EXISTS samekey_receipts_orphans ON samekey_receipts (lease_until)
-    WHERE state = 'PROCESSING';
-CREATE INDEX IF NOT EXISTS samekey_receipts_created ON samekey_receipts (created, key);
-CREATE INDEX IF NOT EXISTS samekey_receipts_scope_created ON samekey_receipts (scope, created, key);
 CREATE TABLE IF NOT EXISTS samekey_compensation (
     call_id     TEXT PRIMARY KEY,
     key         BYTEA NOT NULL,
@@ -157,16 +153,84 @@ FROM samekey_receipts
 WHERE key = $1 AND (expires_at IS NULL OR expires_at > samekey_now($6))
     AND NOT EXISTS (SELECT 1 FROM taken)";
 
+    /// The indexes added to an existing table by a later release: built `CONCURRENTLY`, outside the
+    /// schema's transaction, so that building them on a large `samekey_receipts` does not stop claims
+    /// and completions meanwhile. (Name, how to build it, how to drop a failed build.)
+    const LATER_INDEXES: [(&'static str, &'static str, &'static str); 3] = [
+        (
+            "samekey_receipts_orphans",
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS samekey_receipts_orphans
+    ON samekey_receipts (lease_until) WHERE state = 'PROCESSING'",
+            "DROP INDEX CONCURRENTLY IF EXISTS samekey_receipts_orphans",
+        ),
+        (
+            "samekey_receipts_created",
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS samekey_receipts_created
+    ON samekey_receipts (created, key)",
+            "DROP INDEX CONCURRENTLY IF EXISTS samekey_receipts_created",
+        ),
+        (
+            "samekey_receipts_scope_created",
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS samekey_receipts_scope_created
+    ON samekey_receipts (scope, created, key)",
+            "DROP INDEX CONCURRENTLY IF EXISTS samekey_receipts_scope_created",
+        ),
+    ];
+
     /// Creates the sequence, tables and indexes if they are missing. Idempotent, and safe to run from
-    /// several instances at once (a transaction-scoped advisory lock serializes them).
+    /// several instances at once (an advisory lock serializes them). The indexes a later release added
+    /// are built `CONCURRENTLY`: an upgrade on a large table does not block writes while they build,
+    /// and an index whose build failed half-way is dropped and built again.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         // The usual case, an instance starting on a migrated database, takes no lock at all:
         // `CREATE INDEX IF NOT EXISTS` would lock the table against writers before finding the index.
-        let present: bool = sqlx::query_scalar(
+        if self.migrated().await? {
+            return Ok(());
+        }
+        // One instance migrates at a time. The lock is a session's, and waited for by asking (not
+        // by blocking in a statement): an index built `CONCURRENTLY` waits for every statement
+        // older than it, and a statement blocked on this lock would wait for the build.
+        let mut conn = self.pool.acquire().await.map_err(driver)?;
+        let mut waited = 0u32;
+        loop {
+            let locked: bool =
+                sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtext('samekey.migrate'))")
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(driver)?;
+            if locked {
+                break;
+            }
+            if self.migrated().await? {
+                return Ok(());
+            }
+            waited += 1;
+            if waited > 1_200 {
+                return Err(StoreError::Unavailable(
+                    "another instance has been migrating the schema for 2 minutes".into(),
+                ));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        let migrated = self.migrate_locked(&mut conn).await;
+        let unlocked = sqlx::query("SELECT pg_advisory_unlock(hashtext('samekey.migrate'))")
+            .execute(&mut *conn)
+            .await
+            .map_err(driver);
+        migrated.and(unlocked.map(drop))
+    }
+
+    /// Whether the schema, every index of it and its functions are in place (and the indexes valid).
+    async fn migrated(&self) -> Result<bool, StoreError> {
+        sqlx::query_scalar(
             "SELECT to_regclass('samekey_compensation_due') IS NOT NULL
                 AND to_regclass('samekey_receipts_expires_at') IS NOT NULL
                 AND to_regclass('samekey_receipts_orphans') IS NOT NULL
+                AND to_regclass('samekey_receipts_created') IS NOT NULL
                 AND to_regclass('samekey_receipts_scope_created') IS NOT NULL
+                AND NOT EXISTS (SELECT 1 FROM pg_index WHERE NOT indisvalid AND indexrelid IN (
+                    to_regclass('samekey_receipts_orphans'), to_regclass('samekey_receipts_created'),
+                    to_regclass('samekey_receipts_scope_created')))
                 AND to_regclass('samekey_fence') IS NOT NULL
                 AND to_regprocedure('samekey_now(bigint)') IS NOT NULL
                 AND EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'samekey_settled')
@@ -176,16 +240,13 @@ WHERE key = $1 AND (expires_at IS NULL OR expires_at > samekey_now($6))
         )
         .fetch_one(&self.pool)
         .await
-        .map_err(driver)?;
-        if present {
-            return Ok(());
-        }
-        let mut tx = self.pool.begin().await.map_err(driver)?;
+        .map_err(driver)
+    }
+
+    /// The schema in one transaction, then the later indexes, on `conn`, which holds the migration lock.
+    async fn migrate_locked(&self, conn: &mut sqlx::PgConnection) -> Result<(), StoreError> {
+        let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(driver)?;
         sqlx::query("SET LOCAL lock_timeout = '10s'")
-            .execute(&mut *tx)
-            .await
-            .map_err(driver)?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('samekey.migrate'))")
             .execute(&mut *tx)
             .await
             .map_err(driver)?;
@@ -194,7 +255,39 @@ WHERE key = $1 AND (expires_at IS NULL OR expires_at > samekey_now($6))
             .await
             .map_err(driver)?;
         tx.commit().await.map_err(driver)?;
-        Ok(())
+        Self::build_later_indexes(conn).await
+    }
+
+    /// Builds [`PgStore::LATER_INDEXES`] one by one, `CONCURRENTLY` (outside any transaction), on
+    /// `conn`, which holds the migration lock.
+    async fn build_later_indexes(conn: &mut sqlx::PgConnection) -> Result<(), StoreError> {
+        {
+            for (name, create, drop) in Self::LATER_INDEXES {
+                let valid: Option<bool> = sqlx::query_scalar(
+                    "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)",
+                )
+                .bind(name)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(driver)?;
+                match valid {
+                    Some(true) => continue,
+                    // A build that failed half-way leaves an invalid index: drop it, build again.
+                    Some(false) => {
+                        sqlx::raw_sql(drop)
+                            .execute(&mut *conn)
+                            .await
+                            .map_err(driver)?;
+                    }
+                    None => {}
+                }
+                sqlx::raw_sql(create)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(driver)?;
+            }
+            Ok(())
+        }
     }
 
     /// The connection pool.
