@@ -56,23 +56,29 @@ async fn stores() -> Vec<(&'static str, Arc<dyn Store>)> {
     all
 }
 
+/// A new call claiming a key of its own in `scope`, as a caller would: its callId, key, fence, time.
+async fn claimed(rt: &Runtime, scope: &str) -> (CallId, Key, samekey::Fence, u64) {
+    let call_id = CallId::new("pay", "bench").expect("callId");
+    let key = Key::build(scope, &call_id.to_string());
+    let now = rt.now_ms();
+    let claim = Claim {
+        key: key.clone(),
+        call_id: call_id.clone(),
+        fingerprint: None,
+        lease_ms: 60_000,
+        now_ms: now,
+    };
+    let Ok(Claimed::Acquired(fence)) = rt.store().claim(claim).await else {
+        panic!("a fresh key is claimed")
+    };
+    (call_id, key, fence, now)
+}
+
 /// Leaves `n` calls as a failed caller leaves them: claimed, marked `UNKNOWN`, queued.
 async fn unknown_calls(rt: &Runtime, scope: &str, n: u64) {
     let store = rt.store();
     for _ in 0..n {
-        let call_id = CallId::new("pay", "bench").expect("callId");
-        let key = Key::build(scope, &call_id.to_string());
-        let now = rt.now_ms();
-        let claim = Claim {
-            key: key.clone(),
-            call_id: call_id.clone(),
-            fingerprint: None,
-            lease_ms: 60_000,
-            now_ms: now,
-        };
-        let Ok(Claimed::Acquired(fence)) = store.claim(claim).await else {
-            panic!("a fresh key is claimed")
-        };
+        let (call_id, key, fence, now) = claimed(rt, scope).await;
         store.mark_unknown(&key, fence, now).await.expect("mark");
         let entry = CompensationEntry::new(call_id, key, "bench", now);
         store.enqueue_compensation(entry).await.expect("enqueue");
@@ -149,19 +155,7 @@ fn reconcile(c: &mut Criterion) {
             let since = store.now_ms(rt.now_ms()).await.expect("time");
             let mut remote = Vec::with_capacity(DAY as usize);
             for _ in 0..DAY {
-                let call_id = CallId::new("pay", "bench").expect("callId");
-                let key = Key::build(&scope, &call_id.to_string());
-                let now = rt.now_ms();
-                let claim = Claim {
-                    key: key.clone(),
-                    call_id: call_id.clone(),
-                    fingerprint: None,
-                    lease_ms: 60_000,
-                    now_ms: now,
-                };
-                let Ok(Claimed::Acquired(fence)) = store.claim(claim).await else {
-                    panic!("a fresh key is claimed")
-                };
+                let (call_id, key, fence, now) = claimed(&rt, &scope).await;
                 let done = Completion {
                     state: ReceiptState::Success,
                     outcome: Some(Arc::from(&b"500"[..])),

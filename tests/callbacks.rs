@@ -177,3 +177,82 @@ support::on_stores!(memory, sqlite if "sqlite", postgres if "postgres", redis if
     callback_scenarios,
     callback_before_the_reply,
 });
+
+/// A delivery that stalls while writing the outcome (its process paused, or its caller gone) past
+/// its lease: the key is never released, a later delivery takes over and applies, and the stalled
+/// one, fenced out, answers what is recorded.
+#[tokio::test]
+async fn a_delivery_stalled_at_its_write_is_fenced_out_and_the_next_applies() {
+    use std::time::Duration;
+    use support::faulty::{Act, Faulty, Gate};
+    let faulty = Arc::new(Faulty::new(Arc::new(samekey::MemoryStore::new())));
+    let shipped = Arc::new(AtomicU32::new(0));
+    let shop = Arc::new(Shop {
+        rt: Runtime::builder()
+            .node("shop")
+            .lease(Duration::from_millis(200))
+            .shared_store(faulty.clone())
+            .build()
+            .unwrap(),
+        remote: Remote::new(),
+        shipped: shipped.clone(),
+    });
+    let first = order("stall");
+    shop.remote.script([Fault::ReplyLost]);
+    let call_id = match shop.charge(&first, 500).await {
+        Err(TestError::Samekey(Error::Unknown { call_id })) => call_id,
+        other => panic!("{other:?}"),
+    };
+    let gate = Gate::new();
+    faulty.plan("complete", [Act::Before(gate.clone())]);
+    let stalled = tokio::spawn({
+        let (shop, call_id, order) = (shop.clone(), call_id.clone(), first.clone());
+        async move { shop.on_paid(&call_id, &order, 500).await }
+    });
+    gate.reached().await;
+    // The stalled delivery took the key over and waits at its write: nothing released meanwhile.
+    let receipt = shop.rt.receipt(&call_id).await.unwrap().unwrap();
+    assert_eq!(receipt.state, ReceiptState::Processing);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        shop.on_paid(&call_id, &first, 500).await.unwrap(),
+        Applied::Applied,
+        "the next delivery takes the lapsed key over"
+    );
+    gate.open();
+    assert_eq!(
+        stalled.await.unwrap().unwrap(),
+        Applied::AlreadyApplied,
+        "fenced out, it answers the recorded outcome"
+    );
+    assert_eq!(shipped.load(Ordering::SeqCst), 1);
+
+    // Dropped at the same step: the key stays with the dropped delivery until its lease ends.
+    let second = order("dropped");
+    shop.remote.script([Fault::ReplyLost]);
+    let call_id = match shop.charge(&second, 500).await {
+        Err(TestError::Samekey(Error::Unknown { call_id })) => call_id,
+        other => panic!("{other:?}"),
+    };
+    let gate = Gate::new();
+    faulty.plan("complete", [Act::Before(gate.clone())]);
+    let dropped = tokio::spawn({
+        let (shop, call_id, order) = (shop.clone(), call_id.clone(), second.clone());
+        async move { shop.on_paid(&call_id, &order, 500).await }
+    });
+    gate.reached().await;
+    dropped.abort();
+    assert!(dropped.await.unwrap_err().is_cancelled());
+    let receipt = shop.rt.receipt(&call_id).await.unwrap().unwrap();
+    assert_eq!(receipt.state, ReceiptState::Processing, "not released");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        shop.on_paid(&call_id, &second, 500).await.unwrap(),
+        Applied::Applied
+    );
+    assert_eq!(
+        shipped.load(Ordering::SeqCst),
+        2,
+        "two orders, one parcel each"
+    );
+}

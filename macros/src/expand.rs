@@ -728,7 +728,7 @@ mod tests {
         ] {
             let e = errors(
                 "key = x",
-                &format!("async fn f(x: u8) -> {surely_not} {{ todo!() }}"),
+                &format!("async fn f(x: u8) -> {surely_not} {{ body() }}"),
             );
             assert_eq!(e.len(), 1, "{surely_not}: {e:?}");
             assert!(e[0].contains("must return `Result<T, E>`, not"), "{e:?}");
@@ -741,7 +741,7 @@ mod tests {
         ] {
             let e = errors(
                 "key = x",
-                &format!("async fn f(x: u8) -> {maybe} {{ todo!() }}"),
+                &format!("async fn f(x: u8) -> {maybe} {{ body() }}"),
             );
             assert!(e.is_empty(), "{maybe}: {e:?}");
         }

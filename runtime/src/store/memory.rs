@@ -443,38 +443,17 @@ impl Store for MemoryStore {
         query: &ReceiptQuery,
         now_ms: u64,
     ) -> Result<ReceiptPage, StoreError> {
-        let mut rows: Vec<Receipt> = Vec::new();
-        for shard in self.shards.iter() {
-            let shard = lock(shard);
-            rows.extend(
-                shard
-                    .records
-                    .values()
-                    .map(|e| &e.receipt)
-                    .filter(|r| {
-                        (query.since_ms..query.until_ms).contains(&r.created_ms)
-                            && !r.expired(now_ms)
-                            && query.after.is_none_or(|after| Cursor::of(r) > after)
-                    })
-                    .cloned(),
-            );
-        }
+        let rows = self.receipts_where(|r| {
+            (query.since_ms..query.until_ms).contains(&r.created_ms)
+                && !r.expired(now_ms)
+                && query.after.is_none_or(|after| Cursor::of(r) > after)
+        });
         Ok(page_of(rows, query))
     }
 
     async fn list_orphans(&self, now_ms: u64, limit: usize) -> Result<Vec<Receipt>, StoreError> {
-        let mut orphans = Vec::new();
-        for shard in self.shards.iter() {
-            let shard = lock(shard);
-            orphans.extend(
-                shard
-                    .records
-                    .values()
-                    .map(|e| &e.receipt)
-                    .filter(|r| r.state == ReceiptState::Processing && !r.lease_alive(now_ms))
-                    .cloned(),
-            );
-        }
+        let mut orphans =
+            self.receipts_where(|r| r.state == ReceiptState::Processing && !r.lease_alive(now_ms));
         // After the shards' locks are released: the queue's lock is never taken under one.
         let queue = lock(&self.queue);
         orphans.retain(|r| !queue.contains_key(&r.call_id));
@@ -570,6 +549,25 @@ impl Store for MemoryStore {
         let mut all: Vec<CompensationEntry> = lock(&self.queue).values().cloned().collect();
         all.sort_by_key(|e| e.enqueued_ms);
         Ok(all)
+    }
+}
+
+impl MemoryStore {
+    /// Every record `keep` admits, one shard locked at a time.
+    fn receipts_where(&self, keep: impl Fn(&Receipt) -> bool) -> Vec<Receipt> {
+        let mut kept = Vec::new();
+        for shard in self.shards.iter() {
+            let shard = lock(shard);
+            kept.extend(
+                shard
+                    .records
+                    .values()
+                    .map(|e| &e.receipt)
+                    .filter(|r| keep(r))
+                    .cloned(),
+            );
+        }
+        kept
     }
 }
 

@@ -658,12 +658,10 @@ WHERE call_id = $2 AND taker = $3"
                     .fetch_all(&self.pool)
                     .await
                     .map_err(driver)?;
-                let mut read = Vec::with_capacity(rows.len());
-                for row in &rows {
-                    if let Some(r) = receipt(row)? {
-                        read.push(r);
-                    }
-                }
+                let mut read = rows
+                    .iter()
+                    .filter_map(|row| receipt(row).transpose())
+                    .collect::<Result<Vec<_>, _>>()?;
                 let next = (rows.len() == limit)
                     .then(|| read.last().map($crate::store::Cursor::of))
                     .flatten();
@@ -686,13 +684,9 @@ WHERE call_id = $2 AND taker = $3"
                     .fetch_all(&self.pool)
                     .await
                     .map_err(driver)?;
-                let mut orphans = Vec::with_capacity(rows.len());
-                for row in &rows {
-                    if let Some(r) = receipt(row)? {
-                        orphans.push(r);
-                    }
-                }
-                Ok(orphans)
+                rows.iter()
+                    .filter_map(|row| receipt(row).transpose())
+                    .collect()
             }
 
             async fn enqueue_compensation(

@@ -419,6 +419,29 @@ impl RedisStore {
         Ok((now, parse_record(key.scope(), &answer_fields(&answer)?)?))
     }
 
+    /// Every record `keep` admits, judged at the server's time it was read at.
+    async fn records_where(
+        &self,
+        keep: impl Fn(&Receipt, u64) -> bool,
+    ) -> Result<Vec<Receipt>, StoreError> {
+        let prefix = format!("{}:r:{{", self.prefix);
+        let mut kept = Vec::new();
+        for name in self.record_names().await? {
+            let Some(digest) = name
+                .strip_prefix(&prefix)
+                .and_then(|rest| rest.strip_suffix('}'))
+                .and_then(digest_from_hex)
+            else {
+                continue;
+            };
+            let (now, record) = self.read_at(&Key::from_digest("", digest), "").await?;
+            if let Some(r) = record.filter(|r| keep(r, now)) {
+                kept.push(r);
+            }
+        }
+        Ok(kept)
+    }
+
     /// The names of every record key, from every primary (`SCAN`, in batches).
     async fn record_names(&self) -> Result<Vec<String>, StoreError> {
         let pattern = format!("{}:r:*", self.prefix);
@@ -835,46 +858,24 @@ impl Store for RedisStore {
         query: &ReceiptQuery,
         _now_ms: u64,
     ) -> Result<ReceiptPage, StoreError> {
-        let prefix = format!("{}:r:{{", self.prefix);
-        let mut rows = Vec::new();
-        for name in self.record_names().await? {
-            let Some(digest) = name
-                .strip_prefix(&prefix)
-                .and_then(|rest| rest.strip_suffix('}'))
-                .and_then(digest_from_hex)
-            else {
-                continue;
-            };
-            let (now, record) = self.read_at(&Key::from_digest("", digest), "").await?;
-            let Some(r) = record else { continue };
-            if (query.since_ms..query.until_ms).contains(&r.created_ms)
-                && !r.expired(now)
-                && query.after.is_none_or(|after| Cursor::of(&r) > after)
-            {
-                rows.push(r);
-            }
-        }
+        let rows = self
+            .records_where(|r, now| {
+                (query.since_ms..query.until_ms).contains(&r.created_ms)
+                    && !r.expired(now)
+                    && query.after.is_none_or(|after| Cursor::of(r) > after)
+            })
+            .await?;
         Ok(super::page_of(rows, query))
     }
 
     /// Scans every record (`SCAN` on every primary): a sweep's cost grows with the keys held, so run
     /// it at the pace of the compensation worker, not per call.
     async fn list_orphans(&self, _now_ms: u64, limit: usize) -> Result<Vec<Receipt>, StoreError> {
-        let prefix = format!("{}:r:{{", self.prefix);
+        let candidates = self
+            .records_where(|r, now| r.state == ReceiptState::Processing && !r.lease_alive(now))
+            .await?;
         let mut orphans = Vec::new();
-        for name in self.record_names().await? {
-            let Some(digest) = name
-                .strip_prefix(&prefix)
-                .and_then(|rest| rest.strip_suffix('}'))
-                .and_then(digest_from_hex)
-            else {
-                continue;
-            };
-            let (now, record) = self.read_at(&Key::from_digest("", digest), "").await?;
-            let Some(r) = record else { continue };
-            if r.state != ReceiptState::Processing || r.lease_alive(now) {
-                continue;
-            }
+        for r in candidates {
             let queued: bool = self
                 .conn()
                 .hexists(self.queue_key(), r.call_id.to_string())
