@@ -141,11 +141,12 @@ pub use samekey_macros::KeyPart;
 pub use samekey_runtime::{
     current, default_runtime, key_bytes, observed, store, try_current, Answer, Applied, Backoff,
     Builder, CallId, CallReport, Callback, Classify, Clock, CompensationEntry, CompensationState,
-    Compensator, Context, Error, ErrorClass, Fence, Fingerprint, Inbound, Key, KeyBuilder,
-    KeyBytes, KeyEncoder, KeyPart, Label, MemoryStore, NotReceived, Operation, ParseCallIdError,
-    Pass, Receipt, ReceiptState, RemoteStatus, Resolution, Runtime, Stats, Store, StoreError,
-    StoredByMessage, SystemClock, TokioClock, TraceId, Transition, DEFAULT_BUSY_WAIT,
-    DEFAULT_COMPENSATION_ROUNDS, DEFAULT_LEASE, DEFAULT_LOOKUP_POLLS, DEFAULT_MAX_RETRY_AFTER,
+    Compensator, Context, Error, ErrorClass, Event, Fence, Fingerprint, History, Inbound, Key,
+    KeyBuilder, KeyBytes, KeyEncoder, KeyPart, Label, MemoryStore, NotReceived, Operation,
+    ParseCallIdError, Pass, Receipt, ReceiptState, RemoteStatus, Resolution, Runtime, Stats, Store,
+    StoreError, StoredByMessage, SystemClock, TokioClock, TraceId, Transition, What,
+    DEFAULT_BUSY_WAIT, DEFAULT_COMPENSATION_ROUNDS, DEFAULT_LEASE, DEFAULT_LOOKUP_POLLS,
+    DEFAULT_MAX_RETRY_AFTER,
 };
 
 /// The SQL driver of the SQLite and PostgreSQL stores (features `sqlite`, `postgres`): use it for the
@@ -156,6 +157,9 @@ pub use samekey_runtime::sqlx;
 /// The Redis client of the Redis store (feature `redis`): use it for the connections you hand samekey.
 #[cfg(feature = "redis")]
 pub use samekey_runtime::redis;
+
+/// The journal: what happened to a call, event by event (see [`Runtime::history`]).
+pub use samekey_runtime::journal;
 
 /// Reconciliation: this side's receipts against the counterparty's records (see [`reconcile::Reconciler`]).
 pub use samekey_runtime::reconcile;

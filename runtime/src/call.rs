@@ -40,6 +40,7 @@ use crate::codec::ErrorCodec;
 use crate::compensation::CompensationEntry;
 use crate::context::{self, Context};
 use crate::error::{Error, StoreError};
+use crate::journal::{AttemptOutcome, Event, LookupOutcome, What};
 use crate::key::{Fingerprint, Key, KeyBuilder, KeyProblem};
 use crate::observe::{Answer, CallReport, Slot};
 use crate::operation::{self, OperationCell};
@@ -307,6 +308,13 @@ pub struct Run<T, E> {
     plain: bool,
     /// Where [`observed`](crate::observed) wants this call's report, and what it needs beyond the run.
     observer: Option<Box<Observer>>,
+    /// Journal events not written yet. A call that its first attempt settles pushes none (see
+    /// [`crate::journal`]): the receipt tells its story.
+    journal: Vec<Event>,
+    /// Some event of this call was written: the ones after it are worth writing too.
+    journaled: bool,
+    /// When this run's claim took the key (the time of the journal's `Claimed`).
+    claimed_ms: u64,
 }
 
 /// An [`observed`](crate::observed) call's report slot.
@@ -382,6 +390,9 @@ where
                 replayed: None,
             })
         }),
+        journal: Vec::new(),
+        journaled: false,
+        claimed_ms: now,
     }
 }
 
@@ -414,6 +425,69 @@ impl<T, E> Run<T, E> {
 
     fn ms(d: Duration) -> u64 {
         u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether this call's story is more than its receipt tells: more than one attempt, a lookup,
+    /// an uncertain outcome, a take-over, or something journaled already.
+    fn worth_journaling(&self) -> bool {
+        self.journaled
+            || self.attempts > 1
+            || self.took_over
+            || self.uncertain
+            || self.lookups_failed > 0
+    }
+
+    /// Adds an event to the journal (written by the next [`Run::flush`]); the first one of a run
+    /// that claimed its key brings the claim with it.
+    fn note(&mut self, what: What) {
+        if self.journal.is_empty() && !self.journaled && !self.took_over {
+            let claimed = What::Claimed {
+                fence: self.fence.map_or(0, |f| f.0),
+            };
+            let event = self.event(self.claimed_ms, claimed);
+            self.journal.push(event);
+        }
+        let event = self.event(self.rt.now_ms(), what);
+        self.journal.push(event);
+    }
+
+    fn event(&self, at_ms: u64, what: What) -> Event {
+        Event {
+            call_id: self.call_id.clone(),
+            at_ms,
+            node: self.rt.node().to_owned(),
+            what,
+        }
+    }
+
+    /// Writes the journal's pending events. A store that fails to take them costs the call nothing but
+    /// a warning: the journal is what an operator reads, not what decides the call.
+    async fn flush(&mut self) {
+        if self.journal.is_empty() {
+            return;
+        }
+        let events = std::mem::take(&mut self.journal);
+        self.journaled = true;
+        let keep = Self::ms(self.spec.ttl);
+        let written = self
+            .rt
+            .store()
+            .append_journal(&self.key, &events, keep, self.rt.now_ms())
+            .await;
+        if let Err(e) = written {
+            tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                attempt = self.attempts, error = %e, events = events.len(), "could not write the call's journal");
+        }
+    }
+
+    /// Journals a backoff and waits it out, writing the journal meanwhile (the write costs the call
+    /// no time unless it outlasts the wait).
+    async fn back_off(&mut self, delay: Duration) {
+        self.note(What::Backoff {
+            attempt: self.attempts,
+            delay_ms: Self::ms(delay),
+        });
+        tokio::join!(self.flush(), tokio::time::sleep(delay));
     }
 
     fn done(&mut self, out: Result<T, E>) -> Step<T, E> {
@@ -496,6 +570,7 @@ impl<T, E> Run<T, E> {
                 Err(e) => return self.store_failed(e),
                 Ok(Claimed::Acquired(fence)) => {
                     self.fence = Some(fence);
+                    self.claimed_ms = now;
                     self.rt.count(Counter::Claims);
                     tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                         attempt = 0u32, fence = fence.0, function = self.spec.name, "claimed");
@@ -610,6 +685,10 @@ impl<T, E> Run<T, E> {
         self.took_over = true;
         self.uncertain = true;
         self.rt.count(Counter::Claims);
+        self.note(What::TookOver {
+            from: record.state,
+            fence: fence.0,
+        });
         if self.spec.has_lookup {
             return Ok(Step::Lookup(self.call_id.clone()));
         }
@@ -700,15 +779,29 @@ impl<T, E> Run<T, E> {
                 }
             };
         }
+        let attempt = |outcome, error| What::Attempt {
+            attempt: self.attempts,
+            started_ms: started,
+            outcome,
+            error,
+        };
         match outcome {
             None => {
                 tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                     attempt = self.attempts, "attempt timed out; outcome unknown");
+                self.note(attempt(AttemptOutcome::TimedOut, None));
                 self.unknown_outcome(None).await
             }
-            Some(Ok(value)) => self.succeed(value).await,
+            Some(Ok(value)) => {
+                if self.worth_journaling() {
+                    self.note(attempt(AttemptOutcome::Ok, None));
+                }
+                self.succeed(value).await
+            }
             Some(Err(error)) => {
                 let class = (self.codec.classify)(&error);
+                let described = self.codec.errors.describe(&error);
+                self.note(attempt(class.into(), Some(described)));
                 tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                     attempt = self.attempts, class = ?class, "attempt failed");
                 match class {
@@ -820,6 +913,17 @@ impl<T, E> Run<T, E> {
             Err(_) => Err(format!("no answer within {limit:?}")),
         };
         let now = self.rt.now_ms();
+        let (seen, error) = match &answer {
+            Ok(RemoteStatus::Succeeded(_)) => (LookupOutcome::Succeeded, None),
+            Ok(RemoteStatus::Failed(_)) => (LookupOutcome::Failed, None),
+            Ok(RemoteStatus::NotReceived) => (LookupOutcome::NotReceived, None),
+            Ok(RemoteStatus::Processing) => (LookupOutcome::Processing, None),
+            Err(e) => (LookupOutcome::NoAnswer, Some(e.clone())),
+        };
+        self.note(What::Lookup {
+            answer: seen,
+            error,
+        });
         match answer {
             Ok(RemoteStatus::Succeeded(value)) => {
                 tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
@@ -866,7 +970,7 @@ impl<T, E> Run<T, E> {
                 if let Err(step) = self.hold_lease(delay).await {
                     return step;
                 }
-                tokio::time::sleep(delay).await;
+                self.back_off(delay).await;
                 Step::Lookup(self.call_id.clone())
             }
             Err(e) => {
@@ -891,7 +995,7 @@ impl<T, E> Run<T, E> {
                 if let Err(step) = self.hold_lease(delay).await {
                     return step;
                 }
-                tokio::time::sleep(delay).await;
+                self.back_off(delay).await;
                 Step::Lookup(self.call_id.clone())
             }
         }
@@ -934,7 +1038,7 @@ impl<T, E> Run<T, E> {
         self.rt.count(Counter::Retries);
         tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = self.attempts, delay_ms = Self::ms(delay), "backing off");
-        tokio::time::sleep(delay).await;
+        self.back_off(delay).await;
         // The sleep is where an owner stalls past its lease: confirm, under the fence, that the key is
         // still this call's before anything is sent again.
         if let Err(step) = self.hold_lease(Duration::ZERO).await {
@@ -1002,6 +1106,13 @@ impl<T, E> Run<T, E> {
         tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = self.attempts, why, "claim released");
         self.fence = None;
+        if self.worth_journaling() {
+            self.note(What::Released {
+                reason: why.to_owned(),
+                by: "call".to_owned(),
+            });
+            self.flush().await;
+        }
         self.plain_failure()
     }
 
@@ -1044,6 +1155,10 @@ impl<T, E> Run<T, E> {
         tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = self.attempts, reason, "outcome unknown; handed to compensation");
         self.enqueue(reason, now).await;
+        self.note(What::Unknown {
+            reason: reason.to_owned(),
+        });
+        self.flush().await;
         let call_id = self.call_id.clone();
         self.fail_with(Error::Unknown { call_id })
     }
@@ -1055,6 +1170,8 @@ impl<T, E> Run<T, E> {
     /// does resolves it.
     async fn fenced_out(&mut self, known: Option<Result<T, E>>) -> Step<T, E> {
         self.fence = None;
+        self.note(What::FencedOut);
+        self.flush().await;
         let now = self.rt.now_ms();
         let record = self.rt.store().get(&self.key, now).await;
         let held_by_another = match &record {
@@ -1151,6 +1268,13 @@ impl<T, E> Run<T, E> {
                 self.fence = None;
                 tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                     attempt = self.attempts, state = %state, transition = ?transition, "recorded");
+                if self.worth_journaling() {
+                    self.note(What::Recorded {
+                        state,
+                        by: "call".to_owned(),
+                    });
+                    self.flush().await;
+                }
                 if self.took_over {
                     finish_compensation(&self.rt, &self.key, &self.call_id).await;
                 }
@@ -1170,6 +1294,10 @@ impl<T, E> Run<T, E> {
                     attempt = self.attempts, state = %state, error = %e,
                     "outcome could not be recorded; leaving the call unknown");
                 let reason = format!("the outcome {state} is known but could not be recorded: {e}");
+                self.note(What::Unknown {
+                    reason: reason.clone(),
+                });
+                self.flush().await;
                 if let Err(e) = leave_unknown(
                     self.rt.store(),
                     &self.key,
@@ -1254,6 +1382,7 @@ impl<T, E> Drop for Run<T, E> {
         let call_id = self.call_id.clone();
         let took_over = self.took_over;
         let ttl = Self::ms(self.spec.ttl);
+        let mut journal = std::mem::take(&mut self.journal);
         handle.spawn(async move {
             let store = rt.store();
             let now = rt.now_ms();
@@ -1289,6 +1418,18 @@ impl<T, E> Drop for Run<T, E> {
                     ("marked unknown", left)
                 }
             };
+            journal.push(Event {
+                call_id: call_id.clone(),
+                at_ms: rt.now_ms(),
+                node: rt.node().to_owned(),
+                what: What::Cancelled {
+                    left: what.to_owned(),
+                },
+            });
+            if let Err(e) = store.append_journal(&key, &journal, ttl, rt.now_ms()).await {
+                tracing::warn!(target: "samekey", call_id = %call_id, key = %key.short(),
+                    attempt = 0u32, error = %e, "could not write the cancelled call's journal");
+            }
             match result {
                 Ok(()) => tracing::warn!(target: "samekey", call_id = %call_id, key = %key.short(),
                     attempt = 0u32, what, "call dropped before it finished"),

@@ -19,6 +19,7 @@ use serde::Serialize;
 use crate::call_id::CallId;
 use crate::codec::message_bytes;
 use crate::error::{Error, StoreError};
+use crate::journal::What;
 use crate::receipt::ReceiptState;
 use crate::runtime::Runtime;
 use crate::store::{Claimed, Completion};
@@ -109,11 +110,23 @@ impl Runtime {
                 if record.state == callback.state {
                     tracing::info!(target: "samekey", call_id = %call_id, key = %record.key.short(),
                         attempt = 0u32, state = %record.state, "callback: already applied");
+                    let repeat = What::Callback {
+                        state: callback.state,
+                        applied: false,
+                    };
+                    self.journal(&record.key, &[self.event(call_id, repeat)], callback.ttl)
+                        .await;
                     return Ok(Applied::AlreadyApplied);
                 }
                 tracing::warn!(target: "samekey", call_id = %call_id, key = %record.key.short(),
                     attempt = 0u32, from = %record.state, to = %callback.state,
                     "callback refused: it would move a finished receipt backwards");
+                let refused = What::CallbackRefused {
+                    from: record.state,
+                    to: callback.state,
+                };
+                self.journal(&record.key, &[self.event(call_id, refused)], callback.ttl)
+                    .await;
                 return Err(Error::TransitionRefused {
                     call_id: call_id.clone(),
                     from: record.state,
@@ -170,6 +183,12 @@ impl Runtime {
                     }
                     tracing::info!(target: "samekey", call_id = %call_id, key = %key.short(),
                         attempt = 0u32, state = %callback.state, "callback: applied");
+                    let applied = What::Callback {
+                        state: callback.state,
+                        applied: true,
+                    };
+                    self.journal(&key, &[self.event(call_id, applied)], callback.ttl)
+                        .await;
                     return Ok(Applied::Applied);
                 }
                 // Another delivery (or the owner) got there first: look again.

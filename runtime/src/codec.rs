@@ -39,6 +39,24 @@ pub(crate) fn message_bytes(message: &str) -> Vec<u8> {
     .unwrap_or_default()
 }
 
+impl<E> ErrorCodec<E> {
+    /// `error` in a few words for the journal: its message when it is stored by message, else its
+    /// stored (JSON) form; at most 200 characters.
+    pub(crate) fn describe(&self, error: &E) -> String {
+        let Ok(bytes) = (self.encode)(error) else {
+            return "(cannot be encoded)".to_owned();
+        };
+        let text = match serde_json::from_slice::<ByMessage>(&bytes) {
+            Ok(stored) => stored.message,
+            Err(_) => String::from_utf8_lossy(&bytes).into_owned(),
+        };
+        match text.char_indices().nth(200) {
+            Some((end, _)) => format!("{}…", &text[..end]),
+            None => text,
+        }
+    }
+}
+
 /// Picks a function's [`ErrorCodec`] by what its error type `E` implements:
 /// `(&&Probe::<E>::new()).codec()` is the exact (serde) codec when `E` has serde, else the message
 /// codec (method resolution tries [`ExactErrors`], implemented for `&Probe`, before

@@ -27,6 +27,8 @@ use crate::classify::RemoteStatus;
 use crate::codec::message_bytes;
 use crate::compensation::CompensationEntry;
 use crate::error::{Error, StoreError};
+use crate::journal::{CompensationStep, Event, LookupOutcome, What};
+use crate::key::Key;
 use crate::receipt::{Fence, ReceiptState};
 use crate::runtime::Runtime;
 use crate::store::{Claimed, Completion};
@@ -230,6 +232,12 @@ impl Compensator {
             store.enqueue_compensation(entry).await?;
             tracing::warn!(target: "samekey", call_id = %orphan.call_id, key = %orphan.key.short(),
                 attempt = 0u32, "compensation: queued an orphan");
+            let step = What::Compensation {
+                round: 0,
+                step: CompensationStep::Swept,
+                detail: reason.to_owned(),
+            };
+            self.journal(&orphan.call_id, &orphan.key, step).await;
         }
         Ok(orphans.len())
     }
@@ -348,11 +356,13 @@ impl Compensator {
                 }
             }
         };
+        let state = match &resolution {
+            Resolution::Succeeded(_) => ReceiptState::Success,
+            Resolution::Failed(_) => ReceiptState::Failed,
+            Resolution::Release => ReceiptState::Received,
+        };
         if let Some(fence) = fence {
-            let ttl = self
-                .operations
-                .get(entry.key.scope())
-                .map_or(Duration::from_secs(24 * 60 * 60), |op| op.ttl);
+            let ttl = self.keep(&entry.key);
             match resolution {
                 Resolution::Release => store.release(&entry.key, fence).await?,
                 Resolution::Succeeded(value) => {
@@ -370,6 +380,12 @@ impl Compensator {
         store.finish_compensation(call_id, None).await?;
         tracing::warn!(target: "samekey", call_id = %call_id, key = %entry.key.short(), attempt = 0u32,
             who, why, "compensation resolved by hand");
+        let resolved = What::Resolved {
+            state,
+            who: who.to_owned(),
+            why: why.to_owned(),
+        };
+        self.journal(call_id, &entry.key, resolved).await;
         Ok(())
     }
 
@@ -380,14 +396,10 @@ impl Compensator {
         let record = store.get(&entry.key, now).await?;
         let Some(record) = record.filter(|r| r.call_id == entry.call_id) else {
             // Gone, or the key is another call's now: this call was settled (or expired) elsewhere.
-            return self
-                .finish(&entry, pass, |p| &mut p.settled_elsewhere)
-                .await;
+            return self.settled_elsewhere(&entry, pass).await;
         };
         if record.state.is_terminal() {
-            return self
-                .finish(&entry, pass, |p| &mut p.settled_elsewhere)
-                .await;
+            return self.settled_elsewhere(&entry, pass).await;
         }
         let Some(operation) = self.operations.get(entry.key.scope()).cloned() else {
             let reason = format!("no operation registered for scope `{}`", entry.key.scope());
@@ -401,14 +413,10 @@ impl Compensator {
             // A call holds the key and runs (it will settle the entry), or it was settled meanwhile.
             // Settled meanwhile (a duplicate, a callback), or gone, or another call's now.
             Ok(Claimed::Existing(r)) if r.call_id != entry.call_id || r.state.is_terminal() => {
-                return self
-                    .finish(&entry, pass, |p| &mut p.settled_elsewhere)
-                    .await;
+                return self.settled_elsewhere(&entry, pass).await;
             }
             Err(StoreError::NotFound) => {
-                return self
-                    .finish(&entry, pass, |p| &mut p.settled_elsewhere)
-                    .await;
+                return self.settled_elsewhere(&entry, pass).await;
             }
             // A call holds the key and runs: it settles the entry, or the next round looks again.
             Ok(Claimed::Existing(_)) => {
@@ -422,6 +430,23 @@ impl Compensator {
             attempt = 0u32, round = entry.round, fence = fence.0, "compensation: asking the receipt");
         let answer = (operation.lookup)(entry.call_id.clone()).await;
         let now = self.rt.now_ms();
+        let (seen, error) = match &answer {
+            Ok(RemoteStatus::Succeeded(_)) => (LookupOutcome::Succeeded, None),
+            Ok(RemoteStatus::Failed(_)) => (LookupOutcome::Failed, None),
+            Ok(RemoteStatus::NotReceived) => (LookupOutcome::NotReceived, None),
+            Ok(RemoteStatus::Processing) => (LookupOutcome::Processing, None),
+            Err(e) => (LookupOutcome::NoAnswer, Some(e.clone())),
+        };
+        let taken = What::Compensation {
+            round: entry.round,
+            step: CompensationStep::Taken,
+            detail: String::new(),
+        };
+        let asked = What::Lookup {
+            answer: seen,
+            error,
+        };
+        self.journal_all(&entry, [taken, asked]).await;
         let ttl = operation.ttl;
         let (written, counter): (Result<(), StoreError>, Counter) = match answer {
             Ok(RemoteStatus::Succeeded(bytes)) => (
@@ -474,7 +499,28 @@ impl Compensator {
             }
         };
         match written {
-            Ok(()) => self.finish(&entry, pass, counter).await,
+            Ok(()) => {
+                let settled = match seen {
+                    LookupOutcome::Succeeded => What::Recorded {
+                        state: ReceiptState::Success,
+                        by: "compensation".to_owned(),
+                    },
+                    LookupOutcome::NotReceived
+                        if operation.not_received == NotReceived::Release =>
+                    {
+                        What::Released {
+                            reason: "not received by the remote side".to_owned(),
+                            by: "compensation".to_owned(),
+                        }
+                    }
+                    _ => What::Recorded {
+                        state: ReceiptState::Failed,
+                        by: "compensation".to_owned(),
+                    },
+                };
+                self.journal(&entry.call_id, &entry.key, settled).await;
+                self.finish(&entry, pass, counter).await
+            }
             // Fenced out of the key: another owner holds the call and settles its entry.
             Err(StoreError::Fenced { .. }) => {
                 self.later(entry, "the call's key was taken over meanwhile", pass)
@@ -523,6 +569,45 @@ impl Compensator {
         Ok(())
     }
 
+    /// Removes the entry of a call settled elsewhere meanwhile (a duplicate, a callback, its owner).
+    async fn settled_elsewhere(
+        &self,
+        entry: &CompensationEntry,
+        pass: &mut Pass,
+    ) -> Result<(), Error> {
+        let step = What::Compensation {
+            round: entry.round,
+            step: CompensationStep::SettledElsewhere,
+            detail: String::new(),
+        };
+        self.journal(&entry.call_id, &entry.key, step).await;
+        self.finish(entry, pass, |p| &mut p.settled_elsewhere).await
+    }
+
+    /// How long what the worker records on `key` is kept: its operation's `ttl` (24 h without one).
+    fn keep(&self, key: &Key) -> Duration {
+        self.operations
+            .get(key.scope())
+            .map_or(Duration::from_secs(24 * 60 * 60), |op| op.ttl)
+    }
+
+    /// Journals one step of the worker on the call `call_id` of `key`.
+    async fn journal(&self, call_id: &CallId, key: &Key, what: What) {
+        let event = self.rt.event(call_id, what);
+        self.rt.journal(key, &[event], self.keep(key)).await;
+    }
+
+    /// Journals several steps of the worker on an entry's call, in one write.
+    async fn journal_all(&self, entry: &CompensationEntry, whats: impl IntoIterator<Item = What>) {
+        let events: Vec<Event> = whats
+            .into_iter()
+            .map(|what| self.rt.event(&entry.call_id, what))
+            .collect();
+        self.rt
+            .journal(&entry.key, &events, self.keep(&entry.key))
+            .await;
+    }
+
     /// Puts an undecided entry to its next round, or escalates it after the last.
     async fn later(
         &self,
@@ -542,6 +627,12 @@ impl Compensator {
                     pass.rescheduled += 1;
                     tracing::info!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
                         attempt = 0u32, round, delay_ms = ms(*delay), why, "compensation: next round");
+                    let step = What::Compensation {
+                        round,
+                        step: CompensationStep::Rescheduled,
+                        detail: format!("{why}; next round in {}", humane(*delay)),
+                    };
+                    self.journal(&entry.call_id, &entry.key, step).await;
                 }
                 done
             }
@@ -553,6 +644,12 @@ impl Compensator {
                     pass.escalated += 1;
                     tracing::warn!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
                         attempt = 0u32, rounds = entry.round, why, "compensation: needs a person (MANUAL)");
+                    let step = What::Compensation {
+                        round: entry.round,
+                        step: CompensationStep::Escalated,
+                        detail: why.to_owned(),
+                    };
+                    self.journal(&entry.call_id, &entry.key, step).await;
                     if let Some(hook) = &self.escalate {
                         hook(&entry);
                     }
@@ -576,6 +673,17 @@ fn completion(state: ReceiptState, bytes: Vec<u8>, ttl: Duration) -> Completion 
         state,
         outcome: Some(Arc::from(bytes)),
         ttl_ms: ms(ttl),
+    }
+}
+
+/// A delay as people write it: `90s`, `5m`, `2h`.
+fn humane(d: Duration) -> String {
+    let secs = d.as_secs();
+    match secs {
+        0 => format!("{}ms", d.as_millis()),
+        s if s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
     }
 }
 

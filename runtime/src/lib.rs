@@ -19,6 +19,7 @@ mod compensator;
 pub mod conformance;
 mod context;
 mod error;
+pub mod journal;
 mod key;
 mod observe;
 mod operation;
@@ -40,6 +41,7 @@ pub use compensator::{
 };
 pub use context::{current, try_current, Context, Inbound};
 pub use error::{Error, StoreError};
+pub use journal::{Event, History, What};
 pub use key::{key_bytes, Fingerprint, Key, KeyBuilder, KeyBytes, KeyEncoder, KeyPart, ShortKey};
 pub use observe::{observed, Answer, CallReport};
 pub use receipt::{Fence, InvalidState, InvalidTransition, Receipt, ReceiptState, Transition};

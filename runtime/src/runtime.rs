@@ -9,6 +9,7 @@ use crate::call_id::{validate_node, CallId, Label, ParseCallIdError};
 use crate::clock::{Clock, RuntimeClock, SystemClock};
 use crate::compensation::CompensationEntry;
 use crate::error::{Error, StoreError};
+use crate::journal::{Event, History, What};
 use crate::key::Key;
 use crate::receipt::Receipt;
 use crate::receipt::{Fence, Transition};
@@ -221,6 +222,59 @@ impl Runtime {
     /// ```
     pub async fn receipt(&self, call_id: &CallId) -> Result<Option<Receipt>, Error> {
         Ok(self.inner.store.get_by_call_id(call_id).await?)
+    }
+
+    /// What is known of a call: its receipt and its journal (every attempt, backoff, lookup, take-over,
+    /// transition and compensation step: see [`journal`](crate::journal)), read from the store alone —
+    /// also for a call still running in another process, and for one whose claim was given back.
+    /// [`History::timeline`] adds what the receipt implies (the claim, the outcome) to the journal.
+    ///
+    /// ```
+    /// # async fn demo(rt: samekey_runtime::Runtime, call_id: samekey_runtime::CallId) -> Result<(), samekey_runtime::Error> {
+    /// for event in rt.history(&call_id).await?.timeline() {
+    ///     println!("{} {} {:?}", event.at_ms, event.node, event.what);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn history(&self, call_id: &CallId) -> Result<History, Error> {
+        let store = self.store();
+        let receipt = store.get_by_call_id(call_id).await?;
+        let events = store.journal_of_call(call_id, self.now_ms()).await?;
+        Ok(History { receipt, events })
+    }
+
+    /// What is known of a key: the receipt it holds now and the journal of every call on it that the
+    /// store still keeps (a call given back, then the next one that claimed the key).
+    pub async fn history_of_key(&self, key: &Key) -> Result<History, Error> {
+        let store = self.store();
+        let now = self.now_ms();
+        let receipt = store.get(key, now).await?;
+        let events = store.journal(key, now).await?;
+        Ok(History { receipt, events })
+    }
+
+    /// Appends events to a key's journal, warning (not failing) when the store refuses: the journal
+    /// informs people; it decides nothing.
+    pub(crate) async fn journal(&self, key: &Key, events: &[Event], keep: Duration) {
+        let keep_ms = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX);
+        if let Err(e) = self
+            .store()
+            .append_journal(key, events, keep_ms, self.now_ms())
+            .await
+        {
+            tracing::warn!(target: "samekey", key = %key.short(), error = %e, events = events.len(),
+                "could not write to the journal");
+        }
+    }
+
+    /// An event of `call_id` written by this runtime now.
+    pub(crate) fn event(&self, call_id: &CallId, what: What) -> Event {
+        Event {
+            call_id: call_id.clone(),
+            at_ms: self.now_ms(),
+            node: self.node().to_owned(),
+            what,
+        }
     }
 
     /// The compensation queue: every call left `UNKNOWN` (its outcome could not be established) that is

@@ -39,6 +39,58 @@ mod standalone {
     }
 
     samekey_runtime::store_conformance_tests!(optional: store().await);
+
+    /// Another process (another connection, with nothing of the claimer's in memory) finds a call in
+    /// flight by its callId, receipt and journal, shortly after its claim and before its next write.
+    #[tokio::test]
+    async fn a_call_in_flight_is_found_by_callid_from_another_process() {
+        use samekey_runtime::store::{Claim, Claimed};
+        use samekey_runtime::{CallId, Event, Key, Store, What};
+        let Some(url) = redis_url() else { return };
+        let prefix = prefix();
+        let claimer = RedisStore::connect_with_prefix(&url, &prefix)
+            .await
+            .expect("connect");
+        let other = RedisStore::connect_with_prefix(&url, &prefix)
+            .await
+            .expect("connect");
+        let key = Key::build("samekey.test", &("in-flight", 1u8));
+        let call_id = CallId::new("t", "n1").expect("callId");
+        let claim = Claim {
+            key: key.clone(),
+            call_id: call_id.clone(),
+            fingerprint: None,
+            lease_ms: 60_000,
+            now_ms: 0,
+        };
+        let Ok(Claimed::Acquired(fence)) = claimer.claim(claim).await else {
+            panic!("a fresh key is acquired");
+        };
+        let event = Event {
+            call_id: call_id.clone(),
+            at_ms: 1,
+            node: "n1".into(),
+            what: What::Claimed { fence: fence.0 },
+        };
+        claimer
+            .append_journal(&key, std::slice::from_ref(&event), 60_000, 0)
+            .await
+            .expect("append");
+        let mut found = None;
+        for _ in 0..100 {
+            found = other.get_by_call_id(&call_id).await.expect("get");
+            if found.is_some() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let found = found.expect("the call is found by callId from another process");
+        assert_eq!(found.fence, fence);
+        assert_eq!(
+            other.journal_of_call(&call_id, 0).await.expect("journal"),
+            vec![event]
+        );
+    }
 }
 
 /// The standalone store on a three-primary Redis Cluster (`SAMEKEY_REDIS_CLUSTER_URLS`, comma-separated).

@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use samekey::store::{async_trait, Claim, Claimed, Completion, StoreClock};
-use samekey::{CallId, CompensationEntry, Fence, Key, Receipt, Store, StoreError, Transition};
+use samekey::{
+    CallId, CompensationEntry, Event, Fence, Key, Receipt, Store, StoreError, Transition,
+};
 use tokio::sync::Semaphore;
 
 /// What the next call of one operation does.
@@ -259,6 +261,26 @@ impl Store for Faulty {
     }
     async fn list_compensations(&self) -> Result<Vec<CompensationEntry>, StoreError> {
         self.run("list_compensations", self.inner.list_compensations())
+            .await
+    }
+    async fn append_journal(
+        &self,
+        k: &Key,
+        events: &[Event],
+        keep: u64,
+        n: u64,
+    ) -> Result<(), StoreError> {
+        self.run(
+            "append_journal",
+            self.inner.append_journal(k, events, keep, n),
+        )
+        .await
+    }
+    async fn journal(&self, k: &Key, n: u64) -> Result<Vec<Event>, StoreError> {
+        self.run("journal", self.inner.journal(k, n)).await
+    }
+    async fn journal_of_call(&self, id: &CallId, n: u64) -> Result<Vec<Event>, StoreError> {
+        self.run("journal_of_call", self.inner.journal_of_call(id, n))
             .await
     }
 }

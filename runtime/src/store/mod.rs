@@ -30,6 +30,10 @@
 //!   nodes disagree about time. [`Store::clock`] says whose clock that is, [`Store::now_ms`] what it
 //!   reads now. The compensation queue's leases and rounds are judged the same way (an entry's
 //!   `next_at_ms` when queued is the caller's time: it is due at once).
+//! * **Journal.** Events appended to a key's journal are read back in order, by key and by callId
+//!   (also while the call runs, from another process); a key keeps its latest
+//!   [`JOURNAL_LIMIT`](crate::journal::JOURNAL_LIMIT) events, for as long as its record lives and at
+//!   least the `keep_ms` of the latest append.
 //! * **Failing closed.** An unreachable store answers [`StoreError::Unavailable`]; callers run nothing.
 
 mod memory;
@@ -60,6 +64,7 @@ pub use async_trait::async_trait;
 use crate::call_id::CallId;
 use crate::compensation::CompensationEntry;
 use crate::error::StoreError;
+use crate::journal::Event;
 use crate::key::{Fingerprint, Key};
 use crate::receipt::{Fence, Receipt, ReceiptState, Transition};
 
@@ -361,6 +366,29 @@ pub trait Store: std::any::Any + Send + Sync {
 
     /// All queued entries, pending and manual, oldest first (for inspection).
     async fn list_compensations(&self) -> Result<Vec<CompensationEntry>, StoreError>;
+
+    /// Appends `events` (in order) to the journal of `key`. The journal keeps the key's latest
+    /// [`JOURNAL_LIMIT`](crate::journal::JOURNAL_LIMIT) events, and lives as long as the key's record
+    /// does, and at least `keep_ms` from now (by the store's judge of time). See [`crate::journal`].
+    async fn append_journal(
+        &self,
+        key: &Key,
+        events: &[Event],
+        keep_ms: u64,
+        now_ms: u64,
+    ) -> Result<(), StoreError>;
+
+    /// The journal of `key`: the events of every call on it that the store still keeps, in the order
+    /// they were appended.
+    async fn journal(&self, key: &Key, now_ms: u64) -> Result<Vec<Event>, StoreError>;
+
+    /// The events of one call that the store still keeps, in the order they were appended — also for
+    /// a call still running in another process, and for one whose claim was given back.
+    async fn journal_of_call(
+        &self,
+        call_id: &CallId,
+        now_ms: u64,
+    ) -> Result<Vec<Event>, StoreError>;
 }
 
 /// [`Store::wait_settled`] by polling [`Store::get`] at growing intervals (20 ms to 1 s): the default,

@@ -9,6 +9,7 @@ use super::sql::{self, driver, int};
 use super::{Claim, Claimed, Completion};
 use crate::context::Context;
 use crate::error::StoreError;
+use crate::journal::{self, Event, JOURNAL_LIMIT};
 use crate::key::Key;
 use crate::receipt::{Receipt, ReceiptState, Transition};
 use crate::store::Store as _;
@@ -71,6 +72,17 @@ CREATE TABLE IF NOT EXISTS samekey_compensation (
 ALTER TABLE samekey_compensation ADD COLUMN IF NOT EXISTS taker BIGINT NOT NULL DEFAULT 0;
 CREATE INDEX IF NOT EXISTS samekey_compensation_due ON samekey_compensation (next_at)
     WHERE state <> 'MANUAL';
+CREATE TABLE IF NOT EXISTS samekey_journal (
+    seq         BIGSERIAL PRIMARY KEY,
+    key         BYTEA NOT NULL,             -- the key's digest (samekey_receipts.key)
+    call_id     TEXT NOT NULL,
+    at          BIGINT NOT NULL,            -- Unix ms, by the writing node's clock
+    keep_until  BIGINT NOT NULL,            -- kept until then at least, and while the key's record lives
+    event       JSONB NOT NULL              -- call_id, at_ms, node, event and its fields
+);
+CREATE INDEX IF NOT EXISTS samekey_journal_key ON samekey_journal (key, seq);
+CREATE INDEX IF NOT EXISTS samekey_journal_call_id ON samekey_journal (call_id, seq);
+CREATE INDEX IF NOT EXISTS samekey_journal_keep ON samekey_journal (keep_until);
 ";
 
 /// A [`Store`](crate::Store) in a PostgreSQL database.
@@ -231,6 +243,7 @@ WHERE key = $1 AND (expires_at IS NULL OR expires_at > samekey_now($6))
                 AND NOT EXISTS (SELECT 1 FROM pg_index WHERE NOT indisvalid AND indexrelid IN (
                     to_regclass('samekey_receipts_orphans'), to_regclass('samekey_receipts_created'),
                     to_regclass('samekey_receipts_scope_created')))
+                AND to_regclass('samekey_journal_keep') IS NOT NULL
                 AND to_regclass('samekey_fence') IS NOT NULL
                 AND to_regprocedure('samekey_now(bigint)') IS NOT NULL
                 AND EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'samekey_settled')
@@ -401,6 +414,49 @@ RETURNING key, scope, call_id, state, fence, lease_until, expires_at, fingerprin
         Err(StoreError::Unavailable(
             "the key's row kept changing during the claim".into(),
         ))
+    }
+}
+
+impl PgStore {
+    /// Appends journal rows and trims the key's journal to its latest events, in one statement (the
+    /// trim reads the rows as they were before the insert, so it keeps room for the new ones).
+    async fn append_rows(
+        &self,
+        key: &Key,
+        events: &[Event],
+        keep_ms: u64,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        let events = &events[events.len().saturating_sub(JOURNAL_LIMIT)..];
+        let mut call_ids = Vec::with_capacity(events.len());
+        let mut times = Vec::with_capacity(events.len());
+        let mut bodies = Vec::with_capacity(events.len());
+        for event in events {
+            call_ids.push(event.call_id.to_string());
+            times.push(int(event.at_ms)?);
+            bodies.push(journal::encode(event)?);
+        }
+        let room = JOURNAL_LIMIT - events.len();
+        sqlx::query(
+            "WITH trimmed AS (
+    DELETE FROM samekey_journal WHERE key = $1 AND seq <= (
+        SELECT seq FROM samekey_journal WHERE key = $1 ORDER BY seq DESC LIMIT 1 OFFSET $7))
+INSERT INTO samekey_journal (key, call_id, at, keep_until, event)
+SELECT $1, t.c, t.a, samekey_now($5) + $6, t.e::jsonb
+FROM unnest($2::text[], $3::bigint[], $4::text[]) WITH ORDINALITY AS t(c, a, e, n)
+ORDER BY t.n",
+        )
+        .bind(key.digest().as_slice())
+        .bind(call_ids)
+        .bind(times)
+        .bind(bodies)
+        .bind(int(now_ms)?)
+        .bind(int(keep_ms)?)
+        .bind(i64::try_from(room).unwrap_or(i64::MAX))
+        .execute(&self.pool)
+        .await
+        .map_err(driver)?;
+        Ok(())
     }
 }
 

@@ -170,6 +170,10 @@ pub(crate) const FINISH: &str =
 /// The worker fence of an entry (`$1`), to tell "gone" from "taken by another worker".
 pub(crate) const TAKER: &str = "SELECT taker FROM samekey_compensation WHERE call_id = $1";
 
+/// Keeps the latest `$2` journal events of the key `$1`.
+pub(crate) const TRIM_JOURNAL: &str = "DELETE FROM samekey_journal WHERE key = $1 AND seq <= (
+    SELECT seq FROM samekey_journal WHERE key = $1 ORDER BY seq DESC LIMIT 1 OFFSET $2)";
+
 pub(crate) const LIST: &str =
     "SELECT call_id, key, scope, reason, round, next_at, state, lease_until, enqueued, taker
 FROM samekey_compensation ORDER BY enqueued, call_id";
@@ -350,6 +354,75 @@ WHERE call_id = $4 AND taker = $5"
                 ", lease_until = NULL
 WHERE call_id = $2 AND taker = $3"
             );
+
+            /// A key's journal rows (`$1` key, `$2` now) that are still kept: within their own
+            /// `keep_until`, or while the key has a live record. In the journal's order.
+            const JOURNAL_BY_KEY_SQL: &'static str = concat!(
+                "SELECT CAST(j.event AS TEXT) FROM samekey_journal j WHERE j.key = $1",
+                " AND (j.keep_until > ",
+                $now_open,
+                "$2",
+                $now_close,
+                " OR EXISTS (SELECT 1 FROM samekey_receipts r WHERE r.key = j.key
+        AND r.state <> 'RELEASED' AND (r.expires_at IS NULL OR r.expires_at > ",
+                $now_open,
+                "$2",
+                $now_close,
+                ")))
+ORDER BY j.seq"
+            );
+
+            /// A call's journal rows (`$1` callId, `$2` now), kept as in `JOURNAL_BY_KEY_SQL`.
+            const JOURNAL_BY_CALL_SQL: &'static str = concat!(
+                "SELECT CAST(j.event AS TEXT) FROM samekey_journal j WHERE j.call_id = $1",
+                " AND (j.keep_until > ",
+                $now_open,
+                "$2",
+                $now_close,
+                " OR EXISTS (SELECT 1 FROM samekey_receipts r WHERE r.key = j.key
+        AND r.state <> 'RELEASED' AND (r.expires_at IS NULL OR r.expires_at > ",
+                $now_open,
+                "$2",
+                $now_close,
+                ")))
+ORDER BY j.seq"
+            );
+
+            /// Evicts journal rows past their `keep_until` whose key has no live record (`$1` now).
+            const PURGE_JOURNAL_SQL: &'static str = concat!(
+                "DELETE FROM samekey_journal WHERE keep_until <= ",
+                $now_open,
+                "$1",
+                $now_close,
+                " AND NOT EXISTS (SELECT 1 FROM samekey_receipts r
+    WHERE r.key = samekey_journal.key AND r.state <> 'RELEASED'
+        AND (r.expires_at IS NULL OR r.expires_at > ",
+                $now_open,
+                "$1",
+                $now_close,
+                "))"
+            );
+
+            /// The journal rows `statement` reads (`$1` `value`, `$2` now).
+            async fn journal_rows(
+                &self,
+                statement: &'static str,
+                value: impl for<'q> sqlx::Encode<'q, <$conn as sqlx::Connection>::Database>
+                    + sqlx::Type<<$conn as sqlx::Connection>::Database>
+                    + Send,
+                now_ms: u64,
+            ) -> Result<Vec<$crate::journal::Event>, $crate::error::StoreError> {
+                use $crate::store::sql::{driver, int};
+                let rows: Vec<String> = sqlx::query_scalar(statement)
+                    .bind(value)
+                    .bind(int(now_ms)?)
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(driver)?;
+                rows.iter()
+                    .map(|text| $crate::journal::decode(text.as_bytes()))
+                    .collect()
+            }
 
             /// Why a fenced update of the entry `call_id` changed nothing: it is gone (`NotFound`), or
             /// another worker took it (`Fenced`).
@@ -633,6 +706,11 @@ WHERE call_id = $2 AND taker = $3"
                     .execute(&self.pool)
                     .await
                     .map_err(driver)?;
+                sqlx::query(Self::PURGE_JOURNAL_SQL)
+                    .bind(int(now_ms)?)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(driver)?;
                 Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
             }
 
@@ -809,6 +887,35 @@ WHERE call_id = $2 AND taker = $3"
                     .await
                     .map_err(driver)?;
                 rows.iter().map(compensation).collect()
+            }
+
+            async fn append_journal(
+                &self,
+                key: &$crate::key::Key,
+                events: &[$crate::journal::Event],
+                keep_ms: u64,
+                now_ms: u64,
+            ) -> Result<(), $crate::error::StoreError> {
+                if events.is_empty() {
+                    return Ok(());
+                }
+                self.append_rows(key, events, keep_ms, now_ms).await
+            }
+
+            async fn journal(
+                &self,
+                key: &$crate::key::Key,
+                now_ms: u64,
+            ) -> Result<Vec<$crate::journal::Event>, $crate::error::StoreError> {
+                self.journal_rows(Self::JOURNAL_BY_KEY_SQL, key.digest().to_vec(), now_ms).await
+            }
+
+            async fn journal_of_call(
+                &self,
+                call_id: &$crate::call_id::CallId,
+                now_ms: u64,
+            ) -> Result<Vec<$crate::journal::Event>, $crate::error::StoreError> {
+                self.journal_rows(Self::JOURNAL_BY_CALL_SQL, call_id.to_string(), now_ms).await
             }
         }
     };

@@ -11,6 +11,8 @@ use sqlx::sqlite::{
 use super::sql::{self, driver, int};
 use super::{Claim, Claimed};
 use crate::error::StoreError;
+use crate::journal::{self, Event, JOURNAL_LIMIT};
+use crate::key::Key;
 
 /// The schema, idempotent: run by [`SqliteStore::open`] and [`SqliteStore::migrate`].
 pub const SCHEMA: &str = "
@@ -46,6 +48,17 @@ CREATE TABLE IF NOT EXISTS samekey_compensation (
     enqueued    INTEGER NOT NULL,
     taker       INTEGER NOT NULL DEFAULT 0  -- the worker fence of the latest take
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS samekey_journal (
+    seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+    key         BLOB NOT NULL,              -- the key's digest (samekey_receipts.key)
+    call_id     TEXT NOT NULL,
+    at          INTEGER NOT NULL,           -- Unix ms, by the writing node's clock
+    keep_until  INTEGER NOT NULL,           -- kept until then at least, and while the key's record lives
+    event       TEXT NOT NULL               -- JSON: call_id, at_ms, node, event and its fields
+);
+CREATE INDEX IF NOT EXISTS samekey_journal_key ON samekey_journal (key, seq);
+CREATE INDEX IF NOT EXISTS samekey_journal_call_id ON samekey_journal (call_id, seq);
+CREATE INDEX IF NOT EXISTS samekey_journal_keep ON samekey_journal (keep_until);
 ";
 
 /// A [`Store`](crate::Store) in an SQLite file.
@@ -181,6 +194,41 @@ impl SqliteStore {
         Err(StoreError::Unavailable(
             "the key's row kept changing during the claim".into(),
         ))
+    }
+}
+
+impl SqliteStore {
+    /// Appends journal rows and trims the key's journal to its latest events, in one transaction.
+    async fn append_rows(
+        &self,
+        key: &Key,
+        events: &[Event],
+        keep_ms: u64,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await.map_err(driver)?;
+        for event in events {
+            sqlx::query(
+                "INSERT INTO samekey_journal (key, call_id, at, keep_until, event)
+VALUES ($1, $2, $3, $4 + $5, $6)",
+            )
+            .bind(key.digest().as_slice())
+            .bind(event.call_id.to_string())
+            .bind(int(event.at_ms)?)
+            .bind(int(now_ms)?)
+            .bind(int(keep_ms)?)
+            .bind(journal::encode(event)?)
+            .execute(&mut *tx)
+            .await
+            .map_err(driver)?;
+        }
+        sqlx::query(sql::TRIM_JOURNAL)
+            .bind(key.digest().as_slice())
+            .bind(i64::try_from(JOURNAL_LIMIT).unwrap_or(i64::MAX))
+            .execute(&mut *tx)
+            .await
+            .map_err(driver)?;
+        tx.commit().await.map_err(driver)
     }
 }
 

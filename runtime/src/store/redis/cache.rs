@@ -12,6 +12,7 @@ use super::RedisStore;
 use crate::call_id::CallId;
 use crate::compensation::CompensationEntry;
 use crate::error::StoreError;
+use crate::journal::Event;
 use crate::key::{Fingerprint, Key};
 use crate::receipt::{Fence, Receipt, Transition};
 use crate::store::{Claim, Claimed, Completion, ReceiptPage, ReceiptQuery, Store, StoreClock};
@@ -431,5 +432,29 @@ impl<D: Store> Store for CachedStore<D> {
 
     async fn list_compensations(&self) -> Result<Vec<CompensationEntry>, StoreError> {
         self.durable.list_compensations().await
+    }
+
+    async fn append_journal(
+        &self,
+        key: &Key,
+        events: &[Event],
+        keep_ms: u64,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.durable
+            .append_journal(key, events, keep_ms, now_ms)
+            .await
+    }
+
+    async fn journal(&self, key: &Key, now_ms: u64) -> Result<Vec<Event>, StoreError> {
+        self.durable.journal(key, now_ms).await
+    }
+
+    async fn journal_of_call(
+        &self,
+        call_id: &CallId,
+        now_ms: u64,
+    ) -> Result<Vec<Event>, StoreError> {
+        self.durable.journal_of_call(call_id, now_ms).await
     }
 }

@@ -19,6 +19,7 @@ use super::{
 use crate::call_id::CallId;
 use crate::compensation::{CompensationEntry, CompensationState};
 use crate::error::StoreError;
+use crate::journal::{self, Event, JOURNAL_LIMIT};
 use crate::key::{digest_from_hex, hex, Fingerprint, Key};
 use crate::receipt::{Fence, Receipt, ReceiptState, Transition};
 
@@ -57,6 +58,8 @@ const TAKE_DUE: &str = concat!(
     include_str!("scripts/now.lua"),
     include_str!("scripts/take_due.lua")
 );
+
+const JOURNAL: &str = include_str!("scripts/journal.lua");
 
 const UPDATE_ENTRY: &str = concat!(
     include_str!("scripts/now.lua"),
@@ -126,10 +129,11 @@ impl ConnectionLike for Connection {
 ///
 /// # Keys and Redis Cluster
 ///
-/// A record lives in the hash `samekey:r:{<digest>}`, the callId index in `samekey:c:{<callId>}`, the
-/// compensation queue in the hash `samekey:{queue}`. The part in braces is a hash tag, and every script
-/// reads and writes only its one `KEYS[1]`, so every script runs within one slot; commands on two keys
-/// (a completion and its index entry) are sent side by side, not as one pipeline or transaction.
+/// A record lives in the hash `samekey:r:{<digest>}`, its journal in the list `samekey:j:{<digest>}`,
+/// the callId index in `samekey:c:{<callId>}`, the compensation queue in the hash `samekey:{queue}`.
+/// The part in braces is a hash tag: every script reads and writes the keys of one slot only (a record
+/// and its journal share one), and commands on keys of two slots (a claim and its index entry) are
+/// sent side by side, not as one pipeline or transaction.
 /// [`RedisStore::connect_cluster`] uses redis-rs's cluster client, which routes each command to its
 /// slot's node, and [`Store::purge_expired`] scans every primary. The conformance suite runs against a
 /// three-primary cluster in CI (`scripts/services`), and a test checks that keys spread over its nodes.
@@ -155,9 +159,11 @@ impl ConnectionLike for Connection {
 /// # The callId index
 ///
 /// A claim is one read-only script when the key is held (a replay costs one round trip and writes
-/// nothing); when it takes the key, the callId index entry goes out with the call's next write (its
-/// completion, a lease renewal, `UNKNOWN`), in that write's round trip. Until then, a call in flight is
-/// found by callId from the process that owns it, and by key from anywhere.
+/// nothing); when it takes the key, the callId index entry is written in the background while the call
+/// goes on (no round trip is waited for), so that any process finds a call in flight by its callId a
+/// round trip after its claim. Should that write fail, the call's next write (its completion, a lease
+/// renewal, `UNKNOWN`) sends it again, in its own round trip; meanwhile the owning process finds the
+/// call by callId, and every process by key.
 ///
 /// # Fences and time
 ///
@@ -193,6 +199,7 @@ struct Scripts {
     purge_one: Script,
     take_due: Script,
     update_entry: Script,
+    journal: Script,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -291,6 +298,7 @@ impl RedisStore {
                 purge_one: Script::new(PURGE_ONE),
                 take_due: Script::new(TAKE_DUE),
                 update_entry: Script::new(UPDATE_ENTRY),
+                journal: Script::new(JOURNAL),
             },
         }
     }
@@ -309,6 +317,11 @@ impl RedisStore {
 
     fn record_key(&self, key: &Key) -> String {
         format!("{}:r:{{{}}}", self.prefix, key.to_hex())
+    }
+
+    /// The journal of a key: a list in the slot of its record.
+    fn journal_key(&self, key: &Key) -> String {
+        format!("{}:j:{{{}}}", self.prefix, key.to_hex())
     }
 
     fn index_key(&self, call_id: &CallId) -> String {
@@ -344,6 +357,7 @@ impl RedisStore {
         fields: &[(&str, Vec<u8>)],
     ) -> Result<Result<(), Option<Receipt>>, StoreError> {
         let mut invocation = self.scripts.write.key(self.record_key(key));
+        invocation.key(self.journal_key(key));
         invocation
             .arg(fence.0.to_string())
             .arg(from)
@@ -477,6 +491,34 @@ impl RedisStore {
         names.sort_unstable();
         names.dedup();
         Ok(names)
+    }
+
+    /// Writes the callId index entry of a claim that took `key`, in the background: the call goes on
+    /// at once, and another process finds the call by its callId a round trip later. Until the entry
+    /// is known written, it also waits in [`RedisStore::index_later`]: this process finds the call
+    /// meanwhile, and should the background write fail, the key's next write sends it again.
+    fn index_soon(&self, key: &Key, call_id: CallId) {
+        self.index_later(key, call_id.clone());
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let index = redis::cmd("SET")
+            .arg(self.index_key(&call_id))
+            .arg(key.digest().as_slice())
+            .arg("PX")
+            .arg(u64::try_from(self.index_ttl.as_millis()).unwrap_or(u64::MAX))
+            .clone();
+        let mut conn = self.conn();
+        let unindexed = self.unindexed.clone();
+        let digest = *key.digest();
+        runtime.spawn(async move {
+            if index.query_async::<()>(&mut conn).await.is_ok() {
+                let mut waiting = unindexed.lock().unwrap_or_else(|p| p.into_inner());
+                if waiting.get(&digest) == Some(&call_id) {
+                    waiting.remove(&digest);
+                }
+            }
+        });
     }
 
     fn index_later(&self, key: &Key, call_id: CallId) {
@@ -626,7 +668,7 @@ impl Store for RedisStore {
             .map_err(unavailable)?;
         if answer_code(&answer)? == 1 {
             let fence = answer_fence(&answer)?;
-            self.index_later(&claim.key, claim.call_id);
+            self.index_soon(&claim.key, claim.call_id);
             return Ok(Claimed::Acquired(fence));
         }
         match parse_record(claim.key.scope(), &answer_fields(&answer)?)? {
@@ -807,30 +849,9 @@ impl Store for RedisStore {
     }
 
     async fn get_by_call_id(&self, call_id: &CallId) -> Result<Option<Receipt>, StoreError> {
-        let digest: Option<Vec<u8>> = self
-            .conn()
-            .get(self.index_key(call_id))
-            .await
-            .map_err(unavailable)?;
-        let digest = match digest {
-            Some(digest) => digest,
-            // Claimed here and not written since: the index entry is still waiting in this process.
-            None => match self
-                .unindexed
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter()
-                .find(|(_, owner)| *owner == call_id)
-            {
-                Some((digest, _)) => digest.to_vec(),
-                None => return Ok(None),
-            },
+        let Some(key) = self.key_of_call(call_id).await? else {
+            return Ok(None);
         };
-        let digest: [u8; 32] = digest
-            .as_slice()
-            .try_into()
-            .map_err(|_| corrupt("a key is 32 bytes"))?;
-        let key = Key::from_digest("", digest);
         Ok(self.record(&key).await?.filter(|r| &r.call_id == call_id))
     }
 
@@ -980,6 +1001,82 @@ impl Store for RedisStore {
         // As the SQL stores list them: by enqueue time, then by callId as text.
         entries.sort_by_cached_key(|e| (e.enqueued_ms, e.call_id.to_string()));
         Ok(entries)
+    }
+
+    async fn append_journal(
+        &self,
+        key: &Key,
+        events: &[Event],
+        keep_ms: u64,
+        _now_ms: u64,
+    ) -> Result<(), StoreError> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let mut invocation = self.scripts.journal.key(self.record_key(key));
+        invocation
+            .key(self.journal_key(key))
+            .arg(keep_ms)
+            .arg(JOURNAL_LIMIT);
+        for event in &events[events.len().saturating_sub(JOURNAL_LIMIT)..] {
+            invocation.arg(journal::encode(event)?);
+        }
+        invocation
+            .invoke_async::<()>(&mut self.conn())
+            .await
+            .map_err(unavailable)
+    }
+
+    async fn journal(&self, key: &Key, _now_ms: u64) -> Result<Vec<Event>, StoreError> {
+        let all: Vec<Vec<u8>> = self
+            .conn()
+            .lrange(self.journal_key(key), 0, -1)
+            .await
+            .map_err(unavailable)?;
+        all.iter().map(|text| journal::decode(text)).collect()
+    }
+
+    async fn journal_of_call(
+        &self,
+        call_id: &CallId,
+        now_ms: u64,
+    ) -> Result<Vec<Event>, StoreError> {
+        let Some(key) = self.key_of_call(call_id).await? else {
+            return Ok(Vec::new());
+        };
+        let mut events = self.journal(&key, now_ms).await?;
+        events.retain(|e| &e.call_id == call_id);
+        Ok(events)
+    }
+}
+
+impl RedisStore {
+    /// The key `call_id` claimed (its digest, without scope), from the callId index, or from this
+    /// process's claims whose index entry is not known written yet.
+    async fn key_of_call(&self, call_id: &CallId) -> Result<Option<Key>, StoreError> {
+        let digest: Option<Vec<u8>> = self
+            .conn()
+            .get(self.index_key(call_id))
+            .await
+            .map_err(unavailable)?;
+        let digest = match digest {
+            Some(digest) => digest,
+            None => match self
+                .unindexed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .find(|(_, owner)| *owner == call_id)
+            {
+                Some((digest, _)) => digest.to_vec(),
+                None => return Ok(None),
+            },
+        };
+        let digest: [u8; 32] = digest
+            .as_slice()
+            .try_into()
+            .map_err(|_| corrupt("a key is 32 bytes"))?;
+        Ok(Some(Key::from_digest("", digest)))
     }
 }
 

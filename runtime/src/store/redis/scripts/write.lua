@@ -1,4 +1,4 @@
--- A fenced write of an owner. ARGV: fence, allowed states (space-separated), a relative expiry in ms
+-- A fenced write of an owner, on the record KEYS[1] (and its journal, KEYS[2]). ARGV: fence, allowed states (space-separated), a relative expiry in ms
 -- for the whole record ("" to keep it, "0" to persist), times to write (space-separated
 -- `field:offset`, each set to the server's time plus `offset` ms), then field/value pairs to set (an
 -- empty value removes the field). Answers {1}, or {0, the record} / {-1} to explain a refusal. A
@@ -21,6 +21,15 @@ if ARGV[4] ~= '' then
   end
 end
 if ARGV[3] == '0' then redis.call('PERSIST', r) elseif ARGV[3] ~= '' then redis.call('PEXPIRE', r, ARGV[3]) end
+-- The key's journal (KEYS[2], if it has one) lives at least as long as the record.
+local j = KEYS[2]
+if j and ARGV[3] ~= '' and redis.call('EXISTS', j) == 1 then
+  if ARGV[3] == '0' then
+    redis.call('PERSIST', j)
+  elseif redis.call('PTTL', j) < tonumber(ARGV[3]) then
+    redis.call('PEXPIRE', j, ARGV[3])
+  end
+end
 local now_state = redis.call('HGET', r, 'state')
 if now_state ~= state and redis.call('HEXISTS', r, 'waited') == 1 then
   redis.call('PUBLISH', r .. ':settled', now_state)
