@@ -67,6 +67,14 @@ impl Svc {
         }
     }
 
+    /// Keeps its inputs in the compensation entry, for a reversal or a re-run.
+    #[idempotent(key = "order", scope = "orders.charge", runtime = &self.rt, timeout = "1s",
+                 on_unknown = "hold", inputs = "order, amount")]
+    async fn charge_keeping_inputs(&self, order: &str, amount: u64) -> Result<u64, TestError> {
+        let cx = samekey::current();
+        self.remote.charge(cx.call_id(), order, amount).await
+    }
+
     async fn queued(&self) -> Vec<samekey::CompensationEntry> {
         self.rt.compensations().await.unwrap()
     }
@@ -344,4 +352,154 @@ async fn an_orphan_of_a_crashed_owner_is_swept_into_the_queue_and_resolved() {
     assert_eq!(worker.sweep().await.unwrap(), 0, "no orphan left");
     assert_eq!(svc.charge("o-8", 500).await, Ok(500));
     assert_eq!(svc.remote.executions("o-8"), 1);
+}
+
+/// The entry carries what the worker needs: the attempts, how the last one ended, and the inputs the
+/// function keeps (decoded as the tuple `inputs` names).
+#[tokio::test(start_paused = true)]
+async fn an_entry_carries_its_attempts_last_error_and_inputs() {
+    let svc = Svc::new();
+    svc.remote.script([Fault::ReplyLost]);
+    assert!(svc.charge_keeping_inputs("o-9", 700).await.is_err());
+    let entry = svc.queued().await.remove(0);
+    assert_eq!(entry.attempts, 1);
+    assert_eq!(
+        entry.last_error,
+        Some(samekey::journal::AttemptOutcome::Unknown)
+    );
+    let inputs: (String, u64) = entry.inputs().expect("kept").expect("decodes");
+    assert_eq!(inputs, ("o-9".to_owned(), 700));
+    // A function that keeps none: none.
+    svc.unknown("o-10", Fault::Slow(Duration::from_secs(5)))
+        .await;
+    let plain = svc
+        .queued()
+        .await
+        .into_iter()
+        .find(|e| e.key != entry.key)
+        .unwrap();
+    assert_eq!(
+        plain.last_error,
+        Some(samekey::journal::AttemptOutcome::TimedOut)
+    );
+    assert!(plain.inputs::<(String, u64)>().is_none());
+}
+
+fn reversal_counting(svc: &Svc, runs: Arc<AtomicU32>, fail_first: u32) -> Operation {
+    svc.operation()
+        .reversal(move |entry: samekey::CompensationEntry| {
+            let runs = runs.clone();
+            async move {
+                let n = runs.fetch_add(1, Ordering::SeqCst);
+                let (order, _amount): (String, u64) = entry.inputs().unwrap().unwrap();
+                assert_eq!(order, "o-11");
+                if n < fail_first {
+                    Err("the stock service is down")
+                } else {
+                    Ok(())
+                }
+            }
+        })
+}
+
+/// Not received: the reversal undoes this side's part (with the kept inputs), once, and the call is
+/// recorded `FAILED`; a reversal that fails is tried again at the next round.
+#[tokio::test(start_paused = true)]
+async fn a_charge_never_received_is_reversed_once_and_failed() {
+    let svc = Svc::new();
+    svc.remote.script([Fault::RequestLost]);
+    assert!(svc.charge_keeping_inputs("o-11", 700).await.is_err());
+    let runs = Arc::new(AtomicU32::new(0));
+    let worker = Compensator::new(&svc.rt)
+        .operation("orders.charge", reversal_counting(&svc, runs.clone(), 1))
+        .rounds([Duration::from_secs(1)]);
+    let first = worker.run_once().await.unwrap();
+    assert_eq!((first.reversed, first.rescheduled), (0, 1), "{first:?}");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let second = worker.run_once().await.unwrap();
+    assert_eq!(second.reversed, 1, "{second:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert!(svc.queued().await.is_empty());
+    match svc.charge_keeping_inputs("o-11", 700).await {
+        Err(TestError::Samekey(Error::Failed { message, .. })) => {
+            assert!(message.contains("reversed"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(svc.remote.executions("o-11"), 0);
+}
+
+/// A worker that dies while its reversal runs: the next one finds the intent with no end in the
+/// journal and asks a person instead of reversing again.
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_died_while_reversing_is_not_followed_by_a_second_reversal() {
+    let svc = Svc::new();
+    svc.remote.script([Fault::RequestLost]);
+    let _ = svc.charge_keeping_inputs("o-12", 700).await;
+    let runs = Arc::new(AtomicU32::new(0));
+    let hanging = {
+        let runs = runs.clone();
+        svc.operation().reversal(move |_entry| {
+            let runs = runs.clone();
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                std::future::pending::<Result<(), String>>().await
+            }
+        })
+    };
+    let dying = Compensator::new(&svc.rt)
+        .operation("orders.charge", hanging)
+        .lease(Duration::from_secs(10));
+    // The worker's process dies mid-reversal: its pass is dropped.
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), dying.run_once())
+            .await
+            .is_err()
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    tokio::time::advance(Duration::from_secs(30)).await;
+    let escalated = Arc::new(AtomicU32::new(0));
+    let next = Compensator::new(&svc.rt)
+        .operation("orders.charge", reversal_counting(&svc, runs.clone(), 0))
+        .on_escalate({
+            let escalated = escalated.clone();
+            move |_| {
+                escalated.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+    let pass = next.run_once().await.unwrap();
+    assert_eq!((pass.escalated, pass.reversed), (1, 0), "{pass:?}");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the reversal never runs twice"
+    );
+    assert_eq!(escalated.load(Ordering::SeqCst), 1);
+    let entry = svc.queued().await.remove(0);
+    assert_eq!(entry.state, CompensationState::Manual);
+}
+
+/// Not received, with a re-run: the worker sends the call again under its callId and records it.
+#[tokio::test(start_paused = true)]
+async fn a_charge_never_received_may_be_sent_again_under_its_callid() {
+    let svc = Svc::new();
+    svc.remote.script([Fault::RequestLost]);
+    let _ = svc.charge_keeping_inputs("o-13", 700).await;
+    let remote = svc.remote.clone();
+    let worker = Compensator::new(&svc.rt).operation(
+        "orders.charge",
+        svc.operation()
+            .rerun(move |entry: samekey::CompensationEntry| {
+                let remote = remote.clone();
+                async move {
+                    let (order, amount): (String, u64) = entry.inputs().unwrap().unwrap();
+                    remote.charge(&entry.call_id, &order, amount).await
+                }
+            }),
+    );
+    let pass = worker.run_once().await.unwrap();
+    assert_eq!(pass.succeeded, 1, "{pass:?}");
+    assert_eq!(svc.remote.executions("o-13"), 1);
+    assert_eq!(svc.charge_keeping_inputs("o-13", 700).await, Ok(700));
+    assert_eq!(svc.remote.executions("o-13"), 1, "a duplicate replays it");
 }

@@ -30,6 +30,7 @@ pub(crate) const NAMES: &[&str] = &[
     "runtime",
     "on_busy",
     "on_missing_key",
+    "inputs",
 ];
 
 /// The argument `#[samekey::scoped]` adds to each `#[idempotent]` of its `impl` block: the self type as
@@ -85,6 +86,8 @@ pub(crate) struct Args {
     pub(crate) runtime: Option<Expr>,
     pub(crate) on_busy: Option<Value<OnBusy>>,
     pub(crate) on_missing_key: Option<Value<OnMissingKey>>,
+    /// `inputs = "order_id, amount"`: the parameters a compensation entry keeps.
+    pub(crate) inputs: Option<LitStr>,
     /// The self type of the `impl` block, from `#[samekey::scoped]`.
     pub(crate) impl_type: Option<LitStr>,
     /// Problems found while parsing that did not stop it.
@@ -205,6 +208,7 @@ impl Args {
             "timeout" => string(&name_str, &value).map(|v| self.timeout = Some(v)),
             "ttl" => string(&name_str, &value).map(|v| self.ttl = Some(v)),
             "window" => string(&name_str, &value).map(|v| self.window = Some(v)),
+            "inputs" => string(&name_str, &value).map(|v| self.inputs = Some(v)),
             "retries" => integer(&name_str, &value).map(|v| self.retries = Some(v)),
             "jitter" => number(&name_str, &value).map(|v| self.jitter = Some(v)),
             "on_unknown" => choice(
@@ -266,6 +270,7 @@ pub(crate) fn example(name: &str) -> Option<&'static str> {
         "runtime" => "runtime = &self.samekey",
         "on_busy" => "on_busy = \"wait\"",
         "on_missing_key" => "on_missing_key = \"run\"",
+        "inputs" => "inputs = \"order_id, amount\"",
         _ => return None,
     })
 }

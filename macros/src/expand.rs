@@ -10,7 +10,7 @@ use quote::{format_ident, quote, quote_spanned, ToTokens};
 use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
-use syn::{Attribute, FnArg, Ident, ReturnType, Signature, Token, Type, Visibility};
+use syn::{Attribute, FnArg, Ident, LitStr, ReturnType, Signature, Token, Type, Visibility};
 
 use crate::args::{Args, OnBusy, OnMissingKey, OnUnknown};
 use crate::key::{self, Params, Part};
@@ -132,13 +132,17 @@ fn expand(args: TokenStream, func: &Func) -> syn::Result<TokenStream> {
         .as_ref()
         .map(|value| errors.take(key::parts("verify", value, &params)));
     let policy = errors.take(policy::check(&args, &func.sig.ident));
+    let inputs = args
+        .inputs
+        .as_ref()
+        .and_then(|lit| errors.take(inputs(lit, &params)));
     if args.scope.is_none() {
         errors.take(check_generics(&func.sig));
     }
 
     match (errors.0, ret_ty, key, verify, policy, &func.body) {
         (None, Some(ret_ty), Some(key), None, Some(policy), Some(body)) => Ok(generate(
-            func, ret_ty, body, &args, &policy, &params, &key, None,
+            func, ret_ty, body, &args, &policy, &params, &key, None, inputs,
         )),
         (None, Some(ret_ty), Some(key), Some(Some(verify)), Some(policy), Some(body)) => {
             Ok(generate(
@@ -150,6 +154,7 @@ fn expand(args: TokenStream, func: &Func) -> syn::Result<TokenStream> {
                 &params,
                 &key,
                 Some(&verify),
+                inputs,
             ))
         }
         (Some(e), ..) => Err(e),
@@ -302,6 +307,46 @@ fn receiver_is_owned(r: &syn::Receiver) -> bool {
     }
 }
 
+/// The parameters `inputs = "a, b"` names, each once, each a plain parameter of the function.
+fn inputs(lit: &LitStr, params: &Params) -> syn::Result<(Span, Vec<Ident>)> {
+    let text = lit.value();
+    let known = || {
+        params
+            .list
+            .iter()
+            .map(|p| format!("`{}`", p.ident))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut names: Vec<Ident> = Vec::new();
+    for name in text.split(',').map(str::trim) {
+        if name.is_empty() {
+            return Err(syn::Error::new(
+                lit.span(),
+                "`inputs` names the parameters a compensation entry keeps, separated by commas, e.g. `inputs = \"order_id, amount\"`",
+            ));
+        }
+        let Some(param) = params.list.iter().find(|p| p.ident == name) else {
+            return Err(syn::Error::new(
+                lit.span(),
+                format!(
+                    "`inputs` names `{name}`, which is not a parameter of `{}`; its parameters: {}",
+                    params.fn_name,
+                    known()
+                ),
+            ));
+        };
+        if names.iter().any(|n| n == &param.ident) {
+            return Err(syn::Error::new(
+                lit.span(),
+                format!("`inputs` names `{name}` twice"),
+            ));
+        }
+        names.push(Ident::new(&param.ident.to_string(), lit.span()));
+    }
+    Ok((lit.span(), names))
+}
+
 #[allow(clippy::too_many_arguments)]
 fn generate(
     func: &Func,
@@ -312,6 +357,7 @@ fn generate(
     params: &Params,
     key: &[Part],
     verify: Option<&[Part]>,
+    inputs: Option<(Span, Vec<Ident>)>,
 ) -> TokenStream {
     let Func {
         attrs, vis, sig, ..
@@ -395,6 +441,13 @@ fn generate(
         (&&::samekey::__private::Probe::<<#ret_ty as ::samekey::__private::CallResult>::Err>::new()).codec()
     }};
     let start = quote_spanned!(ret_span=> #run.start());
+    // Each input is checked on its own (`input` names the one that cannot be encoded), at the
+    // `inputs` argument.
+    let keep_inputs = inputs.map(|(span, names)| {
+        quote_spanned! {span=>
+            #run.keep_inputs(&( #( ::samekey::__private::input(&#names), )* ));
+        }
+    });
     let run_attempt = quote_spanned!(ret_span=> #run.attempt(#attempt));
     let no_lookup = quote_spanned!(ret_span=> #run.no_lookup());
 
@@ -472,6 +525,7 @@ fn generate(
             let #verify_var: ::core::option::Option<::samekey::__private::KeyBuilder> = #verify_value;
             #(#mut_uses)*
             let mut #run = #begin(#runtime, &#spec, #self_type, #key_var, #verify_var, #codec);
+            #keep_inputs
             let mut #step = #start.await;
             loop {
                 #step = match #step {

@@ -248,6 +248,21 @@ pub fn clone_param<T: RetryClone>(value: &T) -> T {
     value.retry_clone()
 }
 
+/// A value `inputs = …` names: encoded into the call's compensation entry (JSON, through serde).
+#[diagnostic::on_unimplemented(
+    message = "`inputs = …` names a parameter of type `{Self}`, which cannot be encoded",
+    label = "its type needs serde's `Serialize` to be kept in a compensation entry",
+    note = "derive `serde::Serialize` for it, or leave it out of `inputs` (the entry keeps only what it names)"
+)]
+pub trait Input: Serialize {}
+
+impl<T: Serialize + ?Sized> Input for T {}
+
+/// Checks that one input can be encoded (see [`Input`]), where the macro names it.
+pub fn input<T: Input + ?Sized>(value: &T) -> &T {
+    value
+}
+
 /// What the generated loop does next.
 #[derive(Debug)]
 pub enum Step<T, E> {
@@ -315,6 +330,10 @@ pub struct Run<T, E> {
     journaled: bool,
     /// When this run's claim took the key (the time of the journal's `Claimed`).
     claimed_ms: u64,
+    /// How the latest attempt ended, if not with a value (for a compensation entry).
+    last_outcome: Option<AttemptOutcome>,
+    /// The call's encoded inputs, when its function keeps them (`inputs = …`).
+    inputs: Option<Arc<[u8]>>,
 }
 
 /// An [`observed`](crate::observed) call's report slot.
@@ -393,6 +412,8 @@ where
         journal: Vec::new(),
         journaled: false,
         claimed_ms: now,
+        last_outcome: None,
+        inputs: None,
     }
 }
 
@@ -412,6 +433,27 @@ impl<T, E> Run<T, E> {
     /// The key of this call.
     pub fn key(&self) -> &Key {
         &self.key
+    }
+
+    /// Keeps the call's inputs (`inputs = …`), encoded, for its compensation entry. An input that
+    /// cannot be encoded is left out (logged): the call itself goes on.
+    pub fn keep_inputs<I: Serialize>(&mut self, inputs: &I) {
+        match serde_json::to_vec(inputs) {
+            Ok(bytes) => self.inputs = Some(Arc::from(bytes)),
+            Err(e) => {
+                tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                    attempt = 0u32, error = %e, "the call's inputs cannot be encoded; its compensation entry goes without them");
+            }
+        }
+    }
+
+    /// The compensation entry of this call, queued now for `reason`.
+    fn entry(&self, reason: impl Into<String>, now: u64) -> CompensationEntry {
+        let mut entry = CompensationEntry::new(self.call_id.clone(), self.key.clone(), reason, now);
+        entry.attempts = self.attempts;
+        entry.last_error = self.last_outcome;
+        entry.encoded_inputs = self.inputs.clone();
+        entry
     }
 
     /// The lease a claim takes for one attempt: twice the timeout (at least one second more), or the
@@ -789,6 +831,7 @@ impl<T, E> Run<T, E> {
             None => {
                 tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                     attempt = self.attempts, "attempt timed out; outcome unknown");
+                self.last_outcome = Some(AttemptOutcome::TimedOut);
                 self.note(attempt(AttemptOutcome::TimedOut, None));
                 self.unknown_outcome(None).await
             }
@@ -801,6 +844,7 @@ impl<T, E> Run<T, E> {
             Some(Err(error)) => {
                 let class = (self.codec.classify)(&error);
                 let described = self.codec.errors.describe(&error);
+                self.last_outcome = Some(class.into());
                 self.note(attempt(class.into(), Some(described)));
                 tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                     attempt = self.attempts, class = ?class, "attempt failed");
@@ -1211,7 +1255,7 @@ impl<T, E> Run<T, E> {
 
     async fn enqueue(&self, reason: &str, now: u64) {
         self.rt.count(Counter::Unknown);
-        let entry = CompensationEntry::new(self.call_id.clone(), self.key.clone(), reason, now);
+        let entry = self.entry(reason, now);
         if let Err(e) = self.rt.store().enqueue_compensation(entry).await {
             tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                 attempt = self.attempts, error = %e, "could not queue the call for compensation; its UNKNOWN receipt remains");
@@ -1298,16 +1342,8 @@ impl<T, E> Run<T, E> {
                     reason: reason.clone(),
                 });
                 self.flush().await;
-                if let Err(e) = leave_unknown(
-                    self.rt.store(),
-                    &self.key,
-                    fence,
-                    &self.call_id,
-                    reason,
-                    now,
-                )
-                .await
-                {
+                let entry = self.entry(reason, now);
+                if let Err(e) = leave_unknown(self.rt.store(), fence, entry, now).await {
                     tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                         attempt = self.attempts, error = %e, "could not leave the call unknown either; its lease will end");
                 }
@@ -1330,19 +1366,16 @@ fn lost(e: &StoreError) -> bool {
 /// longer the owner's (taken over, or settled meanwhile) queues nothing: whoever holds it resolves it.
 async fn leave_unknown(
     store: &dyn Store,
-    key: &Key,
     fence: Fence,
-    call_id: &CallId,
-    reason: String,
+    entry: CompensationEntry,
     now: u64,
 ) -> Result<(), StoreError> {
-    let marked = store.mark_unknown(key, fence, now).await;
+    let marked = store.mark_unknown(&entry.key, fence, now).await;
     if let Err(e) = &marked {
         if lost(e) {
             return marked.map(drop);
         }
     }
-    let entry = CompensationEntry::new(call_id.clone(), key.clone(), reason, now);
     let queued = store.enqueue_compensation(entry).await;
     marked.map(drop).and(queued)
 }
@@ -1383,6 +1416,7 @@ impl<T, E> Drop for Run<T, E> {
         let took_over = self.took_over;
         let ttl = Self::ms(self.spec.ttl);
         let mut journal = std::mem::take(&mut self.journal);
+        let mut entry = self.entry(String::new(), self.rt.now_ms());
         handle.spawn(async move {
             let store = rt.store();
             let now = rt.now_ms();
@@ -1404,17 +1438,17 @@ impl<T, E> Drop for Run<T, E> {
                         // Another owner holds the key: it resolves the call.
                         Err(e) if lost(&e) => ("left to the owner that took it over", Err(e)),
                         Err(e) => {
-                            let reason = format!(
+                            entry.reason = format!(
                                 "call was cancelled; its outcome {state} could not be recorded: {e}"
                             );
-                            let left = leave_unknown(store, &key, fence, &call_id, reason, now).await;
+                            let left = leave_unknown(store, fence, entry, now).await;
                             ("marked unknown", left)
                         }
                     }
                 }
                 Leftover::Unknown => {
-                    let reason = "call was cancelled".to_owned();
-                    let left = leave_unknown(store, &key, fence, &call_id, reason, now).await;
+                    entry.reason = "call was cancelled".to_owned();
+                    let left = leave_unknown(store, fence, entry, now).await;
                     ("marked unknown", left)
                 }
             };

@@ -2,9 +2,13 @@
 //! `UNKNOWN` and queued here, in the store, so that a bounded process (re-query receipts, reverse, retry
 //! at growing intervals, then escalate to a person) resolves them. No entry is retried forever or dropped.
 
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::call_id::CallId;
+use crate::journal::AttemptOutcome;
 use crate::key::Key;
 use crate::receipt::Fence;
 
@@ -43,6 +47,14 @@ pub struct CompensationEntry {
     /// The worker fence of its latest take (0: never taken). A worker presents it to reschedule,
     /// escalate or finish the entry, and is refused once another worker took it.
     pub fence: Fence,
+    /// How many attempts the call made before it was queued (0: none ran here, e.g. an orphan).
+    pub attempts: u32,
+    /// How its last attempt ended (its error class, or a timeout), when it is known.
+    pub last_error: Option<AttemptOutcome>,
+    /// The call's inputs, encoded (JSON), when its function keeps them (`#[idempotent(inputs = …)]`):
+    /// what a reversal or a re-run needs, without rebuilding the business arguments by hand. Read
+    /// them with [`CompensationEntry::inputs`].
+    pub encoded_inputs: Option<Arc<[u8]>>,
 }
 
 impl CompensationEntry {
@@ -57,6 +69,18 @@ impl CompensationEntry {
             state: CompensationState::Pending,
             enqueued_ms: now_ms,
             fence: Fence(0),
+            attempts: 0,
+            last_error: None,
+            encoded_inputs: None,
         }
+    }
+
+    /// The call's inputs, decoded as `T` (the tuple of the arguments its function keeps, in the order
+    /// `inputs = …` names them, owned: `(String, u64)` for `order_id: &str, amount: u64`). `None` when
+    /// the function keeps none.
+    pub fn inputs<T: DeserializeOwned>(&self) -> Option<Result<T, serde_json::Error>> {
+        self.encoded_inputs
+            .as_deref()
+            .map(|bytes| serde_json::from_slice(bytes))
     }
 }

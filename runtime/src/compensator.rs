@@ -23,7 +23,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::call_id::CallId;
-use crate::classify::RemoteStatus;
+use crate::classify::{Classify, ErrorClass, RemoteStatus};
 use crate::codec::message_bytes;
 use crate::compensation::CompensationEntry;
 use crate::error::{Error, StoreError};
@@ -45,6 +45,13 @@ pub const DEFAULT_COMPENSATION_ROUNDS: [Duration; 5] = [
 /// What a lookup answered, encoded for the receipt: the success value's JSON, or the failure's message.
 type Answer = Result<RemoteStatus<Vec<u8>, String>, String>;
 type Lookup = Arc<dyn Fn(CallId) -> Pin<Box<dyn Future<Output = Answer> + Send>> + Send + Sync>;
+type Reversal = Arc<
+    dyn Fn(CompensationEntry) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>>
+        + Send
+        + Sync,
+>;
+type Rerun =
+    Arc<dyn Fn(CompensationEntry) -> Pin<Box<dyn Future<Output = Answer> + Send>> + Send + Sync>;
 
 /// What the worker does with a call the remote side says it never received.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +60,12 @@ pub enum NotReceived {
     Release,
     /// Record the call `FAILED` ("not received by the remote"): duplicates get that failure.
     Fail,
+    /// Run the operation's [reversal](Operation::reversal) (undo this side's part: release the
+    /// stock held for the order), then record the call `FAILED`. Set by [`Operation::reversal`].
+    Reverse,
+    /// Send the call again under its callId with the operation's [re-run](Operation::rerun), and
+    /// record what it answers. Set by [`Operation::rerun`].
+    Rerun,
 }
 
 /// One operation (scope) the worker can resolve: how to ask about a callId, and what to do then.
@@ -60,6 +73,8 @@ pub struct Operation {
     lookup: Lookup,
     ttl: Duration,
     not_received: NotReceived,
+    reversal: Option<Reversal>,
+    rerun: Option<Rerun>,
 }
 
 impl Operation {
@@ -93,7 +108,66 @@ impl Operation {
             lookup,
             ttl: Duration::from_secs(24 * 60 * 60),
             not_received: NotReceived::Release,
+            reversal: None,
+            rerun: None,
         }
+    }
+
+    /// Undoes this side's part of a call the remote side never received — release the stock held for
+    /// the order, cancel the pending row — then records the call `FAILED` ("not received; reversed"),
+    /// so that duplicates get that failure. The function gets the call's entry: its callId, key,
+    /// attempts and, when its function keeps them (`#[idempotent(inputs = …)]`), its
+    /// [inputs](CompensationEntry::inputs). An `Err` leaves the call to the next round.
+    ///
+    /// **At most once per call**, across workers and crashes: the worker journals its intent before
+    /// the reversal runs and confirms it still holds the call's key; a worker that finds an intent
+    /// with no end (its predecessor crashed or stalled while reversing) does not run it again but
+    /// escalates the entry to `MANUAL` for a person to check. Sets
+    /// [`not_received`](Operation::not_received) to [`NotReceived::Reverse`].
+    pub fn reversal<E, F, Fut>(mut self, reverse: F) -> Operation
+    where
+        E: Display,
+        F: Fn(CompensationEntry) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+    {
+        self.reversal = Some(Arc::new(move |entry| {
+            let reversing = reverse(entry);
+            Box::pin(async move { reversing.await.map_err(|e| e.to_string()) })
+        }));
+        self.not_received = NotReceived::Reverse;
+        self
+    }
+
+    /// Sends a call the remote side never received again, under its callId (the remote deduplicates
+    /// by it, so a first request that arrives late changes nothing), with the call's entry and its
+    /// [inputs](CompensationEntry::inputs). `Ok(value)` is recorded `SUCCESS`; an error that stands
+    /// (`Permanent`, `Rejected`) is recorded `FAILED` by its message; any other error leaves the call
+    /// to the next round. Sets [`not_received`](Operation::not_received) to [`NotReceived::Rerun`].
+    pub fn rerun<T, E, F, Fut>(mut self, rerun: F) -> Operation
+    where
+        T: Serialize,
+        E: Classify + Display,
+        F: Fn(CompensationEntry) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+    {
+        self.rerun = Some(Arc::new(move |entry| {
+            let sent = rerun(entry);
+            Box::pin(async move {
+                match sent.await {
+                    Ok(value) => serde_json::to_vec(&value)
+                        .map(RemoteStatus::Succeeded)
+                        .map_err(|e| format!("the re-run's value cannot be encoded: {e}")),
+                    Err(e) => match e.classify() {
+                        ErrorClass::Permanent | ErrorClass::Rejected => {
+                            Ok(RemoteStatus::Failed(e.to_string()))
+                        }
+                        _ => Err(e.to_string()),
+                    },
+                }
+            })
+        }));
+        self.not_received = NotReceived::Rerun;
+        self
     }
 
     /// How long an outcome the worker records is kept (the function's `ttl`; default 24 h).
@@ -121,6 +195,8 @@ pub struct Pass {
     pub failed: usize,
     /// Keys given back (not received, [`NotReceived::Release`]).
     pub released: usize,
+    /// Calls reversed and recorded `FAILED` (not received, [`NotReceived::Reverse`]).
+    pub reversed: usize,
     /// Entries whose call was settled elsewhere meanwhile (a duplicate took it over), now removed.
     pub settled_elsewhere: usize,
     /// Entries put back for a later round.
@@ -426,6 +502,19 @@ impl Compensator {
             }
             Err(e) => return Err(e.into()),
         };
+        // A reversal an earlier worker began: finished (record it), or interrupted (never run twice).
+        if operation.reversal.is_some() {
+            match self.reversal_of(&entry).await? {
+                Some(CompensationStep::Reversing) => {
+                    let why = "a reversal an earlier worker began has no end in the journal: it may have run; check it before resolving";
+                    return self.escalate_held(entry, fence, why, pass).await;
+                }
+                Some(CompensationStep::Reversed) => {
+                    return self.reversed(entry, fence, &operation, pass).await;
+                }
+                _ => {}
+            }
+        }
         tracing::info!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
             attempt = 0u32, round = entry.round, fence = fence.0, "compensation: asking the receipt");
         let answer = (operation.lookup)(entry.call_id.clone()).await;
@@ -467,6 +556,12 @@ impl Compensator {
             ),
             Ok(RemoteStatus::NotReceived) if operation.not_received == NotReceived::Release => {
                 (store.release(&entry.key, fence).await, |p| &mut p.released)
+            }
+            Ok(RemoteStatus::NotReceived) if operation.not_received == NotReceived::Reverse => {
+                return self.reverse(entry, fence, &operation, pass).await;
+            }
+            Ok(RemoteStatus::NotReceived) if operation.not_received == NotReceived::Rerun => {
+                return self.rerun(entry, fence, &operation, pass).await;
             }
             Ok(RemoteStatus::NotReceived) => {
                 let message = "not received by the remote side; given up by compensation";
@@ -608,6 +703,231 @@ impl Compensator {
             .await;
     }
 
+    /// The latest reversal step the journal holds for the entry's call (`Reversing`, `Reversed` or
+    /// `ReversalFailed`).
+    async fn reversal_of(
+        &self,
+        entry: &CompensationEntry,
+    ) -> Result<Option<CompensationStep>, Error> {
+        let events = self
+            .rt
+            .store()
+            .journal_of_call(&entry.call_id, self.rt.now_ms())
+            .await?;
+        Ok(events.iter().rev().find_map(|e| match e.what {
+            What::Compensation {
+                step:
+                    step @ (CompensationStep::Reversing
+                    | CompensationStep::Reversed
+                    | CompensationStep::ReversalFailed),
+                ..
+            } => Some(step),
+            _ => None,
+        }))
+    }
+
+    /// Runs the operation's reversal for a call not received, at most once (see
+    /// [`Operation::reversal`]), then records the call `FAILED`.
+    async fn reverse(
+        &self,
+        entry: CompensationEntry,
+        fence: Fence,
+        operation: &Operation,
+        pass: &mut Pass,
+    ) -> Result<(), Error> {
+        let Some(reversal) = operation.reversal.clone() else {
+            let why = "not received, and no reversal is registered";
+            return self.escalate_held(entry, fence, why, pass).await;
+        };
+        let store = self.rt.store();
+        // The intent first, durably: should this worker die while the reversal runs, the next one
+        // finds it and does not run it again.
+        let intent = self.rt.event(
+            &entry.call_id,
+            What::Compensation {
+                round: entry.round,
+                step: CompensationStep::Reversing,
+                detail: String::new(),
+            },
+        );
+        let keep = ms(self.keep(&entry.key));
+        if let Err(e) = store
+            .append_journal(&entry.key, &[intent], keep, self.rt.now_ms())
+            .await
+        {
+            tracing::warn!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
+                attempt = 0u32, error = %e, "compensation: could not journal the reversal's intent; not reversing");
+            return self
+                .undecided(
+                    entry,
+                    fence,
+                    "the reversal's intent could not be journaled",
+                    pass,
+                )
+                .await;
+        }
+        // Then, after the intent: still the call's owner? A worker that stalled past its lease is
+        // fenced out here, before anything runs (its successor reads the intent).
+        match store
+            .extend_lease(&entry.key, fence, ms(self.lease), self.rt.now_ms())
+            .await
+        {
+            Ok(()) => {}
+            Err(
+                StoreError::Fenced { .. }
+                | StoreError::NotFound
+                | StoreError::InvalidTransition { .. },
+            ) => {
+                pass.lost += 1;
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        }
+        tracing::info!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
+            attempt = 0u32, round = entry.round, "compensation: not received; reversing");
+        match reversal(entry.clone()).await {
+            Ok(()) => {
+                let done = What::Compensation {
+                    round: entry.round,
+                    step: CompensationStep::Reversed,
+                    detail: String::new(),
+                };
+                self.journal(&entry.call_id, &entry.key, done).await;
+                self.reversed(entry, fence, operation, pass).await
+            }
+            Err(e) => {
+                tracing::warn!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
+                    attempt = 0u32, error = %e, "compensation: the reversal failed");
+                let failed = What::Compensation {
+                    round: entry.round,
+                    step: CompensationStep::ReversalFailed,
+                    detail: e.clone(),
+                };
+                self.journal(&entry.call_id, &entry.key, failed).await;
+                let why = format!("the reversal failed: {e}");
+                self.undecided(entry, fence, &why, pass).await
+            }
+        }
+    }
+
+    /// Records a reversed call `FAILED` and removes its entry.
+    async fn reversed(
+        &self,
+        entry: CompensationEntry,
+        fence: Fence,
+        operation: &Operation,
+        pass: &mut Pass,
+    ) -> Result<(), Error> {
+        let message = "not received by the remote side; reversed by compensation";
+        let written = self
+            .record(
+                &entry,
+                fence,
+                ReceiptState::Failed,
+                message_bytes(message),
+                operation.ttl,
+            )
+            .await;
+        match written {
+            Ok(()) => {
+                let recorded = What::Recorded {
+                    state: ReceiptState::Failed,
+                    by: "compensation".to_owned(),
+                };
+                self.journal(&entry.call_id, &entry.key, recorded).await;
+                self.finish(&entry, pass, |p| &mut p.reversed).await
+            }
+            Err(StoreError::Fenced { .. }) => {
+                self.later(entry, "the call's key was taken over meanwhile", pass)
+                    .await
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Sends a call not received again under its callId, and records what it answers.
+    async fn rerun(
+        &self,
+        entry: CompensationEntry,
+        fence: Fence,
+        operation: &Operation,
+        pass: &mut Pass,
+    ) -> Result<(), Error> {
+        let Some(rerun) = operation.rerun.clone() else {
+            let why = "not received, and no re-run is registered";
+            return self.escalate_held(entry, fence, why, pass).await;
+        };
+        tracing::info!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
+            attempt = 0u32, round = entry.round, "compensation: not received; sending it again");
+        let answer = rerun(entry.clone()).await;
+        let detail = match &answer {
+            Ok(RemoteStatus::Succeeded(_)) => "succeeded".to_owned(),
+            Ok(RemoteStatus::Failed(e)) => format!("failed: {e}"),
+            Ok(_) => "undecided".to_owned(),
+            Err(e) => format!("no answer: {e}"),
+        };
+        let step = What::Compensation {
+            round: entry.round,
+            step: CompensationStep::Rerun,
+            detail,
+        };
+        self.journal(&entry.call_id, &entry.key, step).await;
+        let (state, bytes, counter): (ReceiptState, Vec<u8>, Counter) = match answer {
+            Ok(RemoteStatus::Succeeded(bytes)) => {
+                (ReceiptState::Success, bytes, |p| &mut p.succeeded)
+            }
+            Ok(RemoteStatus::Failed(message)) => {
+                (ReceiptState::Failed, message_bytes(&message), |p| {
+                    &mut p.failed
+                })
+            }
+            Ok(_) | Err(_) => {
+                return self
+                    .undecided(entry, fence, "the re-run did not settle the call", pass)
+                    .await;
+            }
+        };
+        match self
+            .record(&entry, fence, state, bytes, operation.ttl)
+            .await
+        {
+            Ok(()) => {
+                let recorded = What::Recorded {
+                    state,
+                    by: "compensation".to_owned(),
+                };
+                self.journal(&entry.call_id, &entry.key, recorded).await;
+                self.finish(&entry, pass, counter).await
+            }
+            Err(StoreError::Fenced { .. }) => {
+                self.later(entry, "the call's key was taken over meanwhile", pass)
+                    .await
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Leaves a call undecided this round: back to `UNKNOWN` (a duplicate still asks first), and the
+    /// entry to its next round.
+    async fn undecided(
+        &self,
+        entry: CompensationEntry,
+        fence: Fence,
+        why: &str,
+        pass: &mut Pass,
+    ) -> Result<(), Error> {
+        match self
+            .rt
+            .store()
+            .mark_unknown(&entry.key, fence, self.rt.now_ms())
+            .await
+        {
+            Ok(_) | Err(StoreError::Fenced { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        self.later(entry, why, pass).await
+    }
+
     /// Puts an undecided entry to its next round, or escalates it after the last.
     async fn later(
         &self,
@@ -615,56 +935,95 @@ impl Compensator {
         why: &str,
         pass: &mut Pass,
     ) -> Result<(), Error> {
-        let store = self.rt.store();
-        let now = self.rt.now_ms();
-        let round = entry.round.saturating_add(1);
-        let result = match self.rounds.get(entry.round as usize) {
-            Some(delay) => {
-                let done = store
-                    .reschedule_compensation(&entry.call_id, entry.fence, round, ms(*delay), now)
-                    .await;
-                if done.is_ok() {
-                    pass.rescheduled += 1;
-                    tracing::info!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
-                        attempt = 0u32, round, delay_ms = ms(*delay), why, "compensation: next round");
-                    let step = What::Compensation {
-                        round,
-                        step: CompensationStep::Rescheduled,
-                        detail: format!("{why}; next round in {}", humane(*delay)),
-                    };
-                    self.journal(&entry.call_id, &entry.key, step).await;
-                }
-                done
-            }
-            None => {
-                let done = store
-                    .escalate_compensation(&entry.call_id, entry.fence, now)
-                    .await;
-                if done.is_ok() {
-                    pass.escalated += 1;
-                    tracing::warn!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
-                        attempt = 0u32, rounds = entry.round, why, "compensation: needs a person (MANUAL)");
-                    let step = What::Compensation {
-                        round: entry.round,
-                        step: CompensationStep::Escalated,
-                        detail: why.to_owned(),
-                    };
-                    self.journal(&entry.call_id, &entry.key, step).await;
-                    if let Some(hook) = &self.escalate {
-                        hook(&entry);
-                    }
-                }
-                done
-            }
+        let Some(delay) = self.rounds.get(entry.round as usize).copied() else {
+            return self.escalate(entry, why, pass).await;
         };
-        match result {
-            Ok(()) => Ok(()),
-            Err(StoreError::Fenced { .. } | StoreError::NotFound) => {
-                pass.lost += 1;
-                Ok(())
-            }
-            Err(e) => Err(e.into()),
+        let round = entry.round.saturating_add(1);
+        let done = self
+            .rt
+            .store()
+            .reschedule_compensation(
+                &entry.call_id,
+                entry.fence,
+                round,
+                ms(delay),
+                self.rt.now_ms(),
+            )
+            .await;
+        if done.is_ok() {
+            pass.rescheduled += 1;
+            tracing::info!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
+                attempt = 0u32, round, delay_ms = ms(delay), why, "compensation: next round");
+            let step = What::Compensation {
+                round,
+                step: CompensationStep::Rescheduled,
+                detail: format!("{why}; next round in {}", humane(delay)),
+            };
+            self.journal(&entry.call_id, &entry.key, step).await;
         }
+        lost_or(done, pass)
+    }
+
+    /// Escalates at once the entry of a call whose key the worker holds under `fence`: the call goes
+    /// back to `UNKNOWN` (a duplicate asks first), the entry to `MANUAL`.
+    async fn escalate_held(
+        &self,
+        entry: CompensationEntry,
+        fence: Fence,
+        why: &str,
+        pass: &mut Pass,
+    ) -> Result<(), Error> {
+        match self
+            .rt
+            .store()
+            .mark_unknown(&entry.key, fence, self.rt.now_ms())
+            .await
+        {
+            Ok(_) | Err(StoreError::Fenced { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        self.escalate(entry, why, pass).await
+    }
+
+    /// Marks an entry `MANUAL` for a person, and runs the escalation hook.
+    async fn escalate(
+        &self,
+        entry: CompensationEntry,
+        why: &str,
+        pass: &mut Pass,
+    ) -> Result<(), Error> {
+        let done = self
+            .rt
+            .store()
+            .escalate_compensation(&entry.call_id, entry.fence, self.rt.now_ms())
+            .await;
+        if done.is_ok() {
+            pass.escalated += 1;
+            tracing::warn!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
+                attempt = 0u32, rounds = entry.round, why, "compensation: needs a person (MANUAL)");
+            let step = What::Compensation {
+                round: entry.round,
+                step: CompensationStep::Escalated,
+                detail: why.to_owned(),
+            };
+            self.journal(&entry.call_id, &entry.key, step).await;
+            if let Some(hook) = &self.escalate {
+                hook(&entry);
+            }
+        }
+        lost_or(done, pass)
+    }
+}
+
+/// A fenced write of an entry: refused (another worker took it, or it is gone) counts as lost.
+fn lost_or(done: Result<(), StoreError>, pass: &mut Pass) -> Result<(), Error> {
+    match done {
+        Ok(()) => Ok(()),
+        Err(StoreError::Fenced { .. } | StoreError::NotFound) => {
+            pass.lost += 1;
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
     }
 }
 

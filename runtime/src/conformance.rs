@@ -449,10 +449,20 @@ pub async fn compensation_queue(store: Arc<dyn Store>) {
         .enqueue_compensation(entry(&a, time.now + 1))
         .await
         .expect("enqueue twice");
+    // `b` carries what a worker needs to act, and keeps it through every move below.
+    let mut carrying = entry(&b, time.now + 2);
+    carrying.attempts = 3;
+    carrying.last_error = Some(crate::journal::AttemptOutcome::TimedOut);
+    carrying.encoded_inputs = Some(Arc::from(&br#"["o-1",700]"#[..]));
     store
-        .enqueue_compensation(entry(&b, time.now + 2))
+        .enqueue_compensation(carrying.clone())
         .await
         .expect("enqueue");
+    let carries = |e: &CompensationEntry| {
+        e.attempts == carrying.attempts
+            && e.last_error == carrying.last_error
+            && e.encoded_inputs == carrying.encoded_inputs
+    };
     let mine = |entries: Vec<CompensationEntry>| -> Vec<CompensationEntry> {
         entries
             .into_iter()
@@ -466,6 +476,12 @@ pub async fn compensation_queue(store: Arc<dyn Store>) {
         "one entry per callId, oldest first"
     );
     assert!(listed.iter().all(|e| e.fence == Fence(0)), "never taken");
+    assert!(
+        carries(&listed[1]),
+        "an entry keeps its attempts, last error and inputs: {listed:?}"
+    );
+    assert_eq!((listed[0].attempts, listed[0].last_error), (0, None));
+    assert_eq!(listed[0].encoded_inputs, None);
     time.pass(10).await;
     let taken = mine(
         store
@@ -474,6 +490,7 @@ pub async fn compensation_queue(store: Arc<dyn Store>) {
             .expect("take"),
     );
     assert_eq!(taken.len(), 2);
+    assert!(taken.iter().any(carries), "taken entries keep them too");
     assert!(taken
         .iter()
         .all(|e| matches!(e.state, CompensationState::Taken { .. }) && e.fence > Fence(0)));

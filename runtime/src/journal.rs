@@ -204,10 +204,15 @@ pub enum CompensationStep {
     Swept,
     /// A worker took the entry for a round.
     Taken,
-    /// The worker ran the operation's reversal (the call had not been received).
+    /// The worker is about to run the operation's reversal (the call had not been received): written
+    /// before it runs, so that a worker that crashes while it runs is never followed by a second run.
+    Reversing,
+    /// The worker ran the operation's reversal.
     Reversed,
     /// The reversal failed; the entry goes on to its next round.
     ReversalFailed,
+    /// The worker sent the call again under its callId (the operation's re-run).
+    Rerun,
     /// Nothing settled this round: the entry waits for the next one.
     Rescheduled,
     /// The rounds ran out: the entry is `MANUAL`, for a person.
@@ -267,13 +272,15 @@ impl History {
     }
 }
 
-/// The serialized form of an event, as the stores keep it.
+/// The serialized form of an event, as the stores that serialize keep it.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis", test))]
 pub(crate) fn encode(event: &Event) -> Result<String, crate::error::StoreError> {
     serde_json::to_string(event)
         .map_err(|e| crate::error::StoreError::Corrupt(format!("a journal event: {e}")))
 }
 
 /// An event from its serialized form.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis", test))]
 pub(crate) fn decode(text: &[u8]) -> Result<Event, crate::error::StoreError> {
     serde_json::from_slice(text)
         .map_err(|e| crate::error::StoreError::Corrupt(format!("a journal event: {e}")))

@@ -67,7 +67,7 @@ pub use store::{MemoryStore, Store};
 #[doc(hidden)]
 pub mod __private {
     pub use crate::call::{
-        ask, begin, clone_param, CallError, CallOutput, CallResult, LookupAnswer, OnBusy,
+        ask, begin, clone_param, input, CallError, CallOutput, CallResult, LookupAnswer, OnBusy,
         OnMissingKey, OnUnknown, RetryClone, Run, Spec, Step,
     };
     pub use crate::codec::{ErrorCodec, ExactErrors, MessageErrors, Probe};

@@ -67,9 +67,15 @@ CREATE TABLE IF NOT EXISTS samekey_compensation (
     state       TEXT NOT NULL,              -- PENDING TAKEN MANUAL
     lease_until BIGINT,
     enqueued    BIGINT NOT NULL,
-    taker       BIGINT NOT NULL DEFAULT 0   -- the worker fence of the latest take
+    taker       BIGINT NOT NULL DEFAULT 0,  -- the worker fence of the latest take
+    attempts    BIGINT NOT NULL DEFAULT 0,  -- attempts the call made before it was queued
+    last_error  TEXT,                       -- how its last attempt ended: timed_out, unknown, …
+    inputs      BYTEA                       -- its inputs (JSON), when its function keeps them
 );
 ALTER TABLE samekey_compensation ADD COLUMN IF NOT EXISTS taker BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE samekey_compensation ADD COLUMN IF NOT EXISTS attempts BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE samekey_compensation ADD COLUMN IF NOT EXISTS last_error TEXT;
+ALTER TABLE samekey_compensation ADD COLUMN IF NOT EXISTS inputs BYTEA;
 CREATE INDEX IF NOT EXISTS samekey_compensation_due ON samekey_compensation (next_at)
     WHERE state <> 'MANUAL';
 CREATE TABLE IF NOT EXISTS samekey_journal (
@@ -249,7 +255,7 @@ WHERE key = $1 AND (expires_at IS NULL OR expires_at > samekey_now($6))
                 AND EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'samekey_settled')
                 AND EXISTS (SELECT 1 FROM information_schema.columns
                     WHERE table_schema = current_schema() AND table_name = 'samekey_compensation'
-                        AND column_name = 'taker')",
+                        AND column_name = 'inputs')",
         )
         .fetch_one(&self.pool)
         .await

@@ -14,6 +14,7 @@ use sqlx::{ColumnIndex, Decode, Row, Type};
 use crate::call_id::CallId;
 use crate::compensation::{CompensationEntry, CompensationState};
 use crate::error::StoreError;
+use crate::journal::AttemptOutcome;
 use crate::key::{Fingerprint, Key};
 use crate::receipt::{Fence, Receipt, ReceiptState};
 
@@ -126,6 +127,9 @@ where
     };
     let round: i64 = row.try_get("round").map_err(driver)?;
     let taker: i64 = row.try_get("taker").map_err(driver)?;
+    let attempts: i64 = row.try_get("attempts").map_err(driver)?;
+    let last_error: Option<String> = row.try_get("last_error").map_err(driver)?;
+    let inputs: Option<Vec<u8>> = row.try_get("inputs").map_err(driver)?;
     Ok(CompensationEntry {
         call_id: call_id_of(&call_id)?,
         key: key_of(&digest, scope)?,
@@ -136,7 +140,24 @@ where
         state,
         enqueued_ms: uint(row.try_get("enqueued").map_err(driver)?, "enqueue time")?,
         fence: fence_of(taker)?,
+        attempts: u32::try_from(attempts)
+            .map_err(|_| StoreError::Corrupt(format!("compensation attempts {attempts}")))?,
+        last_error: last_error.map(|class| outcome_of(&class)).transpose()?,
+        encoded_inputs: inputs.map(Arc::from),
     })
+}
+
+/// An attempt's outcome as the compensation table keeps it (`timed_out`, `unknown`, …).
+pub(crate) fn outcome_name(outcome: AttemptOutcome) -> String {
+    serde_json::to_value(outcome)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+fn outcome_of(name: &str) -> Result<AttemptOutcome, StoreError> {
+    serde_json::from_value(serde_json::Value::String(name.to_owned()))
+        .map_err(|_| StoreError::Corrupt(format!("an attempt's outcome `{name}`")))
 }
 
 /// A fence read back from a `BIGINT`.
@@ -159,8 +180,9 @@ pub(crate) const BY_CALL_ID: &str =
 FROM samekey_receipts WHERE call_id = $1 AND state <> 'RELEASED' LIMIT 1";
 
 pub(crate) const ENQUEUE: &str = "INSERT INTO samekey_compensation
-    (call_id, key, scope, reason, round, next_at, state, lease_until, enqueued)
-VALUES ($1, $2, $3, $4, $5, $6, 'PENDING', NULL, $7)
+    (call_id, key, scope, reason, round, next_at, state, lease_until, enqueued, attempts,
+     last_error, inputs)
+VALUES ($1, $2, $3, $4, $5, $6, 'PENDING', NULL, $7, $8, $9, $10)
 ON CONFLICT (call_id) DO NOTHING";
 
 /// Removes an entry (`$1`), whoever holds it (`$2` null) or only its holder (`$2` the worker fence).
@@ -175,7 +197,8 @@ pub(crate) const TRIM_JOURNAL: &str = "DELETE FROM samekey_journal WHERE key = $
     SELECT seq FROM samekey_journal WHERE key = $1 ORDER BY seq DESC LIMIT 1 OFFSET $2)";
 
 pub(crate) const LIST: &str =
-    "SELECT call_id, key, scope, reason, round, next_at, state, lease_until, enqueued, taker
+    "SELECT call_id, key, scope, reason, round, next_at, state, lease_until, enqueued, taker,
+    attempts, last_error, inputs
 FROM samekey_compensation ORDER BY enqueued, call_id";
 
 /// Everything of [`Store`](super::Store) the SQL backends do alike, for a store type with a `pool`
@@ -301,7 +324,8 @@ WHERE call_id IN (
     ORDER BY next_at, enqueued LIMIT $3 ",
                 $locking,
                 ")
-RETURNING call_id, key, scope, reason, round, next_at, state, lease_until, enqueued, taker"
+RETURNING call_id, key, scope, reason, round, next_at, state, lease_until, enqueued, taker,
+    attempts, last_error, inputs"
             );
 
             /// A page of receipts (`$1` since, `$2` until, `$3` scope or null, `$4` now, `$5` cursor
@@ -780,6 +804,9 @@ ORDER BY j.seq"
                     .bind(i64::from(entry.round))
                     .bind(int(entry.next_at_ms)?)
                     .bind(int(entry.enqueued_ms)?)
+                    .bind(i64::from(entry.attempts))
+                    .bind(entry.last_error.map($crate::store::sql::outcome_name))
+                    .bind(entry.encoded_inputs.as_deref())
                     .execute(&self.pool)
                     .await
                     .map_err(driver)?;

@@ -46,7 +46,10 @@ CREATE TABLE IF NOT EXISTS samekey_compensation (
     state       TEXT NOT NULL,              -- PENDING TAKEN MANUAL
     lease_until INTEGER,
     enqueued    INTEGER NOT NULL,
-    taker       INTEGER NOT NULL DEFAULT 0  -- the worker fence of the latest take
+    taker       INTEGER NOT NULL DEFAULT 0, -- the worker fence of the latest take
+    attempts    INTEGER NOT NULL DEFAULT 0, -- attempts the call made before it was queued
+    last_error  TEXT,                       -- how its last attempt ended: timed_out, unknown, …
+    inputs      BLOB                        -- its inputs (JSON), when its function keeps them
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS samekey_journal (
     seq         INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -135,24 +138,39 @@ RETURNING fence";
             .execute(&self.pool)
             .await
             .map_err(driver)?;
-        // A file made by an earlier release: its queue lacks the worker fence.
-        let has_taker: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM pragma_table_info('samekey_compensation') WHERE name = 'taker'",
-        )
-        .fetch_one(&self.pool)
-        .await
-        .map_err(driver)?;
-        if has_taker == 0 {
-            let added = sqlx::query(
+        // A file made by an earlier release: its queue lacks the columns added since.
+        for (column, add) in [
+            (
+                "taker",
                 "ALTER TABLE samekey_compensation ADD COLUMN taker INTEGER NOT NULL DEFAULT 0",
+            ),
+            (
+                "attempts",
+                "ALTER TABLE samekey_compensation ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0",
+            ),
+            (
+                "last_error",
+                "ALTER TABLE samekey_compensation ADD COLUMN last_error TEXT",
+            ),
+            (
+                "inputs",
+                "ALTER TABLE samekey_compensation ADD COLUMN inputs BLOB",
+            ),
+        ] {
+            let has: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM pragma_table_info('samekey_compensation') WHERE name = $1",
             )
-            .execute(&self.pool)
-            .await;
-            match added {
-                // Another process migrating the same file added it first.
-                Err(e) if e.to_string().contains("duplicate column") => {}
-                other => {
-                    other.map_err(driver)?;
+            .bind(column)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(driver)?;
+            if has == 0 {
+                match sqlx::query(add).execute(&self.pool).await {
+                    // Another process migrating the same file added it first.
+                    Err(e) if e.to_string().contains("duplicate column") => {}
+                    other => {
+                        other.map_err(driver)?;
+                    }
                 }
             }
         }

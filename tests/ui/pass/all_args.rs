@@ -36,6 +36,7 @@ async fn ask(_: &CallId) -> Result<RemoteStatus<u32, SignError>, std::io::Error>
     lookup = |call| ask(call),
     runtime = samekey::__private::default_runtime(),
     on_busy = "reject",
+    inputs = "user, device",
 )]
 async fn sign_in(user: u64, device: String, points: u32) -> Result<u32, SignError> {
     Ok(points + device.len() as u32 + user as u32)

@@ -19,7 +19,7 @@ use super::{
 use crate::call_id::CallId;
 use crate::compensation::{CompensationEntry, CompensationState};
 use crate::error::StoreError;
-use crate::journal::{self, Event, JOURNAL_LIMIT};
+use crate::journal::{self, AttemptOutcome, Event, JOURNAL_LIMIT};
 use crate::key::{digest_from_hex, hex, Fingerprint, Key};
 use crate::receipt::{Fence, Receipt, ReceiptState, Transition};
 
@@ -81,6 +81,15 @@ struct QueuedEntry {
     /// The worker fence of the latest take (absent in entries of an earlier release: 0).
     #[serde(default = "never_taken")]
     taker: String,
+    /// Attempts the call made before it was queued (absent in entries of an earlier release).
+    #[serde(default)]
+    attempts: u32,
+    /// How its last attempt ended.
+    #[serde(default)]
+    last_error: Option<AttemptOutcome>,
+    /// Its inputs (the JSON text), when its function keeps them.
+    #[serde(default)]
+    inputs: Option<String>,
 }
 
 fn never_taken() -> String {
@@ -923,6 +932,12 @@ impl Store for RedisStore {
             lease_until: "0".into(),
             enqueued: entry.enqueued_ms.to_string(),
             taker: entry.fence.0.to_string(),
+            attempts: entry.attempts,
+            last_error: entry.last_error,
+            inputs: entry
+                .encoded_inputs
+                .as_deref()
+                .map(|bytes| String::from_utf8_lossy(bytes).into_owned()),
         };
         let json = serde_json::to_string(&queued).map_err(corrupt)?;
         let _: bool = self
@@ -1196,6 +1211,9 @@ fn parse_entry(json: &str) -> Result<CompensationEntry, StoreError> {
         state,
         enqueued_ms: num(&q.enqueued, "enqueue time")?,
         fence: Fence(num(&q.taker, "worker fence")?),
+        attempts: q.attempts,
+        last_error: q.last_error,
+        encoded_inputs: q.inputs.map(|text| Arc::from(text.into_bytes())),
     })
 }
 
