@@ -11,16 +11,19 @@
 //!   takes the key over, asks the lookup (answers at once), records `SUCCESS`, removes the entry.
 //! * `reconcile/<store>` — one counterparty record and one receipt of a day of 10⁴ (looked up by
 //!   callId, then walked in pages of 1 000).
+//! * `journal/<store>` — the journal of one call retried once: its two writes (before the backoff's
+//!   sleep, with the outcome), five events. The happy path writes none.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use samekey::journal::AttemptOutcome;
 use samekey::reconcile::{Reconciler, RemoteOutcome, RemoteRecord};
 use samekey::store::{Claim, Claimed, Completion, ReceiptQuery};
 use samekey::{
-    CallId, CompensationEntry, Compensator, Key, Operation, ReceiptState, RemoteStatus, Runtime,
-    Store,
+    CallId, CompensationEntry, Compensator, Event, Key, Operation, ReceiptState, RemoteStatus,
+    Runtime, Store, What,
 };
 
 async fn stores() -> Vec<(&'static str, Arc<dyn Store>)> {
@@ -190,5 +193,99 @@ fn reconcile(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, compensation, reconcile);
+/// What a call retried once writes to its journal, in the two writes it makes: before its backoff's
+/// sleep (the claim, the failed attempt, the backoff) and with its outcome (the attempt that
+/// succeeded, the recording).
+fn retried_call_events(call_id: &CallId, now: u64) -> [Vec<Event>; 2] {
+    let event = |what| Event {
+        call_id: call_id.clone(),
+        at_ms: now,
+        node: "bench".into(),
+        what,
+    };
+    let attempt = |n, outcome, error: Option<&str>| What::Attempt {
+        attempt: n,
+        started_ms: now,
+        outcome,
+        error: error.map(str::to_owned),
+    };
+    [
+        vec![
+            event(What::Claimed { fence: 1 }),
+            event(attempt(
+                1,
+                AttemptOutcome::Retryable,
+                Some("gateway unavailable (503)"),
+            )),
+            event(What::Backoff {
+                attempt: 1,
+                delay_ms: 200,
+            }),
+        ],
+        vec![
+            event(attempt(2, AttemptOutcome::Ok, None)),
+            event(What::Recorded {
+                state: ReceiptState::Success,
+                by: "call".into(),
+            }),
+        ],
+    ]
+}
+
+fn journal(c: &mut Criterion) {
+    let tokio = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio");
+    let stores = tokio.block_on(stores());
+    let mut group = c.benchmark_group("journal");
+    group.throughput(Throughput::Elements(1));
+    group.sample_size(10);
+    group.measurement_time(Duration::from_secs(5));
+    for (name, store) in &stores {
+        let rt = Runtime::builder()
+            .node("bench")
+            .shared_store(store.clone())
+            .build()
+            .expect("runtime");
+        let scope = format!("bench.journal.{name}");
+        group.bench_function(*name, |b| {
+            b.iter_custom(|iters| {
+                tokio.block_on(async {
+                    let mut calls = Vec::new();
+                    for _ in 0..iters {
+                        let (call_id, key, fence, now) = claimed(&rt, &scope).await;
+                        calls.push((key, retried_call_events(&call_id, now), now, fence));
+                    }
+                    let started = Instant::now();
+                    for (key, writes, now, _) in &calls {
+                        for events in writes {
+                            store
+                                .append_journal(key, events, 86_400_000, *now)
+                                .await
+                                .expect("append");
+                        }
+                    }
+                    let took = started.elapsed();
+                    // Settled, so that no claim is left for an orphan sweep to find.
+                    for (key, _, now, fence) in calls {
+                        let done = Completion {
+                            state: ReceiptState::Success,
+                            outcome: None,
+                            ttl_ms: 60_000,
+                        };
+                        store
+                            .complete(&key, fence, done, now)
+                            .await
+                            .expect("complete");
+                    }
+                    took
+                })
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, compensation, reconcile, journal);
 criterion_main!(benches);

@@ -27,6 +27,8 @@ const ORDERS: u64 = 300;
 /// One order in this many is submitted twice at once (a double click, a retried HTTP request).
 const DOUBLE_SUBMIT_EVERY: u64 = 6;
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(1);
+/// The gateway's status endpoint is down from 60 s to 100 s into the run (simulated time).
+const STATUS_OUTAGE: (Duration, Duration) = (Duration::from_secs(60), Duration::from_secs(100));
 
 // ---------------------------------------------------------------------------------------------------
 // The payment gateway: executes charges, keeps them by request id (its receipts), answers status
@@ -77,6 +79,9 @@ struct Ledger {
     rng: u64,
     /// No slow replies, no failing status queries.
     steady: bool,
+    /// An incident: the status endpoint answers 503 from the first to the second instant (the
+    /// calls whose outcome it would have told stay UNKNOWN, for the compensation worker).
+    status_outage: Option<(tokio::time::Instant, tokio::time::Instant)>,
 }
 
 #[derive(Clone)]
@@ -106,9 +111,11 @@ impl Gateway {
     }
 
     fn with(seed: u64, steady: bool) -> Gateway {
+        let now = tokio::time::Instant::now();
         let ledger = Ledger {
             rng: seed,
             steady,
+            status_outage: (!steady).then(|| (now + STATUS_OUTAGE.0, now + STATUS_OUTAGE.1)),
             ..Ledger::default()
         };
         Gateway {
@@ -206,6 +213,12 @@ impl Gateway {
         ledger.rng = ledger.rng.wrapping_add(0x2545_f491_4f6c_dd1d);
         if !ledger.steady && (ledger.rng >> 17) % 100 < 4 {
             return Err(PayError::Unavailable);
+        }
+        let now = tokio::time::Instant::now();
+        if let Some((from, to)) = ledger.status_outage {
+            if (from..to).contains(&now) {
+                return Err(PayError::Unavailable);
+            }
         }
         Ok(ledger
             .by_request
@@ -467,6 +480,16 @@ async fn durable(seed: u64, url: &str) -> Result<(), Box<dyn std::error::Error>>
     Ok(())
 }
 
+/// The order a call's receipt is about, from its recorded outcome (a `Charge`).
+fn order_of(history: &samekey::History) -> String {
+    history
+        .receipt
+        .as_ref()
+        .and_then(|r| r.outcome.as_deref())
+        .and_then(|bytes| serde_json::from_slice::<Charge>(bytes).ok())
+        .map_or_else(|| "?".to_owned(), |c| c.order_id.to_string())
+}
+
 async fn open_store(url: &str) -> Result<Arc<dyn samekey::Store>, Box<dyn std::error::Error>> {
     #[cfg(feature = "sqlite")]
     if url.starts_with("sqlite:") {
@@ -498,7 +521,12 @@ async fn compare(seed: u64) -> Result<(), Box<dyn std::error::Error>> {
     let samekey_gateway = Gateway::new(seed);
     let service = OrderService {
         gateway: samekey_gateway.clone(),
-        samekey: Runtime::builder().node("demo").jitter_seed(seed).build()?,
+        // Simulated time: leases, compensation rounds and the journal's times follow tokio's clock.
+        samekey: Runtime::builder()
+            .node("demo")
+            .jitter_seed(seed)
+            .clock(samekey::TokioClock::new())
+            .build()?,
     };
     let (mut told, told_failed) = run(|order| service.charge(order)).await;
     let stats = service.samekey.stats();
@@ -507,26 +535,55 @@ async fn compare(seed: u64) -> Result<(), Box<dyn std::error::Error>> {
     samekey_col.replays = stats.replays;
     // The compensation worker asks the gateway about every call left UNKNOWN, by its callId, and
     // records what happened (or gives the key back): a service runs it as a task, every minute.
-    let queued_before = service.samekey.compensations().await?.len() as u64;
+    let queued = service.samekey.compensations().await?;
     let gateway = samekey_gateway.clone();
-    let worker = Compensator::new(&service.samekey).operation(
-        "orders.charge",
-        Operation::new(move |call: CallId| {
-            let gateway = gateway.clone();
-            async move { gateway.status(call.to_string()).await }
-        }),
-    );
-    let pass = worker.run_once().await?;
-    samekey_col.settled_by_worker = (pass.succeeded + pass.failed + pass.released) as u64;
-    samekey_col.unknown_queued = service.samekey.compensations().await?.len() as u64;
-    debug_assert!(samekey_col.unknown_queued <= queued_before);
+    let worker = Compensator::new(&service.samekey)
+        .operation(
+            "orders.charge",
+            Operation::new(move |call: CallId| {
+                let gateway = gateway.clone();
+                async move { gateway.status(call.to_string()).await }
+            }),
+        )
+        .on_escalate(|entry| println!("needs a person: call {} ({})", entry.call_id, entry.reason));
+    // Passes until every entry is settled or only a person can help: each round of an undecided
+    // entry comes later than the last (1 min, 5 min, 30 min, …), and simulated time skips to it.
+    loop {
+        let pass = worker.run_once().await?;
+        samekey_col.settled_by_worker += (pass.succeeded + pass.failed + pass.released) as u64;
+        let now = service.samekey.now_ms();
+        let Some(next) = service
+            .samekey
+            .compensations()
+            .await?
+            .iter()
+            .filter(|e| e.state != samekey::CompensationState::Manual)
+            .map(|e| e.next_at_ms)
+            .min()
+        else {
+            break;
+        };
+        tokio::time::sleep(Duration::from_millis(next.saturating_sub(now).max(1_000))).await;
+    }
+    samekey_col.unknown_queued = service
+        .samekey
+        .compensations()
+        .await?
+        .iter()
+        .filter(|e| e.state != samekey::CompensationState::Manual)
+        .count() as u64;
 
     println!(
         "samekey order_service — {ORDERS} orders, every {DOUBLE_SUBMIT_EVERY}th submitted twice, seed {seed}"
     );
     println!("faults: 8% requests lost, 8% replies lost after the charge, 8% slow (1.5–4 s, timeout 1 s),");
     println!(
-        "        6% 503, 5% rate limited, every 37th card declined, 4% of receipt lookups fail\n"
+        "        6% 503, 5% rate limited, every 37th card declined, 4% of receipt lookups fail,"
+    );
+    println!(
+        "        and the receipt endpoint down from {} s to {} s (an incident)\n",
+        STATUS_OUTAGE.0.as_secs(),
+        STATUS_OUTAGE.1.as_secs()
     );
     println!(
         "{:<34}{:>24}{:>12}",
@@ -585,6 +642,20 @@ async fn compare(seed: u64) -> Result<(), Box<dyn std::error::Error>> {
     ];
     for (name, naive, samekey) in rows {
         println!("{name:<34}{naive:>24}{samekey:>12}");
+    }
+    // What the journal says about one call the worker settled.
+    if let Some(entry) = queued.first() {
+        let history = service.samekey.history(&entry.call_id).await?;
+        println!(
+            "\nthe journal of call {} (order {}):",
+            entry.call_id,
+            order_of(&history)
+        );
+        let start = history.timeline().first().map_or(0, |e| e.at_ms);
+        for event in history.timeline() {
+            let offset = event.at_ms.saturating_sub(start) as f64 / 1000.0;
+            println!("  +{offset:>7.3} s  {}", event.what);
+        }
     }
     println!("\nsimulated time: {:.1} s", started.elapsed().as_secs_f64());
     if samekey_col.duplicates != 0 || samekey_col.failed_but_charged != 0 {

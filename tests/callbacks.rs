@@ -6,7 +6,7 @@ mod support;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use samekey::{idempotent, Applied, CallId, Callback, Error, ReceiptState, Runtime, Store};
+use samekey::{idempotent, Applied, CallId, Callback, Error, ReceiptState, Runtime, Store, What};
 use support::stores::*;
 use support::{Fault, Remote, TestError};
 
@@ -140,6 +140,40 @@ async fn callback_scenarios(store: Arc<dyn Store>) {
             .await,
         Err(Error::NoReceipt { .. })
     ));
+
+    // The journal, read by another process: the lost reply, the deliveries, the refusal.
+    let whats: Vec<What> = restarted
+        .rt
+        .history(&call_id)
+        .await
+        .unwrap()
+        .events
+        .into_iter()
+        .map(|e| e.what)
+        .collect();
+    assert!(
+        whats.iter().any(|w| matches!(w, What::Unknown { .. })),
+        "{whats:?}"
+    );
+    let deliveries = |applied: bool| {
+        whats
+            .iter()
+            .filter(|w| {
+                **w == What::Callback {
+                    state: ReceiptState::Success,
+                    applied,
+                }
+            })
+            .count()
+    };
+    assert_eq!((deliveries(true), deliveries(false)), (1, 3), "{whats:?}");
+    assert_eq!(
+        whats.last(),
+        Some(&What::CallbackRefused {
+            from: ReceiptState::Success,
+            to: ReceiptState::Failed
+        })
+    );
 }
 
 /// A callback that arrives while the call's owner still runs waits for it, then judges.

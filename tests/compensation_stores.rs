@@ -203,6 +203,31 @@ async fn rounds_end_with_a_person(svc: Svc) {
     worker.run_once().await.unwrap();
     assert_eq!(escalated.load(Ordering::SeqCst), 1, "one escalation");
     assert_eq!(svc.state(&call_id).await, Some(ReceiptState::Unknown));
+    // Every round is in the call's journal, then the escalation.
+    let steps: Vec<samekey::journal::CompensationStep> = svc
+        .rt
+        .history(&call_id)
+        .await
+        .unwrap()
+        .events
+        .into_iter()
+        .filter_map(|e| match e.what {
+            samekey::What::Compensation { step, .. } => Some(step),
+            _ => None,
+        })
+        .collect();
+    use samekey::journal::CompensationStep::{Escalated, Rescheduled, Taken};
+    assert_eq!(
+        steps.iter().filter(|s| **s == Taken).count(),
+        3,
+        "{steps:?}"
+    );
+    assert_eq!(
+        steps.iter().filter(|s| **s == Rescheduled).count(),
+        2,
+        "{steps:?}"
+    );
+    assert_eq!(steps.last(), Some(&Escalated), "{steps:?}");
     svc.rt
         .store()
         .finish_compensation(&call_id, None)

@@ -48,7 +48,11 @@ impl<E> ErrorCodec<E> {
         };
         let text = match serde_json::from_slice::<ByMessage>(&bytes) {
             Ok(stored) => stored.message,
-            Err(_) => String::from_utf8_lossy(&bytes).into_owned(),
+            // A unit variant (`"Reset"`) reads better without its quotes.
+            Err(_) => match serde_json::from_slice::<String>(&bytes) {
+                Ok(name) => name,
+                Err(_) => String::from_utf8_lossy(&bytes).into_owned(),
+            },
         };
         match text.char_indices().nth(200) {
             Some((end, _)) => format!("{}…", &text[..end]),

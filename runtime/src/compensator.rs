@@ -349,7 +349,15 @@ impl Compensator {
                 pass.deferred += 1;
                 continue;
             }
-            self.work(entry, &mut pass).await?;
+            let key = entry.key.clone();
+            let mut w = Work {
+                pass: &mut pass,
+                steps: Vec::new(),
+            };
+            let worked = self.work(entry, &mut w).await;
+            // The entry's steps in one write, whatever came of them.
+            self.rt.journal(&key, &w.steps, self.keep(&key)).await;
+            worked?;
         }
         Ok(pass)
     }
@@ -466,20 +474,20 @@ impl Compensator {
     }
 
     /// Works one taken entry: take the call's key over, ask, record — or put it back for later.
-    async fn work(&self, entry: CompensationEntry, pass: &mut Pass) -> Result<(), Error> {
+    async fn work(&self, entry: CompensationEntry, w: &mut Work<'_>) -> Result<(), Error> {
         let store = self.rt.store();
         let now = self.rt.now_ms();
         let record = store.get(&entry.key, now).await?;
         let Some(record) = record.filter(|r| r.call_id == entry.call_id) else {
             // Gone, or the key is another call's now: this call was settled (or expired) elsewhere.
-            return self.settled_elsewhere(&entry, pass).await;
+            return self.settled_elsewhere(&entry, w).await;
         };
         if record.state.is_terminal() {
-            return self.settled_elsewhere(&entry, pass).await;
+            return self.settled_elsewhere(&entry, w).await;
         }
         let Some(operation) = self.operations.get(entry.key.scope()).cloned() else {
             let reason = format!("no operation registered for scope `{}`", entry.key.scope());
-            return self.later(entry, &reason, pass).await;
+            return self.later(entry, &reason, w).await;
         };
         let fence = match store
             .take_over(&entry.key, record.fence, ms(self.lease), now)
@@ -489,15 +497,15 @@ impl Compensator {
             // A call holds the key and runs (it will settle the entry), or it was settled meanwhile.
             // Settled meanwhile (a duplicate, a callback), or gone, or another call's now.
             Ok(Claimed::Existing(r)) if r.call_id != entry.call_id || r.state.is_terminal() => {
-                return self.settled_elsewhere(&entry, pass).await;
+                return self.settled_elsewhere(&entry, w).await;
             }
             Err(StoreError::NotFound) => {
-                return self.settled_elsewhere(&entry, pass).await;
+                return self.settled_elsewhere(&entry, w).await;
             }
             // A call holds the key and runs: it settles the entry, or the next round looks again.
             Ok(Claimed::Existing(_)) => {
                 return self
-                    .later(entry, "the call's key is held by a running call", pass)
+                    .later(entry, "the call's key is held by a running call", w)
                     .await;
             }
             Err(e) => return Err(e.into()),
@@ -507,10 +515,10 @@ impl Compensator {
             match self.reversal_of(&entry).await? {
                 Some(CompensationStep::Reversing) => {
                     let why = "a reversal an earlier worker began has no end in the journal: it may have run; check it before resolving";
-                    return self.escalate_held(entry, fence, why, pass).await;
+                    return self.escalate_held(entry, fence, why, w).await;
                 }
                 Some(CompensationStep::Reversed) => {
-                    return self.reversed(entry, fence, &operation, pass).await;
+                    return self.reversed(entry, fence, &operation, w).await;
                 }
                 _ => {}
             }
@@ -535,7 +543,8 @@ impl Compensator {
             answer: seen,
             error,
         };
-        self.journal_all(&entry, [taken, asked]).await;
+        w.note(self.rt.event(&entry.call_id, taken));
+        w.note(self.rt.event(&entry.call_id, asked));
         let ttl = operation.ttl;
         let (written, counter): (Result<(), StoreError>, Counter) = match answer {
             Ok(RemoteStatus::Succeeded(bytes)) => (
@@ -558,10 +567,10 @@ impl Compensator {
                 (store.release(&entry.key, fence).await, |p| &mut p.released)
             }
             Ok(RemoteStatus::NotReceived) if operation.not_received == NotReceived::Reverse => {
-                return self.reverse(entry, fence, &operation, pass).await;
+                return self.reverse(entry, fence, &operation, w).await;
             }
             Ok(RemoteStatus::NotReceived) if operation.not_received == NotReceived::Rerun => {
-                return self.rerun(entry, fence, &operation, pass).await;
+                return self.rerun(entry, fence, &operation, w).await;
             }
             Ok(RemoteStatus::NotReceived) => {
                 let message = "not received by the remote side; given up by compensation";
@@ -589,7 +598,7 @@ impl Compensator {
                     Err(e) => return Err(e.into()),
                 }
                 return self
-                    .later(entry, "the remote side has not decided yet", pass)
+                    .later(entry, "the remote side has not decided yet", w)
                     .await;
             }
         };
@@ -613,12 +622,12 @@ impl Compensator {
                         by: "compensation".to_owned(),
                     },
                 };
-                self.journal(&entry.call_id, &entry.key, settled).await;
-                self.finish(&entry, pass, counter).await
+                w.note(self.rt.event(&entry.call_id, settled));
+                self.finish(&entry, w, counter).await
             }
             // Fenced out of the key: another owner holds the call and settles its entry.
             Err(StoreError::Fenced { .. }) => {
-                self.later(entry, "the call's key was taken over meanwhile", pass)
+                self.later(entry, "the call's key was taken over meanwhile", w)
                     .await
             }
             Err(e) => Err(e.into()),
@@ -646,7 +655,7 @@ impl Compensator {
     async fn finish(
         &self,
         entry: &CompensationEntry,
-        pass: &mut Pass,
+        w: &mut Work<'_>,
         counter: Counter,
     ) -> Result<(), Error> {
         match self
@@ -655,8 +664,8 @@ impl Compensator {
             .finish_compensation(&entry.call_id, Some(entry.fence))
             .await
         {
-            Ok(()) => *counter(pass) += 1,
-            Err(StoreError::Fenced { .. }) => pass.lost += 1,
+            Ok(()) => *counter(w.pass) += 1,
+            Err(StoreError::Fenced { .. }) => w.pass.lost += 1,
             Err(e) => return Err(e.into()),
         }
         tracing::info!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
@@ -668,15 +677,15 @@ impl Compensator {
     async fn settled_elsewhere(
         &self,
         entry: &CompensationEntry,
-        pass: &mut Pass,
+        w: &mut Work<'_>,
     ) -> Result<(), Error> {
         let step = What::Compensation {
             round: entry.round,
             step: CompensationStep::SettledElsewhere,
             detail: String::new(),
         };
-        self.journal(&entry.call_id, &entry.key, step).await;
-        self.finish(entry, pass, |p| &mut p.settled_elsewhere).await
+        w.note(self.rt.event(&entry.call_id, step));
+        self.finish(entry, w, |p| &mut p.settled_elsewhere).await
     }
 
     /// How long what the worker records on `key` is kept: its operation's `ttl` (24 h without one).
@@ -690,17 +699,6 @@ impl Compensator {
     async fn journal(&self, call_id: &CallId, key: &Key, what: What) {
         let event = self.rt.event(call_id, what);
         self.rt.journal(key, &[event], self.keep(key)).await;
-    }
-
-    /// Journals several steps of the worker on an entry's call, in one write.
-    async fn journal_all(&self, entry: &CompensationEntry, whats: impl IntoIterator<Item = What>) {
-        let events: Vec<Event> = whats
-            .into_iter()
-            .map(|what| self.rt.event(&entry.call_id, what))
-            .collect();
-        self.rt
-            .journal(&entry.key, &events, self.keep(&entry.key))
-            .await;
     }
 
     /// The latest reversal step the journal holds for the entry's call (`Reversing`, `Reversed` or
@@ -733,11 +731,11 @@ impl Compensator {
         entry: CompensationEntry,
         fence: Fence,
         operation: &Operation,
-        pass: &mut Pass,
+        w: &mut Work<'_>,
     ) -> Result<(), Error> {
         let Some(reversal) = operation.reversal.clone() else {
             let why = "not received, and no reversal is registered";
-            return self.escalate_held(entry, fence, why, pass).await;
+            return self.escalate_held(entry, fence, why, w).await;
         };
         let store = self.rt.store();
         // The intent first, durably: should this worker die while the reversal runs, the next one
@@ -751,20 +749,20 @@ impl Compensator {
             },
         );
         let keep = ms(self.keep(&entry.key));
+        let mut steps = std::mem::take(&mut w.steps);
+        steps.push(intent);
         if let Err(e) = store
-            .append_journal(&entry.key, &[intent], keep, self.rt.now_ms())
+            .append_journal(&entry.key, &steps, keep, self.rt.now_ms())
             .await
         {
             tracing::warn!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
                 attempt = 0u32, error = %e, "compensation: could not journal the reversal's intent; not reversing");
-            return self
-                .undecided(
-                    entry,
-                    fence,
-                    "the reversal's intent could not be journaled",
-                    pass,
-                )
-                .await;
+            // The steps before it are written with the entry's others; the intent is not (nothing
+            // ran).
+            steps.pop();
+            w.steps = steps;
+            let why = "the reversal's intent could not be journaled";
+            return self.undecided(entry, fence, why, w).await;
         }
         // Then, after the intent: still the call's owner? A worker that stalled past its lease is
         // fenced out here, before anything runs (its successor reads the intent).
@@ -778,7 +776,7 @@ impl Compensator {
                 | StoreError::NotFound
                 | StoreError::InvalidTransition { .. },
             ) => {
-                pass.lost += 1;
+                w.pass.lost += 1;
                 return Ok(());
             }
             Err(e) => return Err(e.into()),
@@ -792,8 +790,8 @@ impl Compensator {
                     step: CompensationStep::Reversed,
                     detail: String::new(),
                 };
-                self.journal(&entry.call_id, &entry.key, done).await;
-                self.reversed(entry, fence, operation, pass).await
+                w.note(self.rt.event(&entry.call_id, done));
+                self.reversed(entry, fence, operation, w).await
             }
             Err(e) => {
                 tracing::warn!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
@@ -803,9 +801,9 @@ impl Compensator {
                     step: CompensationStep::ReversalFailed,
                     detail: e.clone(),
                 };
-                self.journal(&entry.call_id, &entry.key, failed).await;
+                w.note(self.rt.event(&entry.call_id, failed));
                 let why = format!("the reversal failed: {e}");
-                self.undecided(entry, fence, &why, pass).await
+                self.undecided(entry, fence, &why, w).await
             }
         }
     }
@@ -816,7 +814,7 @@ impl Compensator {
         entry: CompensationEntry,
         fence: Fence,
         operation: &Operation,
-        pass: &mut Pass,
+        w: &mut Work<'_>,
     ) -> Result<(), Error> {
         let message = "not received by the remote side; reversed by compensation";
         let written = self
@@ -834,11 +832,11 @@ impl Compensator {
                     state: ReceiptState::Failed,
                     by: "compensation".to_owned(),
                 };
-                self.journal(&entry.call_id, &entry.key, recorded).await;
-                self.finish(&entry, pass, |p| &mut p.reversed).await
+                w.note(self.rt.event(&entry.call_id, recorded));
+                self.finish(&entry, w, |p| &mut p.reversed).await
             }
             Err(StoreError::Fenced { .. }) => {
-                self.later(entry, "the call's key was taken over meanwhile", pass)
+                self.later(entry, "the call's key was taken over meanwhile", w)
                     .await
             }
             Err(e) => Err(e.into()),
@@ -851,11 +849,11 @@ impl Compensator {
         entry: CompensationEntry,
         fence: Fence,
         operation: &Operation,
-        pass: &mut Pass,
+        w: &mut Work<'_>,
     ) -> Result<(), Error> {
         let Some(rerun) = operation.rerun.clone() else {
             let why = "not received, and no re-run is registered";
-            return self.escalate_held(entry, fence, why, pass).await;
+            return self.escalate_held(entry, fence, why, w).await;
         };
         tracing::info!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
             attempt = 0u32, round = entry.round, "compensation: not received; sending it again");
@@ -871,7 +869,7 @@ impl Compensator {
             step: CompensationStep::Rerun,
             detail,
         };
-        self.journal(&entry.call_id, &entry.key, step).await;
+        w.note(self.rt.event(&entry.call_id, step));
         let (state, bytes, counter): (ReceiptState, Vec<u8>, Counter) = match answer {
             Ok(RemoteStatus::Succeeded(bytes)) => {
                 (ReceiptState::Success, bytes, |p| &mut p.succeeded)
@@ -883,7 +881,7 @@ impl Compensator {
             }
             Ok(_) | Err(_) => {
                 return self
-                    .undecided(entry, fence, "the re-run did not settle the call", pass)
+                    .undecided(entry, fence, "the re-run did not settle the call", w)
                     .await;
             }
         };
@@ -896,11 +894,11 @@ impl Compensator {
                     state,
                     by: "compensation".to_owned(),
                 };
-                self.journal(&entry.call_id, &entry.key, recorded).await;
-                self.finish(&entry, pass, counter).await
+                w.note(self.rt.event(&entry.call_id, recorded));
+                self.finish(&entry, w, counter).await
             }
             Err(StoreError::Fenced { .. }) => {
-                self.later(entry, "the call's key was taken over meanwhile", pass)
+                self.later(entry, "the call's key was taken over meanwhile", w)
                     .await
             }
             Err(e) => Err(e.into()),
@@ -914,7 +912,7 @@ impl Compensator {
         entry: CompensationEntry,
         fence: Fence,
         why: &str,
-        pass: &mut Pass,
+        w: &mut Work<'_>,
     ) -> Result<(), Error> {
         match self
             .rt
@@ -925,7 +923,7 @@ impl Compensator {
             Ok(_) | Err(StoreError::Fenced { .. }) => {}
             Err(e) => return Err(e.into()),
         }
-        self.later(entry, why, pass).await
+        self.later(entry, why, w).await
     }
 
     /// Puts an undecided entry to its next round, or escalates it after the last.
@@ -933,10 +931,10 @@ impl Compensator {
         &self,
         entry: CompensationEntry,
         why: &str,
-        pass: &mut Pass,
+        w: &mut Work<'_>,
     ) -> Result<(), Error> {
         let Some(delay) = self.rounds.get(entry.round as usize).copied() else {
-            return self.escalate(entry, why, pass).await;
+            return self.escalate(entry, why, w).await;
         };
         let round = entry.round.saturating_add(1);
         let done = self
@@ -951,7 +949,7 @@ impl Compensator {
             )
             .await;
         if done.is_ok() {
-            pass.rescheduled += 1;
+            w.pass.rescheduled += 1;
             tracing::info!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
                 attempt = 0u32, round, delay_ms = ms(delay), why, "compensation: next round");
             let step = What::Compensation {
@@ -959,9 +957,9 @@ impl Compensator {
                 step: CompensationStep::Rescheduled,
                 detail: format!("{why}; next round in {}", humane(delay)),
             };
-            self.journal(&entry.call_id, &entry.key, step).await;
+            w.note(self.rt.event(&entry.call_id, step));
         }
-        lost_or(done, pass)
+        lost_or(done, w.pass)
     }
 
     /// Escalates at once the entry of a call whose key the worker holds under `fence`: the call goes
@@ -971,7 +969,7 @@ impl Compensator {
         entry: CompensationEntry,
         fence: Fence,
         why: &str,
-        pass: &mut Pass,
+        w: &mut Work<'_>,
     ) -> Result<(), Error> {
         match self
             .rt
@@ -982,7 +980,7 @@ impl Compensator {
             Ok(_) | Err(StoreError::Fenced { .. }) => {}
             Err(e) => return Err(e.into()),
         }
-        self.escalate(entry, why, pass).await
+        self.escalate(entry, why, w).await
     }
 
     /// Marks an entry `MANUAL` for a person, and runs the escalation hook.
@@ -990,7 +988,7 @@ impl Compensator {
         &self,
         entry: CompensationEntry,
         why: &str,
-        pass: &mut Pass,
+        w: &mut Work<'_>,
     ) -> Result<(), Error> {
         let done = self
             .rt
@@ -998,7 +996,7 @@ impl Compensator {
             .escalate_compensation(&entry.call_id, entry.fence, self.rt.now_ms())
             .await;
         if done.is_ok() {
-            pass.escalated += 1;
+            w.pass.escalated += 1;
             tracing::warn!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
                 attempt = 0u32, rounds = entry.round, why, "compensation: needs a person (MANUAL)");
             let step = What::Compensation {
@@ -1006,12 +1004,25 @@ impl Compensator {
                 step: CompensationStep::Escalated,
                 detail: why.to_owned(),
             };
-            self.journal(&entry.call_id, &entry.key, step).await;
+            w.note(self.rt.event(&entry.call_id, step));
             if let Some(hook) = &self.escalate {
                 hook(&entry);
             }
         }
-        lost_or(done, pass)
+        lost_or(done, w.pass)
+    }
+}
+
+/// One entry being worked: the pass it counts in, and the journal steps it took, written together
+/// when it is done.
+struct Work<'p> {
+    pass: &'p mut Pass,
+    steps: Vec<Event>,
+}
+
+impl Work<'_> {
+    fn note(&mut self, event: Event) {
+        self.steps.push(event);
     }
 }
 

@@ -708,6 +708,50 @@ pub async fn receipts_are_listed(store: Arc<dyn Store>) {
     assert!(other_scope.receipts.is_empty());
 }
 
+/// A day listed in pages of many receipts: every receipt once, in order, whatever page size (a
+/// backend that merges several indexes must merge them right).
+pub async fn receipts_are_paged(store: Arc<dyn Store>) {
+    let scope = format!("samekey.paging.{:x}", TraceId::new().as_u128());
+    let time = Timeline::of(&*store, T0).await;
+    let start = store.now_ms(time.now).await.expect("the store's time");
+    let mut claims = tokio::task::JoinSet::new();
+    for i in 0..400u32 {
+        let (store, key) = (store.clone(), Key::build(&scope, &i));
+        let now = time.now + u64::from(i % 7);
+        claims.spawn(async move { acquire(&*store, &key, &call(), now).await });
+    }
+    while let Some(claimed) = claims.join_next().await {
+        claimed.expect("claim");
+    }
+    let day = ReceiptQuery::created_between(start.saturating_sub(60_000), start + 3_600_000);
+    let one_scope = day.clone().scope(scope.clone());
+    for (query, limit) in [(one_scope.clone(), 40), (one_scope, 7), (day, 1_000)] {
+        let mut query = query.limit(limit);
+        let mut seen = Vec::new();
+        loop {
+            let page = store.list_receipts(&query, time.now).await.expect("list");
+            seen.extend(
+                page.receipts
+                    .iter()
+                    .filter(|r| r.key.scope() == scope)
+                    .map(Cursor::of),
+            );
+            match page.next {
+                Some(next) => query = query.after(next),
+                None => break,
+            }
+        }
+        let mut sorted = seen.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(
+            seen, sorted,
+            "pages in order, each receipt once (limit {limit})"
+        );
+        assert_eq!(seen.len(), 400, "every receipt (limit {limit})");
+    }
+}
+
 /// A record still `PROCESSING` after its owner's lease is an orphan (the owner crashed) until someone
 /// resolves it; a live claim, an `UNKNOWN` one and a finished one are not.
 pub async fn orphans_are_listed(store: Arc<dyn Store>) {
@@ -1001,7 +1045,7 @@ macro_rules! store_conformance_tests {
             unknown_moves_forward release_frees_the_key take_over_rules extend_lease_is_fenced
             ttl_expiry wait_settled_wakes compensation_queue take_over_is_exclusive_and_fences_out
             wait_settled_wakes_on_release orphans_are_listed receipts_are_listed
-            journal_is_kept_in_order journal_lives_with_its_record);
+            journal_is_kept_in_order journal_lives_with_its_record receipts_are_paged);
     };
     (@tests $make:expr; $($check:ident)+) => {
         $(

@@ -145,6 +145,71 @@ pub enum What {
     },
 }
 
+impl std::fmt::Display for What {
+    /// One line for people: `attempt 2: retryable (503)`, `lookup: succeeded`, `recorded SUCCESS by
+    /// compensation`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let because = |f: &mut std::fmt::Formatter<'_>, detail: &str| {
+            if detail.is_empty() {
+                Ok(())
+            } else {
+                write!(f, " ({detail})")
+            }
+        };
+        match self {
+            What::Claimed { fence } => write!(f, "claimed (fence {fence})"),
+            What::TookOver { from, fence } => write!(f, "took over from {from} (fence {fence})"),
+            What::Attempt {
+                attempt,
+                outcome,
+                error,
+                ..
+            } => {
+                write!(f, "attempt {attempt}: {outcome}")?;
+                because(f, error.as_deref().unwrap_or_default())
+            }
+            What::Backoff { delay_ms, .. } => write!(f, "backing off {delay_ms} ms"),
+            What::Lookup { answer, error } => {
+                write!(f, "lookup: {answer}")?;
+                because(f, error.as_deref().unwrap_or_default())
+            }
+            What::Recorded { state, by } => write!(f, "recorded {state} by {by}"),
+            What::Unknown { reason } => write!(f, "left UNKNOWN for compensation ({reason})"),
+            What::Released { reason, by } => write!(f, "claim given back by {by} ({reason})"),
+            What::FencedOut => write!(f, "fenced out: another owner holds the key"),
+            What::Cancelled { left } => write!(f, "cancelled by its caller; {left}"),
+            What::Compensation {
+                round,
+                step,
+                detail,
+            } => {
+                write!(f, "compensation round {round}: {step}")?;
+                because(f, detail)
+            }
+            What::Resolved { state, who, why } => {
+                write!(f, "resolved by hand as {state} by {who} ({why})")
+            }
+            What::Callback { state, applied } => {
+                let how = if *applied {
+                    "applied"
+                } else {
+                    "already applied"
+                };
+                write!(f, "callback {state}: {how}")
+            }
+            What::CallbackRefused { from, to } => write!(f, "callback refused: {from} → {to}"),
+        }
+    }
+}
+
+/// The snake-case name serde gives a unit variant (`timed_out`), for display.
+fn name_of<T: Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(name)) => name.replace('_', " "),
+        _ => String::new(),
+    }
+}
+
 /// How an attempt ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -163,6 +228,12 @@ pub enum AttemptOutcome {
     RateLimited,
     /// `Unknown`: the outcome is not known.
     Unknown,
+}
+
+impl std::fmt::Display for AttemptOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&name_of(self))
+    }
 }
 
 impl From<ErrorClass> for AttemptOutcome {
@@ -193,6 +264,12 @@ pub enum LookupOutcome {
     NoAnswer,
 }
 
+impl std::fmt::Display for LookupOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&name_of(self))
+    }
+}
+
 /// A compensation worker's step, in [`What::Compensation`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -219,6 +296,12 @@ pub enum CompensationStep {
     Escalated,
     /// The call had been settled elsewhere meanwhile: the entry was removed.
     SettledElsewhere,
+}
+
+impl std::fmt::Display for CompensationStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&name_of(self))
+    }
 }
 
 /// What is known of a call: its receipt (if the store still has one) and its journal.

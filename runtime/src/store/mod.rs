@@ -195,20 +195,6 @@ pub struct ReceiptPage {
     pub next: Option<Cursor>,
 }
 
-/// The page of `rows` (every receipt in the query's time range after its cursor, in any order) that
-/// [`Store::list_receipts`] answers: the first `limit` in order, filtered.
-pub(crate) fn page_of(mut rows: Vec<Receipt>, query: &ReceiptQuery) -> ReceiptPage {
-    rows.sort_unstable_by_key(Cursor::of);
-    let limit = query.limit.max(1);
-    let next = (rows.len() > limit).then(|| Cursor::of(&rows[limit - 1]));
-    rows.truncate(limit);
-    rows.retain(|r| query.admits(r));
-    ReceiptPage {
-        receipts: rows,
-        next,
-    }
-}
-
 /// Whose clock judges a store's leases and expiries (see the [module documentation](self)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreClock {

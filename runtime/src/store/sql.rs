@@ -334,15 +334,27 @@ RETURNING call_id, key, scope, reason, round, next_at, state, lease_until, enque
                 "SELECT key, scope, call_id, state, fence, lease_until, expires_at,
     fingerprint, outcome, created, updated
 FROM samekey_receipts
-WHERE created >= $1 AND created < $2 AND state <> 'RELEASED'
-    AND ($3 IS NULL OR scope = $3)
+WHERE (created, key) > ($3, $4) AND created < $1 AND state <> 'RELEASED'
     AND (expires_at IS NULL OR expires_at > ",
                 $now_open,
-                "$4",
+                "$2",
                 $now_close,
                 ")
-    AND (created > $5 OR (created = $5 AND key > $6))
-ORDER BY created, key LIMIT $7"
+ORDER BY created, key LIMIT $5"
+            );
+
+            /// [`LIST_SQL`](Self::LIST_SQL) of one scope (`$6`), on the index by scope.
+            const LIST_SCOPE_SQL: &'static str = concat!(
+                "SELECT key, scope, call_id, state, fence, lease_until, expires_at,
+    fingerprint, outcome, created, updated
+FROM samekey_receipts
+WHERE scope = $6 AND (created, key) > ($3, $4) AND created < $1 AND state <> 'RELEASED'
+    AND (expires_at IS NULL OR expires_at > ",
+                $now_open,
+                "$2",
+                $now_close,
+                ")
+ORDER BY created, key LIMIT $5"
             );
 
             /// Records `PROCESSING` past their lease (`$1` now, `$2` limit).
@@ -745,21 +757,28 @@ ORDER BY j.seq"
             ) -> Result<$crate::store::ReceiptPage, $crate::error::StoreError> {
                 use $crate::store::sql::{driver, int, receipt};
                 let limit = query.limit.max(1);
+                // The position to start after, as one row value the index range starts at: the
+                // cursor, or just before the range (no 32-byte digest is above all-ones).
                 let (after_ms, after_key) = match &query.after {
-                    Some(c) => (int(c.created_ms)?, c.digest.to_vec()),
-                    None => (-1, Vec::new()),
+                    Some(c) if c.created_ms >= query.since_ms => {
+                        (int(c.created_ms)?, c.digest.to_vec())
+                    }
+                    _ => (int(query.since_ms)? - 1, vec![0xff; 32]),
                 };
-                let rows = sqlx::query(Self::LIST_SQL)
-                    .bind(int(query.since_ms)?)
+                let statement = match query.scope {
+                    Some(_) => Self::LIST_SCOPE_SQL,
+                    None => Self::LIST_SQL,
+                };
+                let mut listing = sqlx::query(statement)
                     .bind(int(query.until_ms)?)
-                    .bind(query.scope.as_deref())
                     .bind(int(now_ms)?)
                     .bind(after_ms)
                     .bind(after_key)
-                    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(driver)?;
+                    .bind(i64::try_from(limit).unwrap_or(i64::MAX));
+                if let Some(scope) = &query.scope {
+                    listing = listing.bind(scope.as_str());
+                }
+                let rows = listing.fetch_all(&self.pool).await.map_err(driver)?;
                 let mut read = rows
                     .iter()
                     .filter_map(|row| receipt(row).transpose())

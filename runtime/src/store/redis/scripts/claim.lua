@@ -1,5 +1,5 @@
 -- Claims KEYS[1] (a record hash) if it has no live record. ARGV: scope, callId, lease (ms),
--- fingerprint, digest. Answers {1, fence}, or {0, the record} when the key is held.
+-- fingerprint, digest. Answers {1, fence, creation time}, or {0, the record} when the key is held.
 local r = KEYS[1]
 local h = redis.call('HMGET', r, 'state', 'expires_at', 'fence')
 local state, exp, fence = h[1], h[2], h[3]
@@ -20,4 +20,4 @@ local at = string.format('%.0f', now)
 redis.call('HSET', r, 'digest', ARGV[5], 'scope', ARGV[1], 'call_id', ARGV[2], 'state', 'PROCESSING',
   'fence', f, 'lease_until', string.format('%.0f', now + tonumber(ARGV[3])), 'fingerprint', ARGV[4],
   'created', at, 'updated', at)
-return {1, f}
+return {1, f, at}

@@ -1,5 +1,5 @@
 -- Takes over KEYS[1] if it carries the expected fence and is UNKNOWN or past its lease. ARGV:
--- expected fence, lease (ms). Answers {1, fence, callId}, {0, the record} or {-1} (no record).
+-- expected fence, lease (ms). Answers {1, fence, callId, creation time}, {0, the record} or {-1} (no record).
 local r = KEYS[1]
 local h = redis.call('HMGET', r, 'state', 'fence', 'lease_until')
 local state, fence, lease = h[1], h[2], h[3]
@@ -16,4 +16,4 @@ local f = string.format('%.0f', tonumber(fence) + 1)
 redis.call('HSET', r, 'state', 'PROCESSING', 'fence', f,
   'lease_until', string.format('%.0f', now + tonumber(ARGV[2])), 'updated', string.format('%.0f', now))
 if redis.call('HEXISTS', r, 'waited') == 1 then redis.call('PUBLISH', r .. ':settled', 'PROCESSING') end
-return {1, f, redis.call('HGET', r, 'call_id')}
+return {1, f, redis.call('HGET', r, 'call_id'), redis.call('HGET', r, 'created')}
