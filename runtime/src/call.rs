@@ -258,7 +258,7 @@ pub trait Input: Serialize {}
 
 impl<T: Serialize + ?Sized> Input for T {}
 
-/// Checks that one input can be encoded (see [`Input`]), where the macro names it.
+/// Checks that one input can be encoded (it needs serde's `Serialize`), where the macro names it.
 pub fn input<T: Input + ?Sized>(value: &T) -> &T {
     value
 }
