@@ -181,6 +181,18 @@ impl Inbound {
         self
     }
 
+    /// The inbound context the current task runs in, to carry into a task it spawns (task-locals do
+    /// not follow `tokio::spawn`): the same context — the callId still adopted by the first call only —
+    /// or, inside a call, its traceId. `None` outside both.
+    pub fn current() -> Option<Inbound> {
+        SCOPE
+            .try_with(|scope| match scope {
+                Scope::Inbound(inbound) => inbound.clone(),
+                Scope::Call(call) => Inbound::new().trace_id(call.trace_id),
+            })
+            .ok()
+    }
+
     /// Runs `f` with this inbound context.
     pub async fn scope<F: Future>(mut self, f: F) -> F::Output {
         self.trace_id.get_or_insert_with(TraceId::new);

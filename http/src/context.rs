@@ -1,0 +1,206 @@
+//! The call context layer: `X-Call-Id` and `X-Trace-Id` in, into samekey's context for the handler,
+//! and back out on the response.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context as TaskContext, Poll};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use samekey_runtime::{CallId, Inbound, TraceId};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::headers::{X_CALL_ID, X_CALL_ID_SOURCE, X_TRACE_ID};
+use crate::problem::Problem;
+
+/// Where a request's callId came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallIdSource {
+    /// The caller sent it (`X-Call-Id`).
+    Caller,
+    /// The caller sent none; this gateway made one (`X-Call-Id-Source: gateway`).
+    Gateway,
+    /// The caller sent none, and this service does not fill it: the handler's first `#[idempotent]`
+    /// call makes its own.
+    None,
+}
+
+/// The ids of a request, in its extensions for the handler (`Extension<RequestIds>` in axum).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestIds {
+    /// The callId the request carried (or the gateway filled).
+    pub call_id: Option<CallId>,
+    /// The traceId it carried, or a new one.
+    pub trace_id: TraceId,
+    /// Where the callId came from.
+    pub source: CallIdSource,
+}
+
+/// Adopts `X-Call-Id` and `X-Trace-Id` into samekey's context for the handler: the first
+/// `#[idempotent]` call the handler makes keeps the inbound callId (as every attempt of the caller's
+/// logical call carried it), and every call in it the traceId. A malformed id is a 400 with an RFC 9457
+/// problem body (nothing runs). Both ids are echoed on the response.
+///
+/// In gateway mode ([`CallContextLayer::gateway`]) a request without a callId gets one, made here and
+/// marked `X-Call-Id-Source: gateway` on the request passed on and on the response, instead of one
+/// invented silently further down. A callId that arrived is passed through untouched.
+///
+/// Compose it outside the [`IdempotencyLayer`](crate::IdempotencyLayer), so that the Idempotency-Key
+/// layer's call adopts the request's callId, and beside tower-http's request-id and trace layers (it
+/// reads and writes only its own headers).
+#[derive(Debug, Clone)]
+pub struct CallContextLayer {
+    gateway: Option<(String, String)>,
+}
+
+impl Default for CallContextLayer {
+    fn default() -> Self {
+        CallContextLayer::new()
+    }
+}
+
+impl CallContextLayer {
+    /// A service's layer: adopts the ids a request carries, fills nothing.
+    pub fn new() -> CallContextLayer {
+        CallContextLayer { gateway: None }
+    }
+
+    /// A gateway's layer: a request without `X-Call-Id` gets a callId made here (prefix `prefix`,
+    /// node `node`, e.g. `("gw", "edge-1")`), marked as gateway-made. Panics on an invalid prefix or
+    /// node (letters, digits, `_`, `.`, `-`): a configuration error, found at startup.
+    pub fn gateway(prefix: &str, node: &str) -> CallContextLayer {
+        if let Err(e) = CallId::new(prefix, node) {
+            panic!("CallContextLayer::gateway: {e}");
+        }
+        CallContextLayer {
+            gateway: Some((prefix.to_owned(), node.to_owned())),
+        }
+    }
+}
+
+impl<S> Layer<S> for CallContextLayer {
+    type Service = CallContext<S>;
+
+    fn layer(&self, inner: S) -> CallContext<S> {
+        CallContext {
+            inner,
+            gateway: self.gateway.clone(),
+        }
+    }
+}
+
+/// The service of [`CallContextLayer`].
+#[derive(Debug, Clone)]
+pub struct CallContext<S> {
+    inner: S,
+    gateway: Option<(String, String)>,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Reads an id header: absent, or parsed, or the 400 that refuses it.
+fn read<T: std::str::FromStr>(
+    headers: &HeaderMap,
+    name: &http::HeaderName,
+) -> Result<Option<T>, Problem>
+where
+    T::Err: std::fmt::Display,
+{
+    let Some(value) = headers.get(name) else {
+        return Ok(None);
+    };
+    let invalid = |why: String| {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "invalid-call-context",
+            "Invalid call context header",
+            format!("the `{name}` header is not valid: {why}"),
+        )
+    };
+    let text = value
+        .to_str()
+        .map_err(|_| invalid("it is not visible ASCII".into()))?;
+    text.trim()
+        .parse()
+        .map(Some)
+        .map_err(|e: T::Err| invalid(e.to_string()))
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for CallContext<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ResBody: From<Bytes> + Send + 'static,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Response<ResBody>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
+        let ids = (|| {
+            let call_id: Option<CallId> = read(request.headers(), &X_CALL_ID)?;
+            let trace_id: Option<TraceId> = read(request.headers(), &X_TRACE_ID)?;
+            Ok::<_, Problem>((call_id, trace_id))
+        })();
+        let (call_id, trace_id) = match ids {
+            Ok(ids) => ids,
+            Err(problem) => {
+                return Box::pin(std::future::ready(Ok(problem.response())));
+            }
+        };
+        let trace_id = trace_id.unwrap_or_default();
+        let (call_id, source) = match (call_id, &self.gateway) {
+            (Some(id), _) => (Some(id), CallIdSource::Caller),
+            (None, Some((prefix, node))) => match CallId::new(prefix, node) {
+                Ok(id) => (Some(id), CallIdSource::Gateway),
+                Err(_) => (None, CallIdSource::None),
+            },
+            (None, None) => (None, CallIdSource::None),
+        };
+        let headers = request.headers_mut();
+        if let Some(id) = &call_id {
+            if let Ok(value) = HeaderValue::from_str(id) {
+                headers.insert(X_CALL_ID, value);
+            }
+        }
+        if source == CallIdSource::Gateway {
+            headers.insert(X_CALL_ID_SOURCE, HeaderValue::from_static("gateway"));
+        }
+        if let Ok(value) = HeaderValue::from_str(&trace_id.to_string()) {
+            headers.insert(X_TRACE_ID, value);
+        }
+        let ids = RequestIds {
+            call_id: call_id.clone(),
+            trace_id,
+            source,
+        };
+        request.extensions_mut().insert(ids);
+        let mut inbound = Inbound::new().trace_id(trace_id);
+        if let Some(id) = call_id.clone() {
+            inbound = inbound.call_id(id);
+        }
+        let handled = self.inner.call(request);
+        Box::pin(async move {
+            let mut response = inbound.scope(handled).await?;
+            let headers = response.headers_mut();
+            if let Some(id) = &call_id {
+                if let Ok(value) = HeaderValue::from_str(id) {
+                    headers.insert(X_CALL_ID, value);
+                }
+            }
+            if source == CallIdSource::Gateway {
+                headers.insert(X_CALL_ID_SOURCE, HeaderValue::from_static("gateway"));
+            }
+            if let Ok(value) = HeaderValue::from_str(&trace_id.to_string()) {
+                headers.insert(X_TRACE_ID, value);
+            }
+            Ok(response)
+        })
+    }
+}

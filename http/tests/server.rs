@@ -1,0 +1,514 @@
+//! The layers over real HTTP on loopback (axum serving, reqwest asking): every status of the
+//! Idempotency-Key layer, replays with their header, 5xx not stored, the call context adopted,
+//! refused and filled — on the memory store, and on SQLite, PostgreSQL and Redis when built with
+//! their features (the servers' URLs from `SAMEKEY_PG_URL` and `SAMEKEY_REDIS_URL`).
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::post;
+use axum::{Json, Router};
+use samekey::{MemoryStore, Runtime, Store};
+use samekey_http::{CallContextLayer, IdempotencyLayer};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+#[derive(Default)]
+struct Counts {
+    orders: AtomicU32,
+    flaky: AtomicU32,
+    slow: AtomicU32,
+    release_slow: Notify,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Order {
+    item: String,
+    qty: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Created {
+    id: u32,
+    item: String,
+    call_id: Option<String>,
+}
+
+async fn create_order(
+    State(counts): State<Arc<Counts>>,
+    Json(order): Json<Order>,
+) -> impl IntoResponse {
+    let id = counts.orders.fetch_add(1, Ordering::SeqCst) + 1;
+    let call_id = samekey::try_current().map(|cx| cx.call_id().to_string());
+    let created = Created {
+        id,
+        item: order.item,
+        call_id,
+    };
+    (
+        StatusCode::CREATED,
+        [("location", format!("/orders/{id}"))],
+        Json(created),
+    )
+}
+
+async fn flaky(State(counts): State<Arc<Counts>>) -> impl IntoResponse {
+    match counts.flaky.fetch_add(1, Ordering::SeqCst) {
+        0 => (StatusCode::SERVICE_UNAVAILABLE, "try again").into_response(),
+        n => (StatusCode::CREATED, format!("done after {}", n + 1)).into_response(),
+    }
+}
+
+async fn slow(State(counts): State<Arc<Counts>>) -> &'static str {
+    counts.slow.fetch_add(1, Ordering::SeqCst);
+    counts.release_slow.notified().await;
+    "slow done"
+}
+
+async fn big() -> String {
+    "x".repeat(4096)
+}
+
+async fn ids(headers: HeaderMap) -> Json<(Option<String>, Option<String>, Option<String>)> {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let adopted = samekey::try_current().map(|cx| cx.call_id().to_string());
+    Json((header("x-call-id"), header("x-trace-id"), adopted))
+}
+
+struct Server {
+    base: String,
+    counts: Arc<Counts>,
+    client: reqwest::Client,
+}
+
+async fn serve(store: Arc<dyn Store>, gateway: bool) -> Server {
+    let rt = Runtime::builder()
+        .node("api-1")
+        .shared_store(store)
+        .build()
+        .unwrap();
+    let counts = Arc::new(Counts::default());
+    let idempotency = IdempotencyLayer::new()
+        .runtime(&rt)
+        .max_body(1024)
+        .principal(|parts| {
+            parts
+                .headers
+                .get("x-tenant")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        });
+    let context = if gateway {
+        CallContextLayer::gateway("gw", "edge-1")
+    } else {
+        CallContextLayer::new()
+    };
+    let app = Router::new()
+        .route("/orders", post(create_order))
+        .route("/flaky", post(flaky))
+        .route("/slow", post(slow))
+        .route("/big", post(big))
+        .route("/ids", post(ids).get(ids))
+        .with_state(counts.clone())
+        .layer(idempotency)
+        .layer(context);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Server {
+        base,
+        counts,
+        client: reqwest::Client::new(),
+    }
+}
+
+fn fresh_key() -> String {
+    format!("\"k-{:x}\"", samekey::TraceId::new().as_u128())
+}
+
+impl Server {
+    fn post(&self, path: &str, key: Option<&str>) -> reqwest::RequestBuilder {
+        let request = self.client.post(format!("{}{path}", self.base));
+        match key {
+            Some(key) => request.header("idempotency-key", key),
+            None => request,
+        }
+    }
+}
+
+async fn problem_type(response: reqwest::Response) -> String {
+    assert_eq!(
+        response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
+        Some("application/problem+json")
+    );
+    let body: serde_json::Value = response.json().await.unwrap();
+    body["type"].as_str().unwrap_or_default().to_owned()
+}
+
+async fn idempotency_statuses(store: Arc<dyn Store>) {
+    let server = serve(store, false).await;
+    let order = Order {
+        item: "book".into(),
+        qty: 1,
+    };
+
+    // 400: no key on a POST; a key that is not an sf-string.
+    let missing = server
+        .post("/orders", None)
+        .json(&order)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 400);
+    assert_eq!(
+        problem_type(missing).await,
+        "urn:samekey:problem:idempotency-key-missing"
+    );
+    let malformed = server
+        .post("/orders", Some("not-quoted"))
+        .json(&order)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(malformed.status(), 400);
+    assert_eq!(
+        problem_type(malformed).await,
+        "urn:samekey:problem:idempotency-key-invalid"
+    );
+    assert_eq!(
+        server.counts.orders.load(Ordering::SeqCst),
+        0,
+        "nothing ran"
+    );
+
+    // The first request runs; the same request again is replayed, marked, with its headers.
+    let key = fresh_key();
+    let first = server
+        .post("/orders", Some(&key))
+        .json(&order)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 201);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let first_body: Created = first.json().await.unwrap();
+    let again = server
+        .post("/orders", Some(&key))
+        .json(&order)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 201);
+    assert_eq!(again.headers().get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(
+        again.headers().get("location").unwrap(),
+        &format!("/orders/{}", first_body.id)
+    );
+    assert_eq!(again.json::<Created>().await.unwrap(), first_body);
+    assert_eq!(server.counts.orders.load(Ordering::SeqCst), 1, "ran once");
+
+    // 422: the key again with another body.
+    let other = Order {
+        item: "pen".into(),
+        qty: 2,
+    };
+    let reused = server
+        .post("/orders", Some(&key))
+        .json(&other)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reused.status(), 422);
+    assert_eq!(
+        problem_type(reused).await,
+        "urn:samekey:problem:idempotency-key-reused"
+    );
+
+    // Another tenant with the same key is another request.
+    let tenant = server
+        .post("/orders", Some(&key))
+        .header("x-tenant", "acme")
+        .json(&order)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(tenant.status(), 201);
+    assert!(tenant.headers().get("idempotent-replayed").is_none());
+    assert_eq!(server.counts.orders.load(Ordering::SeqCst), 2);
+
+    // 413: a body over the limit; nothing runs.
+    let large = server
+        .post("/orders", Some(&fresh_key()))
+        .header("content-type", "application/json")
+        .body(format!("{{\"item\":\"{}\",\"qty\":1}}", "x".repeat(2048)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(large.status(), 413);
+    assert_eq!(server.counts.orders.load(Ordering::SeqCst), 2);
+
+    // 5xx is not stored: the key is given back and the retry runs; then it is replayed.
+    let key = fresh_key();
+    let failed = server.post("/flaky", Some(&key)).send().await.unwrap();
+    assert_eq!(failed.status(), 503);
+    let retried = server.post("/flaky", Some(&key)).send().await.unwrap();
+    assert_eq!(retried.status(), 201);
+    assert_eq!(retried.text().await.unwrap(), "done after 2");
+    let replayed = server.post("/flaky", Some(&key)).send().await.unwrap();
+    assert_eq!(
+        replayed.headers().get("idempotent-replayed").unwrap(),
+        "true"
+    );
+    assert_eq!(server.counts.flaky.load(Ordering::SeqCst), 2);
+
+    // A response over the limit is not stored whole: its problem is, and nothing runs twice.
+    let key = fresh_key();
+    let big = server.post("/big", Some(&key)).send().await.unwrap();
+    assert_eq!(big.status(), 500);
+    assert_eq!(
+        problem_type(big).await,
+        "urn:samekey:problem:response-too-large"
+    );
+    let big_again = server.post("/big", Some(&key)).send().await.unwrap();
+    assert_eq!(
+        big_again.headers().get("idempotent-replayed").unwrap(),
+        "true"
+    );
+
+    // 409 with Retry-After while the first is still running; the first still gets its answer.
+    let key = fresh_key();
+    let first = tokio::spawn(server.post("/slow", Some(&key)).send());
+    while server.counts.slow.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let busy = server.post("/slow", Some(&key)).send().await.unwrap();
+    assert_eq!(busy.status(), 409);
+    assert_eq!(busy.headers().get("retry-after").unwrap(), "1");
+    assert_eq!(
+        problem_type(busy).await,
+        "urn:samekey:problem:request-in-progress"
+    );
+    server.counts.release_slow.notify_one();
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(server.counts.slow.load(Ordering::SeqCst), 1);
+
+    // GET is not covered: it passes through without a key.
+    let get = server
+        .client
+        .get(format!("{}/ids", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(get.status(), 200);
+}
+
+/// A client that gives up mid-request does not stop the handler: its response is stored, and the
+/// retry gets it without running the handler again.
+async fn a_client_that_disconnects_gets_the_response_on_retry(store: Arc<dyn Store>) {
+    let server = serve(store, false).await;
+    let key = fresh_key();
+    let gone = tokio::time::timeout(
+        Duration::from_millis(200),
+        server.post("/slow", Some(&key)).send(),
+    )
+    .await;
+    assert!(gone.is_err(), "the client gave up");
+    server.counts.release_slow.notify_one();
+    let mut retry;
+    loop {
+        retry = server.post("/slow", Some(&key)).send().await.unwrap();
+        if retry.status() != 409 {
+            break;
+        }
+        server.counts.release_slow.notify_one();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(retry.status(), 200);
+    assert_eq!(retry.headers().get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(retry.text().await.unwrap(), "slow done");
+    assert_eq!(server.counts.slow.load(Ordering::SeqCst), 1);
+}
+
+macro_rules! on_stores {
+    ($($test:ident),+ $(,)?) => {
+        mod memory {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test(Arc::new(MemoryStore::new())).await;
+                }
+            )+
+        }
+        #[cfg(feature = "sqlite")]
+        mod sqlite {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    let dir = std::env::temp_dir()
+                        .join(format!("samekey-http-{:x}", samekey::TraceId::new().as_u128()));
+                    std::fs::create_dir_all(&dir).unwrap();
+                    let store = samekey_runtime::store::SqliteStore::open(dir.join("s.db"))
+                        .await
+                        .unwrap();
+                    super::$test(Arc::new(store)).await;
+                }
+            )+
+        }
+        #[cfg(feature = "postgres")]
+        mod postgres {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    let Ok(url) = std::env::var("SAMEKEY_PG_URL") else {
+                        samekey_runtime::conformance::skipped("set SAMEKEY_PG_URL to run the layer on PostgreSQL");
+                        return;
+                    };
+                    let store = samekey_runtime::store::PgStore::connect(&url).await.unwrap();
+                    super::$test(Arc::new(store)).await;
+                }
+            )+
+        }
+        #[cfg(feature = "redis")]
+        mod redis {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    let Ok(url) = std::env::var("SAMEKEY_REDIS_URL") else {
+                        samekey_runtime::conformance::skipped("set SAMEKEY_REDIS_URL to run the layer on Redis");
+                        return;
+                    };
+                    let prefix = format!("samekey-http-{:x}", samekey::TraceId::new().as_u128());
+                    let store = samekey_runtime::store::RedisStore::connect_with_prefix(&url, &prefix)
+                        .await
+                        .unwrap();
+                    super::$test(Arc::new(store)).await;
+                }
+            )+
+        }
+    };
+}
+
+on_stores!(
+    idempotency_statuses,
+    a_client_that_disconnects_gets_the_response_on_retry,
+);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_call_context_is_adopted_validated_and_echoed() {
+    let server = serve(Arc::new(MemoryStore::new()), false).await;
+    let call_id = samekey::CallId::new("ord", "client-1").unwrap().to_string();
+    let trace_id = samekey::TraceId::new().to_string();
+    let response = server
+        .post("/ids", Some(&fresh_key()))
+        .header("x-call-id", &call_id)
+        .header("x-trace-id", &trace_id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response.headers().get("x-call-id").unwrap(),
+        call_id.as_str()
+    );
+    assert_eq!(
+        response.headers().get("x-trace-id").unwrap(),
+        trace_id.as_str()
+    );
+    let (seen_call, seen_trace, adopted) = response
+        .json::<(Option<String>, Option<String>, Option<String>)>()
+        .await
+        .unwrap();
+    assert_eq!(seen_call.as_deref(), Some(call_id.as_str()));
+    assert_eq!(seen_trace.as_deref(), Some(trace_id.as_str()));
+    assert_eq!(
+        adopted.as_deref(),
+        Some(call_id.as_str()),
+        "the layer's call adopted it"
+    );
+
+    let bad = server
+        .post("/ids", Some(&fresh_key()))
+        .header("x-call-id", "not a call id")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    assert_eq!(
+        problem_type(bad).await,
+        "urn:samekey:problem:invalid-call-context"
+    );
+
+    // Without one, a service fills nothing; the echo carries a traceId all the same.
+    let none = server
+        .client
+        .get(format!("{}/ids", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert!(none.headers().get("x-call-id").is_none());
+    assert!(none.headers().get("x-trace-id").is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_fills_a_missing_call_id_and_marks_it() {
+    let server = serve(Arc::new(MemoryStore::new()), true).await;
+    let response = server
+        .client
+        .get(format!("{}/ids", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.headers().get("x-call-id-source").unwrap(),
+        "gateway"
+    );
+    let filled = response
+        .headers()
+        .get("x-call-id")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        filled.starts_with("gw-") && filled.ends_with("-edge-1"),
+        "{filled}"
+    );
+    let (seen, _, _) = response
+        .json::<(Option<String>, Option<String>, Option<String>)>()
+        .await
+        .unwrap();
+    assert_eq!(
+        seen.as_deref(),
+        Some(filled.as_str()),
+        "passed on to the service"
+    );
+
+    // A callId that arrived passes through untouched, unmarked.
+    let call_id = samekey::CallId::new("ord", "client-1").unwrap().to_string();
+    let passed = server
+        .client
+        .get(format!("{}/ids", server.base))
+        .header("x-call-id", &call_id)
+        .send()
+        .await
+        .unwrap();
+    assert!(passed.headers().get("x-call-id-source").is_none());
+    assert_eq!(passed.headers().get("x-call-id").unwrap(), call_id.as_str());
+}
