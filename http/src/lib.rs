@@ -7,6 +7,12 @@
 //! * [`IdempotencyLayer`]: the IETF httpapi draft "The Idempotency-Key HTTP Header Field" (draft-07)
 //!   — 400 / 409 / 413 / 422, stored responses replayed with `Idempotent-Replayed: true` — on any
 //!   samekey store.
+//! * [`CallHeaders`] (feature `reqwest`): a reqwest middleware that sends the call's `X-Call-Id`,
+//!   `X-Trace-Id`, `Idempotency-Key` and `X-Attempt` on every attempt; [`RemoteError`] and
+//!   [`send`] classify reqwest's results for the retry loop; [`lookup_receipt`] asks a service's
+//!   receipt endpoint.
+//! * [`Envelope`] and [`Inbox`]: the callId and traceId in a message's attributes and body, and a
+//!   consumer that does a redelivered message's work once.
 //!
 //! ```
 //! use axum::{routing::post, Router};
@@ -25,13 +31,22 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "reqwest")]
+mod client;
 mod context;
 pub mod headers;
 mod idempotency;
+pub mod message;
 mod problem;
 
+#[cfg(feature = "reqwest")]
+pub use client::{
+    classify_status, classify_transport, lookup_receipt, send, CallHeaders, ReceiptAnswer,
+    RemoteError,
+};
 pub use context::{CallContext, CallContextLayer, CallIdSource, RequestIds};
 pub use idempotency::{
     store_2xx_and_4xx, Idempotency, IdempotencyLayer, StoredResponse, MAX_KEY_LEN,
 };
+pub use message::{Envelope, Inbox};
 pub use problem::Problem;
