@@ -8,9 +8,9 @@ use http::{Extensions, HeaderMap, HeaderValue, Method, StatusCode};
 use reqwest_middleware::{Middleware, Next};
 use samekey_runtime::{Classify, Context, Error, ErrorClass, RemoteStatus};
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 
 use crate::headers::{IDEMPOTENCY_KEY, X_ATTEMPT, X_CALL_ID, X_TRACE_ID};
+use crate::receipt::ReceiptAnswer;
 
 type KeyOf = Arc<dyn Fn(&Context) -> String + Send + Sync>;
 
@@ -170,6 +170,8 @@ pub enum RemoteError {
         /// The body, as text (the first 1 000 characters).
         body: String,
     },
+    /// The remote side's receipt says the call failed there, for good (a lookup's answer).
+    Refused(String),
     /// samekey's own answer (a duplicate in progress, an unknown outcome, the store failing).
     Samekey(Error),
 }
@@ -184,6 +186,7 @@ impl std::fmt::Display for RemoteError {
                 body,
                 ..
             } => write!(f, "{method} answered {status}: {body}"),
+            RemoteError::Refused(message) => write!(f, "refused by the remote side: {message}"),
             RemoteError::Samekey(e) => e.fmt(f),
         }
     }
@@ -216,6 +219,7 @@ impl Classify for RemoteError {
             // A middleware's own failure: whether the request went out is not known.
             RemoteError::Transport(_) => ErrorClass::Unknown,
             RemoteError::Status { class, .. } => *class,
+            RemoteError::Refused(_) => ErrorClass::Permanent,
             RemoteError::Samekey(e) => e.classify(),
         }
     }
@@ -248,40 +252,20 @@ pub async fn send(
     }
 }
 
-/// A receipt as a service's receipt endpoint answers it (`GET …/receipts/{callId}`): what became of
-/// the call with that callId on its side.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "status", rename_all = "snake_case")]
-pub enum ReceiptAnswer<T> {
-    /// It took effect, with this value.
-    Succeeded {
-        /// The call's result.
-        value: T,
-    },
-    /// It failed for good.
-    Failed {
-        /// Why.
-        error: String,
-    },
-    /// It is still running.
-    Processing,
-    /// Nothing of it arrived.
-    NotReceived,
-}
-
 /// Asks a receipt endpoint about a callId: `GET url`, a [`ReceiptAnswer`] in JSON (a 404 is
-/// `NotReceived`), as the `RemoteStatus` a `lookup` answers.
+/// `NotReceived`), as the `RemoteStatus` a `lookup = …` answers (a failure there as
+/// [`RemoteError::Refused`]).
 ///
 /// ```no_run
 /// # use samekey_http::{lookup_receipt, RemoteError};
 /// # async fn demo(client: reqwest_middleware::ClientWithMiddleware, call: &samekey_runtime::CallId) -> Result<(), RemoteError> {
-/// let status = lookup_receipt::<u64>(&client, &format!("http://payments/receipts/{call}")).await?;
+/// let status = lookup_receipt::<u64>(&client, format!("http://127.0.0.1:8080/receipts/{call}")).await?;
 /// # let _ = status; Ok(()) }
 /// ```
 pub async fn lookup_receipt<T: DeserializeOwned>(
     client: &reqwest_middleware::ClientWithMiddleware,
-    url: &str,
-) -> Result<RemoteStatus<T, String>, RemoteError> {
+    url: impl reqwest::IntoUrl,
+) -> Result<RemoteStatus<T, RemoteError>, RemoteError> {
     let response = client.get(url).send().await?;
     if response.status() == StatusCode::NOT_FOUND {
         return Ok(RemoteStatus::NotReceived);
@@ -299,7 +283,7 @@ pub async fn lookup_receipt<T: DeserializeOwned>(
     let answer: ReceiptAnswer<T> = response.json().await?;
     Ok(match answer {
         ReceiptAnswer::Succeeded { value } => RemoteStatus::Succeeded(value),
-        ReceiptAnswer::Failed { error } => RemoteStatus::Failed(error),
+        ReceiptAnswer::Failed { error } => RemoteStatus::Failed(RemoteError::Refused(error)),
         ReceiptAnswer::Processing => RemoteStatus::Processing,
         ReceiptAnswer::NotReceived => RemoteStatus::NotReceived,
     })

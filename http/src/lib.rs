@@ -38,11 +38,11 @@ pub mod headers;
 mod idempotency;
 pub mod message;
 mod problem;
+mod receipt;
 
 #[cfg(feature = "reqwest")]
 pub use client::{
-    classify_status, classify_transport, lookup_receipt, send, CallHeaders, ReceiptAnswer,
-    RemoteError,
+    classify_status, classify_transport, lookup_receipt, send, CallHeaders, RemoteError,
 };
 pub use context::{CallContext, CallContextLayer, CallIdSource, RequestIds};
 pub use idempotency::{
@@ -50,3 +50,6 @@ pub use idempotency::{
 };
 pub use message::{Envelope, Inbox};
 pub use problem::Problem;
+#[cfg(feature = "axum")]
+pub use receipt::receipts;
+pub use receipt::ReceiptAnswer;
