@@ -27,6 +27,8 @@ use samekey::{
 };
 
 async fn stores() -> Vec<(&'static str, Arc<dyn Store>)> {
+    // Pushed to by the backends this build has features for.
+    #[allow(unused_mut)]
     let mut all: Vec<(&'static str, Arc<dyn Store>)> =
         vec![("memory", Arc::new(samekey::MemoryStore::new()))];
     #[cfg(feature = "sqlite")]

@@ -193,6 +193,7 @@ pub(crate) const FINISH: &str =
 pub(crate) const TAKER: &str = "SELECT taker FROM samekey_compensation WHERE call_id = $1";
 
 /// Keeps the latest `$2` journal events of the key `$1`.
+#[cfg(feature = "sqlite")]
 pub(crate) const TRIM_JOURNAL: &str = "DELETE FROM samekey_journal WHERE key = $1 AND seq <= (
     SELECT seq FROM samekey_journal WHERE key = $1 ORDER BY seq DESC LIMIT 1 OFFSET $2)";
 
