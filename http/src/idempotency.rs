@@ -36,7 +36,9 @@ type Principal = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + Sy
 pub struct StoredResponse {
     /// The status code.
     pub status: u16,
-    /// The headers that belong to the response (not the connection's, not `Date`, not `Set-Cookie`).
+    /// The headers that belong to the response: not the connection's, not `Date` or `Set-Cookie`, not
+    /// the request's own ids (`X-Call-Id`, `X-Trace-Id`, `X-Request-Id`), which the replay's request
+    /// brings.
     pub headers: Vec<(String, String)>,
     /// The body, base64.
     pub body: String,
@@ -100,6 +102,7 @@ fn kept(name: &HeaderName) -> bool {
             | "x-call-id"
             | "x-trace-id"
             | "x-call-id-source"
+            | "x-request-id"
             | "idempotent-replayed"
     )
 }

@@ -23,6 +23,7 @@ struct Counts {
     flaky: AtomicU32,
     slow: AtomicU32,
     release_slow: Notify,
+    panicky: AtomicU32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -69,6 +70,14 @@ async fn slow(State(counts): State<Arc<Counts>>) -> &'static str {
     "slow done"
 }
 
+/// Dies mid-request the first time (its process would have crashed).
+async fn panicky(State(counts): State<Arc<Counts>>) -> &'static str {
+    if counts.panicky.fetch_add(1, Ordering::SeqCst) == 0 {
+        panic!("the handler died mid-request");
+    }
+    "done"
+}
+
 async fn big() -> String {
     "x".repeat(4096)
 }
@@ -91,13 +100,21 @@ struct Server {
 }
 
 async fn serve(store: Arc<dyn Store>, gateway: bool) -> Server {
+    serve_with(store, gateway, |layer| layer).await
+}
+
+async fn serve_with(
+    store: Arc<dyn Store>,
+    gateway: bool,
+    configure: fn(IdempotencyLayer) -> IdempotencyLayer,
+) -> Server {
     let rt = Runtime::builder()
         .node("api-1")
         .shared_store(store)
         .build()
         .unwrap();
     let counts = Arc::new(Counts::default());
-    let idempotency = IdempotencyLayer::new()
+    let idempotency = configure(IdempotencyLayer::new())
         .runtime(&rt)
         .max_body(1024)
         .principal(|parts| {
@@ -117,6 +134,7 @@ async fn serve(store: Arc<dyn Store>, gateway: bool) -> Server {
         .route("/flaky", post(flaky))
         .route("/slow", post(slow))
         .route("/big", post(big))
+        .route("/panicky", post(panicky))
         .route("/ids", post(ids).get(ids))
         .with_state(counts.clone())
         .layer(idempotency)
@@ -511,4 +529,124 @@ async fn a_gateway_fills_a_missing_call_id_and_marks_it() {
         .unwrap();
     assert!(passed.headers().get("x-call-id-source").is_none());
     assert_eq!(passed.headers().get("x-call-id").unwrap(), call_id.as_str());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_may_wait_for_the_first_with_its_key_instead_of_a_409() {
+    let server = serve_with(Arc::new(MemoryStore::new()), false, |l| l.wait_when_busy()).await;
+    let key = fresh_key();
+    let first = tokio::spawn(server.post("/slow", Some(&key)).send());
+    while server.counts.slow.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let second = tokio::spawn(server.post("/slow", Some(&key)).send());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    server.counts.release_slow.notify_one();
+    let (first, second) = (
+        first.await.unwrap().unwrap(),
+        second.await.unwrap().unwrap(),
+    );
+    assert_eq!(
+        (first.status().as_u16(), second.status().as_u16()),
+        (200, 200)
+    );
+    assert_eq!(second.headers().get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(server.counts.slow.load(Ordering::SeqCst), 1);
+}
+
+/// A handler that dies mid-request leaves its key's outcome unknown: the next request with the key is
+/// a 409 (`outcome-unknown`) and nothing runs again — unless the layer may re-run it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_died_is_not_run_again_unless_allowed() {
+    let server = serve(Arc::new(MemoryStore::new()), false).await;
+    let key = fresh_key();
+    let died = server.post("/panicky", Some(&key)).send().await.unwrap();
+    assert_eq!(died.status(), 500);
+    assert_eq!(
+        problem_type(died).await,
+        "urn:samekey:problem:handler-panicked"
+    );
+    // The drop guard marks the call UNKNOWN in the background, a moment later.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let next = server.post("/panicky", Some(&key)).send().await.unwrap();
+    assert_eq!(next.status(), 409);
+    assert_eq!(
+        problem_type(next).await,
+        "urn:samekey:problem:outcome-unknown"
+    );
+    assert_eq!(
+        server.counts.panicky.load(Ordering::SeqCst),
+        1,
+        "not run again"
+    );
+
+    let rerun = serve_with(Arc::new(MemoryStore::new()), false, |l| l.rerun_unknown()).await;
+    let key = fresh_key();
+    let died = rerun.post("/panicky", Some(&key)).send().await.unwrap();
+    assert_eq!(died.status(), 500);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let again = rerun.post("/panicky", Some(&key)).send().await.unwrap();
+    assert_eq!(again.status(), 200);
+    assert_eq!(again.text().await.unwrap(), "done");
+    assert_eq!(
+        rerun.counts.panicky.load(Ordering::SeqCst),
+        2,
+        "run again, once"
+    );
+}
+
+/// Beside tower-http's request-id and trace layers: each reads and writes its own headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layers_compose_with_tower_http() {
+    use std::sync::atomic::AtomicU64;
+    use tower_http::request_id::{
+        MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
+    };
+    use tower_http::trace::TraceLayer;
+
+    #[derive(Clone, Default)]
+    struct Counter(Arc<AtomicU64>);
+    impl MakeRequestId for Counter {
+        fn make_request_id<B>(&mut self, _: &axum::http::Request<B>) -> Option<RequestId> {
+            let n = self.0.fetch_add(1, Ordering::SeqCst);
+            Some(RequestId::new(axum::http::HeaderValue::from(n)))
+        }
+    }
+
+    let rt = Runtime::builder().node("api-1").build().unwrap();
+    let counts = Arc::new(Counts::default());
+    let app = Router::new()
+        .route("/orders", post(create_order))
+        .with_state(counts.clone())
+        .layer(IdempotencyLayer::new().runtime(&rt))
+        .layer(CallContextLayer::new())
+        .layer(TraceLayer::new_for_http())
+        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(SetRequestIdLayer::x_request_id(Counter::default()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let client = reqwest::Client::new();
+    let call_id = samekey::CallId::new("ord", "client-1").unwrap().to_string();
+    let key = fresh_key();
+    let order = Order {
+        item: "book".into(),
+        qty: 1,
+    };
+    for n in 0..2 {
+        let response = client
+            .post(format!("{base}/orders"))
+            .header("idempotency-key", &key)
+            .header("x-call-id", &call_id)
+            .json(&order)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201);
+        assert_eq!(response.headers()["x-request-id"], n.to_string().as_str());
+        assert_eq!(response.headers()["x-call-id"], call_id.as_str());
+        let created: Created = response.json().await.unwrap();
+        assert_eq!(created.call_id.as_deref(), Some(call_id.as_str()));
+    }
+    assert_eq!(counts.orders.load(Ordering::SeqCst), 1);
 }
