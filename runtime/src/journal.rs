@@ -157,6 +157,8 @@ impl std::fmt::Display for What {
             }
         };
         match self {
+            // Fence 0: a claim the receipt implies (its fence is the receipt's).
+            What::Claimed { fence: 0 } => f.write_str("claimed"),
             What::Claimed { fence } => write!(f, "claimed (fence {fence})"),
             What::TookOver { from, fence } => write!(f, "took over from {from} (fence {fence})"),
             What::Attempt {
