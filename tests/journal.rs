@@ -8,11 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use samekey::journal::{AttemptOutcome, CompensationStep, LookupOutcome};
+use samekey::Store;
 use samekey::{
     idempotent, observed, CallId, Callback, Compensator, MemoryStore, Operation, ReceiptState,
     Resolution, Runtime, What,
 };
-use support::faulty::Faulty;
+use support::faulty::{Act, Faulty, Gate};
 use support::{Fault, Remote, TestError};
 
 struct Payments {
@@ -47,6 +48,13 @@ impl Payments {
     #[idempotent(key = "order", scope = "pay", runtime = &self.rt, timeout = "1s",
                  lookup = |c| self.remote.status(c))]
     async fn with_lookup(&self, order: &str, amount: u64) -> Result<u64, TestError> {
+        let call = samekey::current().call_id().clone();
+        self.remote.charge(&call, order, amount).await
+    }
+
+    #[idempotent(key = "order", scope = "pay", runtime = &self.rt, timeout = "1s", on_unknown = "rerun",
+                 backoff = "100ms..1s", retries = 2)]
+    async fn rerun(&self, order: &str, amount: u64) -> Result<u64, TestError> {
         let call = samekey::current().call_id().clone();
         self.remote.charge(&call, order, amount).await
     }
@@ -307,4 +315,55 @@ async fn a_take_over_a_cancellation_a_callback_and_a_person_are_journaled() {
             },
         ]
     );
+}
+
+/// The journal's writes are places the caller can vanish and the owner can stall: the write before a
+/// backoff (after an attempt that may have run) holds the call until the test lets it go.
+#[tokio::test(start_paused = true)]
+async fn a_caller_gone_during_a_journal_write_leaves_the_call_unknown_not_released() {
+    let store = Arc::new(Faulty::new(Arc::new(MemoryStore::new())));
+    let p = Payments::on(store.clone());
+    let gate = Gate::new();
+    store.plan("append_journal", [Act::Before(gate.clone())]);
+    // The reply is lost after the charge: the attempt may have run; the backoff's journal write stalls.
+    p.remote.script([Fault::ReplyLost]);
+    let call = tokio::spawn(async move {
+        let _ = p.rerun("o-1", 5).await;
+    });
+    gate.reached().await;
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    gate.open();
+    let queued = store.list_compensations().await.unwrap();
+    assert_eq!(queued.len(), 1, "queued for compensation, not given back");
+    let receipt = store.get(&queued[0].key, u64::MAX / 2).await.unwrap();
+    assert_eq!(receipt.map(|r| r.state), Some(ReceiptState::Unknown));
+}
+
+/// An owner that stalls in that write past its lease is fenced out when it comes back: the duplicate
+/// that took the call over records the outcome, and the stalled owner answers that outcome.
+#[tokio::test(start_paused = true)]
+async fn an_owner_stalled_in_a_journal_write_is_fenced_out_and_answers_the_outcome() {
+    let store = Arc::new(Faulty::new(Arc::new(MemoryStore::new())));
+    // The remote dedups by callId, as `on_unknown = "rerun"` requires.
+    let mut payments = Payments::on(store.clone());
+    payments.remote = Remote::deduplicating();
+    let p = Arc::new(payments);
+    let remote = p.remote.clone();
+    let gate = Gate::new();
+    store.plan("append_journal", [Act::Before(gate.clone())]);
+    remote.script([Fault::ReplyLost]);
+    let stalled = tokio::spawn({
+        let p = p.clone();
+        async move { p.rerun("o-1", 5).await }
+    });
+    gate.reached().await;
+    // Past the stalled owner's lease (2 × its 1 s timeout), a duplicate takes the call over, re-runs
+    // it under the same callId (the remote dedups it) and records it.
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert_eq!(p.rerun("o-1", 5).await, Ok(5));
+    gate.open();
+    assert_eq!(stalled.await.unwrap(), Ok(5), "the recorded outcome");
+    assert_eq!(remote.executions("o-1"), 1);
 }

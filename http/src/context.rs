@@ -163,44 +163,41 @@ where
             },
             (None, None) => (None, CallIdSource::None),
         };
-        let headers = request.headers_mut();
-        if let Some(id) = &call_id {
-            if let Ok(value) = HeaderValue::from_str(id) {
-                headers.insert(X_CALL_ID, value);
-            }
-        }
-        if source == CallIdSource::Gateway {
-            headers.insert(X_CALL_ID_SOURCE, HeaderValue::from_static("gateway"));
-        }
-        if let Ok(value) = HeaderValue::from_str(&trace_id.to_string()) {
-            headers.insert(X_TRACE_ID, value);
-        }
         let ids = RequestIds {
-            call_id: call_id.clone(),
+            call_id,
             trace_id,
             source,
         };
-        request.extensions_mut().insert(ids);
+        ids.stamp(request.headers_mut());
         let mut inbound = Inbound::new().trace_id(trace_id);
-        if let Some(id) = call_id.clone() {
+        if let Some(id) = ids.call_id.clone() {
             inbound = inbound.call_id(id);
         }
+        request.extensions_mut().insert(ids.clone());
         let handled = self.inner.call(request);
         Box::pin(async move {
             let mut response = inbound.scope(handled).await?;
-            let headers = response.headers_mut();
-            if let Some(id) = &call_id {
-                if let Ok(value) = HeaderValue::from_str(id) {
-                    headers.insert(X_CALL_ID, value);
-                }
-            }
-            if source == CallIdSource::Gateway {
-                headers.insert(X_CALL_ID_SOURCE, HeaderValue::from_static("gateway"));
-            }
-            if let Ok(value) = HeaderValue::from_str(&trace_id.to_string()) {
-                headers.insert(X_TRACE_ID, value);
-            }
+            ids.stamp(response.headers_mut());
             Ok(response)
         })
+    }
+}
+
+impl RequestIds {
+    /// Writes the ids on a request passed on, or echoes them on its response.
+    fn stamp(&self, headers: &mut HeaderMap) {
+        if let Some(value) = self
+            .call_id
+            .as_ref()
+            .and_then(|id| HeaderValue::from_str(id).ok())
+        {
+            headers.insert(X_CALL_ID, value);
+        }
+        if self.source == CallIdSource::Gateway {
+            headers.insert(X_CALL_ID_SOURCE, HeaderValue::from_static("gateway"));
+        }
+        if let Ok(value) = HeaderValue::from_str(&self.trace_id.to_string()) {
+            headers.insert(X_TRACE_ID, value);
+        }
     }
 }

@@ -12,16 +12,14 @@ use bytes::Bytes;
 use http::{header, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
-use samekey_runtime::__private::{
-    begin, KeyBuilder, MessageErrors as _, OnBusy, OnMissingKey, OnUnknown, OperationCell, Probe,
-    Spec, Step,
-};
+use samekey_runtime::__private::{KeyBuilder, MessageErrors as _, OnBusy, OnUnknown, Probe, Spec};
 use samekey_runtime::{observed, Answer, Classify, Error, ErrorClass, Inbound, KeyBytes, Runtime};
 use serde::{Deserialize, Serialize};
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::headers::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+use crate::once;
 use crate::problem::Problem;
 
 /// The longest `Idempotency-Key` accepted (characters of the sf-string).
@@ -181,32 +179,17 @@ impl Clone for Config {
 impl Config {
     fn spec(&self) -> &'static Spec {
         self.spec.get_or_init(|| {
-            Box::leak(Box::new(Spec {
-                scope: "samekey.http",
-                scope_given: true,
-                operation: OperationCell::new(),
-                prefix: "http",
-                name: "Idempotency-Key",
-                retries: 0,
-                backoff_base: Duration::from_millis(100),
-                backoff_cap: Duration::from_secs(1),
-                jitter: 0.2,
-                timeout: None,
-                ttl: self.ttl,
-                window: None,
-                on_busy: if self.wait {
-                    OnBusy::Wait
-                } else {
-                    OnBusy::Reject
-                },
-                on_unknown: if self.rerun_unknown {
-                    OnUnknown::Rerun
-                } else {
-                    OnUnknown::Hold
-                },
-                has_lookup: false,
-                on_missing_key: OnMissingKey::Error,
-            }))
+            let on_busy = if self.wait {
+                OnBusy::Wait
+            } else {
+                OnBusy::Reject
+            };
+            let on_unknown = if self.rerun_unknown {
+                OnUnknown::Rerun
+            } else {
+                OnUnknown::Hold
+            };
+            once::spec("Idempotency-Key", "http", self.ttl, on_busy, on_unknown)
         })
     }
 }
@@ -590,43 +573,25 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let failed: Mutex<Option<S::Error>> = Mutex::new(None);
-    let mut request = Some(request);
-    let drive = async {
-        let codec = Probe::<Refusal>::new().codec();
-        let mut run = begin::<Result<StoredResponse, Refusal>>(
-            config.runtime.as_ref(),
-            config.spec(),
-            "",
-            key,
-            Some(verify),
-            codec,
-        );
-        let mut step = run.start().await;
-        loop {
-            step = match step {
-                Step::Done(out) => break out,
-                Step::Attempt => {
-                    let taken = request.take();
-                    let attempt = async {
-                        let Some(request) = taken else {
-                            // The handler runs once per request: a second attempt is never asked for
-                            // (no retries, no re-run), so there is nothing to send.
-                            return Err(Refusal::ServiceFailed);
-                        };
-                        match inner.call(request).await {
-                            Ok(response) => keep(response, &config).await,
-                            Err(e) => {
-                                *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-                                Err(Refusal::ServiceFailed)
-                            }
-                        }
-                    };
-                    run.attempt(attempt).await
-                }
-                Step::Lookup(_) => run.no_lookup().await,
-            };
+    let handle = async {
+        match inner.call(request).await {
+            Ok(response) => keep(response, &config).await,
+            Err(e) => {
+                *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                Err(Refusal::ServiceFailed)
+            }
         }
     };
+    let drive = once::run(
+        config.runtime.as_ref(),
+        config.spec(),
+        key,
+        Some(verify),
+        Probe::<Refusal>::new().codec(),
+        || handle,
+        // One request is sent to the handler once: no retries, so never asked for.
+        || std::future::ready(Err(Refusal::ServiceFailed)),
+    );
     let (out, report) = observed(drive).await;
     if let Some(e) = failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
         return Err(e);

@@ -37,6 +37,7 @@ mod context;
 pub mod headers;
 mod idempotency;
 pub mod message;
+mod once;
 mod problem;
 mod receipt;
 

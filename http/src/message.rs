@@ -6,13 +6,12 @@ use std::future::Future;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use samekey_runtime::__private::{
-    begin, KeyBuilder, MessageErrors as _, OnBusy, OnMissingKey, OnUnknown, OperationCell, Probe,
-    Spec, Step,
-};
+use samekey_runtime::__private::{KeyBuilder, MessageErrors as _, OnBusy, OnUnknown, Probe, Spec};
 use samekey_runtime::{CallId, Classify, Error, Inbound, ParseCallIdError, Runtime, TraceId};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+
+use crate::once;
 
 /// The attribute (header) that carries a message's callId.
 pub const ATTR_CALL_ID: &str = "x-call-id";
@@ -139,24 +138,13 @@ impl Inbox {
 
     fn spec(&self) -> &'static Spec {
         self.spec.get_or_init(|| {
-            Box::leak(Box::new(Spec {
-                scope: "samekey.inbox",
-                scope_given: true,
-                operation: OperationCell::new(),
-                prefix: "msg",
-                name: "Inbox::deliver",
-                retries: 0,
-                backoff_base: Duration::from_millis(100),
-                backoff_cap: Duration::from_secs(1),
-                jitter: 0.2,
-                timeout: None,
-                ttl: self.ttl,
-                window: None,
-                on_busy: OnBusy::Wait,
-                on_unknown: OnUnknown::Hold,
-                has_lookup: false,
-                on_missing_key: OnMissingKey::Error,
-            }))
+            once::spec(
+                "Inbox::deliver",
+                "msg",
+                self.ttl,
+                OnBusy::Wait,
+                OnUnknown::Hold,
+            )
         })
     }
 
@@ -179,31 +167,16 @@ impl Inbox {
         let spec = self.spec();
         let runtime = self.runtime.as_ref();
         inbound
-            .scope(async move {
-                let mut run =
-                    begin::<Result<R, E>>(runtime, spec, "", key, None, Probe::<E>::new().codec());
-                let mut handler = Some((handler, payload));
-                let mut step = run.start().await;
-                loop {
-                    step = match step {
-                        Step::Done(out) => return out,
-                        Step::Attempt => match handler.take() {
-                            Some((handler, payload)) => run.attempt(handler(payload)).await,
-                            // One attempt per delivery (no retries): never asked for twice.
-                            None => {
-                                run.attempt(async {
-                                    Err(E::from(Error::Exhausted {
-                                        call_id: call_id.clone(),
-                                        attempts: 1,
-                                    }))
-                                })
-                                .await
-                            }
-                        },
-                        Step::Lookup(_) => run.no_lookup().await,
-                    };
-                }
-            })
+            .scope(once::run(
+                runtime,
+                spec,
+                key,
+                None,
+                Probe::<E>::new().codec(),
+                || handler(payload),
+                // One attempt per delivery (no retries): never asked for twice.
+                || once::exhausted(&call_id),
+            ))
             .await
     }
 }

@@ -1338,16 +1338,15 @@ impl<T, E> Run<T, E> {
                     attempt = self.attempts, state = %state, error = %e,
                     "outcome could not be recorded; leaving the call unknown");
                 let reason = format!("the outcome {state} is known but could not be recorded: {e}");
-                self.note(What::Unknown {
-                    reason: reason.clone(),
-                });
-                self.flush().await;
-                let entry = self.entry(reason, now);
+                let entry = self.entry(reason.clone(), now);
                 if let Err(e) = leave_unknown(self.rt.store(), fence, entry, now).await {
                     tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                         attempt = self.attempts, error = %e, "could not leave the call unknown either; its lease will end");
                 }
                 self.recording = None;
+                // The journal after the writes that decide the call, not before them.
+                self.note(What::Unknown { reason });
+                self.flush().await;
                 self.done(out)
             }
         }

@@ -526,7 +526,6 @@ impl Compensator {
         tracing::info!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
             attempt = 0u32, round = entry.round, fence = fence.0, "compensation: asking the receipt");
         let answer = (operation.lookup)(entry.call_id.clone()).await;
-        let now = self.rt.now_ms();
         let (seen, error) = match &answer {
             Ok(RemoteStatus::Succeeded(_)) => (LookupOutcome::Succeeded, None),
             Ok(RemoteStatus::Failed(_)) => (LookupOutcome::Failed, None),
@@ -591,45 +590,64 @@ impl Compensator {
                     tracing::info!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
                         attempt = 0u32, error = %e, "compensation: lookup failed");
                 }
-                // Undecided: the call goes back to UNKNOWN (so a duplicate still asks first), and the
-                // entry to a later round.
-                match store.mark_unknown(&entry.key, fence, now).await {
-                    Ok(_) | Err(StoreError::Fenced { .. }) => {}
-                    Err(e) => return Err(e.into()),
-                }
+                // Undecided: the call goes back to UNKNOWN, the entry to a later round.
                 return self
-                    .later(entry, "the remote side has not decided yet", w)
+                    .undecided(entry, fence, "the remote side has not decided yet", w)
                     .await;
             }
         };
+        let settled = match seen {
+            LookupOutcome::Succeeded => What::Recorded {
+                state: ReceiptState::Success,
+                by: "compensation".to_owned(),
+            },
+            LookupOutcome::NotReceived if operation.not_received == NotReceived::Release => {
+                What::Released {
+                    reason: "not received by the remote side".to_owned(),
+                    by: "compensation".to_owned(),
+                }
+            }
+            _ => What::Recorded {
+                state: ReceiptState::Failed,
+                by: "compensation".to_owned(),
+            },
+        };
+        self.settled(entry, written, settled, counter, w).await
+    }
+
+    /// After the worker's write of a call's outcome: journaled and the entry removed, or — fenced out
+    /// of the key, another owner holds the call — the entry to a later round.
+    async fn settled(
+        &self,
+        entry: CompensationEntry,
+        written: Result<(), StoreError>,
+        what: What,
+        counter: Counter,
+        w: &mut Work<'_>,
+    ) -> Result<(), Error> {
         match written {
             Ok(()) => {
-                let settled = match seen {
-                    LookupOutcome::Succeeded => What::Recorded {
-                        state: ReceiptState::Success,
-                        by: "compensation".to_owned(),
-                    },
-                    LookupOutcome::NotReceived
-                        if operation.not_received == NotReceived::Release =>
-                    {
-                        What::Released {
-                            reason: "not received by the remote side".to_owned(),
-                            by: "compensation".to_owned(),
-                        }
-                    }
-                    _ => What::Recorded {
-                        state: ReceiptState::Failed,
-                        by: "compensation".to_owned(),
-                    },
-                };
-                w.note(self.rt.event(&entry.call_id, settled));
+                w.note(self.rt.event(&entry.call_id, what));
                 self.finish(&entry, w, counter).await
             }
-            // Fenced out of the key: another owner holds the call and settles its entry.
             Err(StoreError::Fenced { .. }) => {
                 self.later(entry, "the call's key was taken over meanwhile", w)
                     .await
             }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Puts the call of an entry the worker holds under `fence` back to `UNKNOWN` (a duplicate
+    /// still asks first); a worker fenced out meanwhile leaves it to the key's owner.
+    async fn back_to_unknown(&self, entry: &CompensationEntry, fence: Fence) -> Result<(), Error> {
+        match self
+            .rt
+            .store()
+            .mark_unknown(&entry.key, fence, self.rt.now_ms())
+            .await
+        {
+            Ok(_) | Err(StoreError::Fenced { .. }) => Ok(()),
             Err(e) => Err(e.into()),
         }
     }
@@ -826,21 +844,12 @@ impl Compensator {
                 operation.ttl,
             )
             .await;
-        match written {
-            Ok(()) => {
-                let recorded = What::Recorded {
-                    state: ReceiptState::Failed,
-                    by: "compensation".to_owned(),
-                };
-                w.note(self.rt.event(&entry.call_id, recorded));
-                self.finish(&entry, w, |p| &mut p.reversed).await
-            }
-            Err(StoreError::Fenced { .. }) => {
-                self.later(entry, "the call's key was taken over meanwhile", w)
-                    .await
-            }
-            Err(e) => Err(e.into()),
-        }
+        let recorded = What::Recorded {
+            state: ReceiptState::Failed,
+            by: "compensation".to_owned(),
+        };
+        self.settled(entry, written, recorded, |p| &mut p.reversed, w)
+            .await
     }
 
     /// Sends a call not received again under its callId, and records what it answers.
@@ -885,24 +894,14 @@ impl Compensator {
                     .await;
             }
         };
-        match self
+        let written = self
             .record(&entry, fence, state, bytes, operation.ttl)
-            .await
-        {
-            Ok(()) => {
-                let recorded = What::Recorded {
-                    state,
-                    by: "compensation".to_owned(),
-                };
-                w.note(self.rt.event(&entry.call_id, recorded));
-                self.finish(&entry, w, counter).await
-            }
-            Err(StoreError::Fenced { .. }) => {
-                self.later(entry, "the call's key was taken over meanwhile", w)
-                    .await
-            }
-            Err(e) => Err(e.into()),
-        }
+            .await;
+        let recorded = What::Recorded {
+            state,
+            by: "compensation".to_owned(),
+        };
+        self.settled(entry, written, recorded, counter, w).await
     }
 
     /// Leaves a call undecided this round: back to `UNKNOWN` (a duplicate still asks first), and the
@@ -914,15 +913,7 @@ impl Compensator {
         why: &str,
         w: &mut Work<'_>,
     ) -> Result<(), Error> {
-        match self
-            .rt
-            .store()
-            .mark_unknown(&entry.key, fence, self.rt.now_ms())
-            .await
-        {
-            Ok(_) | Err(StoreError::Fenced { .. }) => {}
-            Err(e) => return Err(e.into()),
-        }
+        self.back_to_unknown(&entry, fence).await?;
         self.later(entry, why, w).await
     }
 
@@ -971,15 +962,7 @@ impl Compensator {
         why: &str,
         w: &mut Work<'_>,
     ) -> Result<(), Error> {
-        match self
-            .rt
-            .store()
-            .mark_unknown(&entry.key, fence, self.rt.now_ms())
-            .await
-        {
-            Ok(_) | Err(StoreError::Fenced { .. }) => {}
-            Err(e) => return Err(e.into()),
-        }
+        self.back_to_unknown(&entry, fence).await?;
         self.escalate(entry, why, w).await
     }
 
