@@ -146,7 +146,7 @@ pub use samekey_runtime::{
     ParseCallIdError, Pass, Receipt, ReceiptState, RemoteStatus, Resolution, Runtime, Stats, Store,
     StoreError, StoredByMessage, SystemClock, TokioClock, TraceId, Transition, What,
     DEFAULT_BUSY_WAIT, DEFAULT_COMPENSATION_ROUNDS, DEFAULT_LEASE, DEFAULT_LOOKUP_POLLS,
-    DEFAULT_MAX_RETRY_AFTER,
+    DEFAULT_MAX_RETRY_AFTER, FORGOTTEN_KEEP,
 };
 
 /// The SQL driver of the SQLite and PostgreSQL stores (features `sqlite`, `postgres`): use it for the

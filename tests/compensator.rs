@@ -503,3 +503,142 @@ async fn a_charge_never_received_may_be_sent_again_under_its_callid() {
     assert_eq!(svc.charge_keeping_inputs("o-13", 700).await, Ok(700));
     assert_eq!(svc.remote.executions("o-13"), 1, "a duplicate replays it");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_person_makes_an_entry_due_now_or_escalates_it_and_the_journal_says_who() {
+    let svc = Svc::new();
+    let call_id = svc.unknown("o-20", Fault::ReplyLost).await;
+    svc.remote.script_lookups([Err("receipts down".to_owned())]);
+    let escalated = Arc::new(AtomicU32::new(0));
+    let worker = svc.worker().on_escalate({
+        let escalated = escalated.clone();
+        move |_| {
+            escalated.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    assert_eq!(worker.run_once().await.unwrap().rescheduled, 1);
+    assert_eq!(worker.run_once().await.unwrap().taken, 0, "due in 1 s");
+
+    // The provider's receipts are back: a person does not wait for the round.
+    worker
+        .retry(&call_id, "alice", "provider's status page is green")
+        .await
+        .unwrap();
+    svc.remote.script_lookups([Err("receipts down".to_owned())]);
+    let pass = worker.run_once().await.unwrap();
+    assert_eq!((pass.taken, pass.rescheduled), (1, 1), "{pass:?}");
+
+    // Another person knows this one needs a human: escalated before its rounds ran out.
+    worker
+        .escalate(&call_id, "bob", "provider asks for a ticket")
+        .await
+        .unwrap();
+    assert_eq!(escalated.load(Ordering::SeqCst), 1, "the hook ran once");
+    assert_eq!(svc.queued().await[0].state, CompensationState::Manual);
+
+    // Made due again: one more round, then MANUAL again — here the receipt answers.
+    worker
+        .retry(&call_id, "bob", "ticket answered")
+        .await
+        .unwrap();
+    assert_eq!(worker.run_once().await.unwrap().succeeded, 1);
+    assert!(svc.queued().await.is_empty());
+
+    let by_hand: Vec<String> = svc
+        .rt
+        .history(&call_id)
+        .await
+        .unwrap()
+        .events
+        .iter()
+        .map(|e| e.what.to_string())
+        .filter(|text| text.contains("by hand"))
+        .collect();
+    assert_eq!(
+        by_hand,
+        [
+            "compensation round 1: retried by hand (by alice: provider's status page is green)",
+            "compensation round 2: escalated by hand (by bob: provider asks for a ticket)",
+            "compensation round 2: retried by hand (by bob: ticket answered)",
+        ]
+    );
+    let gone = worker.retry(&call_id, "carol", "again").await;
+    assert!(
+        matches!(gone, Err(Error::Store(samekey::StoreError::NotFound))),
+        "{gone:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_holding_an_entry_keeps_it_from_a_person() {
+    let svc = Svc::new();
+    let call_id = svc.unknown("o-21", Fault::ReplyLost).await;
+    let taken = svc
+        .rt
+        .store()
+        .take_due_compensations(svc.rt.now_ms(), 10, 60_000)
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 1);
+    let worker = svc.worker();
+    for refused in [
+        worker.retry(&call_id, "alice", "now").await,
+        worker.escalate(&call_id, "alice", "now").await,
+    ] {
+        assert!(
+            matches!(refused, Err(Error::InProgress { .. })),
+            "{refused:?}"
+        );
+    }
+    tokio::time::advance(Duration::from_secs(61)).await;
+    worker
+        .retry(&call_id, "alice", "the worker is gone")
+        .await
+        .unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_finished_call_is_forgotten_by_hand_and_runs_again_but_an_undecided_one_is_not() {
+    let svc = Svc::new();
+    assert_eq!(svc.charge("o-22", 500).await, Ok(500));
+    assert_eq!(svc.charge("o-22", 500).await, Ok(500), "a replay");
+    assert_eq!(svc.remote.executions("o-22"), 1);
+    let mut key = samekey::KeyBuilder::new("orders.charge");
+    key.part("o-22");
+    let key = key.finish();
+
+    let forgotten = svc
+        .rt
+        .forget(&key, "alice", "ticket 4711: customer redoes the order")
+        .await
+        .unwrap();
+    assert_eq!(forgotten.state, samekey::ReceiptState::Success);
+    assert_eq!(svc.charge("o-22", 500).await, Ok(500));
+    assert_eq!(svc.remote.executions("o-22"), 2, "the new call ran");
+    let history = svc.rt.history(&forgotten.call_id).await.unwrap();
+    assert_eq!(
+        history.events.last().map(|e| e.what.to_string()),
+        Some(
+            "forgotten by alice (ticket 4711: customer redoes the order): its SUCCESS outcome is gone, the key may be claimed again"
+                .to_owned()
+        )
+    );
+
+    let unknown = svc.unknown("o-23", Fault::ReplyLost).await;
+    let mut key = samekey::KeyBuilder::new("orders.charge");
+    key.part("o-23");
+    let refused = svc.rt.forget(&key.finish(), "alice", "redo").await;
+    match refused {
+        Err(e @ Error::NotFinished { .. }) => assert_eq!(
+            e.to_string(),
+            format!("call {unknown} is UNKNOWN, not finished: only a SUCCESS or FAILED call can be forgotten; its outcome is not known: resolve it first (Compensator::resolve, samekey compensation resolve)")
+        ),
+        other => panic!("{other:?}"),
+    }
+    let mut nothing = samekey::KeyBuilder::new("orders.charge");
+    nothing.part("o-none");
+    assert!(matches!(
+        svc.rt.forget(&nothing.finish(), "alice", "redo").await,
+        Err(Error::Store(samekey::StoreError::NotFound))
+    ));
+}

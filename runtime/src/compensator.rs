@@ -25,7 +25,7 @@ use serde::Serialize;
 use crate::call_id::CallId;
 use crate::classify::{Classify, ErrorClass, RemoteStatus};
 use crate::codec::message_bytes;
-use crate::compensation::CompensationEntry;
+use crate::compensation::{CompensationEntry, CompensationState};
 use crate::error::{Error, StoreError};
 use crate::journal::{CompensationStep, Event, LookupOutcome, What};
 use crate::key::Key;
@@ -471,6 +471,84 @@ impl Compensator {
         };
         self.journal(call_id, &entry.key, resolved).await;
         Ok(())
+    }
+
+    /// Makes a queued entry due now, as `who` decided for `why` (a person who fixed what made it fail,
+    /// or who wants the next round without waiting): a `MANUAL` entry goes back to the workers for
+    /// one more round, a pending one is due at once. Logged and journaled with who and why.
+    /// [`Error::InProgress`] while a worker holds the entry (its lease has not ended);
+    /// [`StoreError::NotFound`] when no entry is queued for the call.
+    pub async fn retry(&self, call_id: &CallId, who: &str, why: &str) -> Result<(), Error> {
+        let entry = self.held_by_nobody(call_id).await?;
+        // The round stays: a `MANUAL` entry whose rounds ran out gets one more, then is `MANUAL` again.
+        self.rt
+            .store()
+            .reschedule_compensation(call_id, entry.fence, entry.round, 0, self.rt.now_ms())
+            .await?;
+        tracing::warn!(target: "samekey", call_id = %call_id, key = %entry.key.short(), attempt = 0u32,
+            who, why, "compensation: made due by hand");
+        self.by_hand(&entry, CompensationStep::RetriedByHand, who, why)
+            .await;
+        Ok(())
+    }
+
+    /// Marks a queued entry `MANUAL` before its rounds run out, as `who` decided for `why` (the
+    /// counterparty is known to need a person), and runs the escalation hook. Logged and journaled
+    /// with who and why. [`Error::InProgress`] while a worker holds the entry;
+    /// [`StoreError::NotFound`] when no entry is queued for the call.
+    pub async fn escalate(&self, call_id: &CallId, who: &str, why: &str) -> Result<(), Error> {
+        let entry = self.held_by_nobody(call_id).await?;
+        self.rt
+            .store()
+            .escalate_compensation(call_id, entry.fence, self.rt.now_ms())
+            .await?;
+        tracing::warn!(target: "samekey", call_id = %call_id, key = %entry.key.short(), attempt = 0u32,
+            who, why, "compensation: escalated by hand");
+        self.by_hand(&entry, CompensationStep::EscalatedByHand, who, why)
+            .await;
+        if let Some(hook) = &self.escalate {
+            let mut escalated = entry;
+            escalated.state = CompensationState::Manual;
+            hook(&escalated);
+        }
+        Ok(())
+    }
+
+    /// The queued entry of `call_id`, if no worker holds it now.
+    async fn held_by_nobody(&self, call_id: &CallId) -> Result<CompensationEntry, Error> {
+        let entry = self
+            .rt
+            .store()
+            .list_compensations()
+            .await?
+            .into_iter()
+            .find(|e| &e.call_id == call_id)
+            .ok_or(Error::Store(StoreError::NotFound))?;
+        let now = self.rt.store().now_ms(self.rt.now_ms()).await?;
+        match entry.state {
+            CompensationState::Taken { lease_until_ms } if lease_until_ms > now => {
+                Err(Error::InProgress {
+                    call_id: call_id.clone(),
+                })
+            }
+            _ => Ok(entry),
+        }
+    }
+
+    /// Journals what a person did to an entry.
+    async fn by_hand(
+        &self,
+        entry: &CompensationEntry,
+        step: CompensationStep,
+        who: &str,
+        why: &str,
+    ) {
+        let what = What::Compensation {
+            round: entry.round,
+            step,
+            detail: format!("by {who}: {why}"),
+        };
+        self.journal(&entry.call_id, &entry.key, what).await;
     }
 
     /// Works one taken entry: take the call's key over, ask, record — or put it back for later.
@@ -925,7 +1003,7 @@ impl Compensator {
         w: &mut Work<'_>,
     ) -> Result<(), Error> {
         let Some(delay) = self.rounds.get(entry.round as usize).copied() else {
-            return self.escalate(entry, why, w).await;
+            return self.escalate_entry(entry, why, w).await;
         };
         let round = entry.round.saturating_add(1);
         let done = self
@@ -963,11 +1041,11 @@ impl Compensator {
         w: &mut Work<'_>,
     ) -> Result<(), Error> {
         self.back_to_unknown(&entry, fence).await?;
-        self.escalate(entry, why, w).await
+        self.escalate_entry(entry, why, w).await
     }
 
     /// Marks an entry `MANUAL` for a person, and runs the escalation hook.
-    async fn escalate(
+    async fn escalate_entry(
         &self,
         entry: CompensationEntry,
         why: &str,

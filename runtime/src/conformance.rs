@@ -265,6 +265,62 @@ pub async fn release_frees_the_key(store: Arc<dyn Store>) {
     ));
 }
 
+/// Forgetting a finished call frees its key for a new call; only the record's own fence may, only
+/// once the call finished (`SUCCESS` or `FAILED`), and the key's journal stays.
+pub async fn forget_frees_a_finished_key(store: Arc<dyn Store>) {
+    let key = fresh_key("forget");
+    let first = call();
+    let fence = acquire(&*store, &key, &first, T0).await;
+    assert!(
+        matches!(
+            store.forget(&key, fence).await,
+            Err(StoreError::InvalidTransition { .. })
+        ),
+        "a PROCESSING call may be running: not forgotten"
+    );
+    store
+        .append_journal(&key, &[note(&first, 1)], 60_000, T0)
+        .await
+        .expect("append");
+    store
+        .complete(&key, fence, success(b"1", 60_000), T0)
+        .await
+        .expect("complete");
+    assert!(matches!(
+        store
+            .forget(&key, Fence(fence.0.wrapping_add(1_000_000)))
+            .await,
+        Err(StoreError::Fenced { .. })
+    ));
+    store.forget(&key, fence).await.expect("forget");
+    assert_eq!(store.get(&key, T0).await.expect("get"), None);
+    assert_eq!(store.get_by_call_id(&first).await.expect("get"), None);
+    assert!(
+        matches!(store.forget(&key, fence).await, Err(StoreError::NotFound)),
+        "forgotten once: nothing is left to forget"
+    );
+    assert_eq!(
+        store.journal(&key, T0).await.expect("journal"),
+        vec![note(&first, 1)],
+        "the journal outlives the forgotten record"
+    );
+    let second = call();
+    let again = acquire(&*store, &key, &second, T0).await;
+    assert!(
+        again > fence,
+        "a new call claims the key, under a larger fence"
+    );
+    let unknown = store.mark_unknown(&key, again, T0).await.expect("unknown");
+    assert_eq!(unknown, Transition::Applied);
+    assert!(
+        matches!(
+            store.forget(&key, again).await,
+            Err(StoreError::InvalidTransition { .. })
+        ),
+        "an UNKNOWN call may have taken effect: not forgotten"
+    );
+}
+
 /// Take-over: refused while the lease is alive or when the fence moved on; allowed after the lease or
 /// from `UNKNOWN`, keeping the callId; the stale owner is fenced out afterwards.
 pub async fn take_over_rules(store: Arc<dyn Store>) {
@@ -382,6 +438,11 @@ pub async fn ttl_expiry(store: Arc<dyn Store>) {
         .await
         .expect("complete");
     time.pass(100).await;
+    let counted = store.count_expired(time.now).await.expect("count");
+    assert!(
+        counted >= 1 || time.own_clock,
+        "a dry run counts the expired record"
+    );
     let purged = store.purge_expired(time.now).await.expect("purge");
     // A store that several nodes share may be shared by the other checks too: one of their purges may
     // have evicted it first.
@@ -905,6 +966,44 @@ fn note(call_id: &CallId, n: u64) -> Event {
     }
 }
 
+/// The keys that have a journal are listed in digest order, paged; a key with no journal is not.
+pub async fn journaled_keys_are_listed(store: Arc<dyn Store>) {
+    let mut keys: Vec<Key> = (0..5)
+        .map(|i| fresh_key(&format!("journaled-{i}")))
+        .collect();
+    for key in &keys {
+        store
+            .append_journal(key, &[note(&call(), 1)], 60_000, T0)
+            .await
+            .expect("append");
+    }
+    let silent = fresh_key("journaled-none");
+    acquire(&*store, &silent, &call(), T0).await;
+    keys.sort_by_key(|k| *k.digest());
+    // Other tests share the store: walk every page, keep the keys of this test.
+    let (mut after, mut seen) = (None, Vec::new());
+    loop {
+        let page = store.journaled_keys(after, 2).await.expect("list");
+        assert!(page.len() <= 2, "a page holds at most its limit");
+        let Some(last) = page.last() else { break };
+        after = Some(*last.digest());
+        seen.extend(page.iter().map(|k| *k.digest()));
+    }
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "in digest order, once each"
+    );
+    let mine: Vec<[u8; 32]> = seen
+        .into_iter()
+        .filter(|d| keys.iter().any(|k| k.digest() == d) || d == silent.digest())
+        .collect();
+    let want: Vec<[u8; 32]> = keys.iter().map(|k| *k.digest()).collect();
+    assert_eq!(
+        mine, want,
+        "every journaled key, and no key without a journal"
+    );
+}
+
 /// The journal keeps a key's events in the order they were appended, readable by key and by callId,
 /// bounded to the latest [`JOURNAL_LIMIT`]; a callId nobody journaled has no events.
 pub async fn journal_is_kept_in_order(store: Arc<dyn Store>) {
@@ -1042,10 +1141,10 @@ macro_rules! store_conformance_tests {
     (@all $make:expr;) => {
         $crate::store_conformance_tests!(@tests $make;
             claim_is_exclusive claim_records_processing fences_grow complete_is_fenced_and_reentrant
-            unknown_moves_forward release_frees_the_key take_over_rules extend_lease_is_fenced
+            unknown_moves_forward release_frees_the_key forget_frees_a_finished_key take_over_rules extend_lease_is_fenced
             ttl_expiry wait_settled_wakes compensation_queue take_over_is_exclusive_and_fences_out
             wait_settled_wakes_on_release orphans_are_listed receipts_are_listed
-            journal_is_kept_in_order journal_lives_with_its_record receipts_are_paged);
+            journal_is_kept_in_order journal_lives_with_its_record journaled_keys_are_listed receipts_are_paged);
     };
     (@tests $make:expr; $($check:ident)+) => {
         $(

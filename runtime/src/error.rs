@@ -125,6 +125,16 @@ pub enum Error {
         /// Its recorded state.
         state: ReceiptState,
     },
+    /// [`Runtime::forget`](crate::Runtime::forget) refused a call that has not finished: one
+    /// `PROCESSING` may be running (forgetting it would let a second call run beside it), one `UNKNOWN`
+    /// may have taken effect (resolve it first).
+    #[error("call {call_id} is {state}, not finished: only a SUCCESS or FAILED call can be forgotten{}", not_finished_hint(*state))]
+    NotFinished {
+        /// The call.
+        call_id: CallId,
+        /// Its state.
+        state: ReceiptState,
+    },
     /// [`Runtime::install_default`](crate::Runtime::install_default) was called after the default runtime
     /// was set or first used.
     #[error("the default samekey runtime is already set; install it before the first call")]
@@ -144,6 +154,7 @@ impl Classify for Error {
             | Error::NoReceipt { .. }
             | Error::TransitionRefused { .. }
             | Error::AlreadySettled { .. }
+            | Error::NotFinished { .. }
             | Error::DefaultAlreadySet => ErrorClass::Permanent,
             // Not `Rejected`: passed up from a call nested in another one's body, it must not give
             // the outer key back, since the outer body may have acted before it.
@@ -202,6 +213,16 @@ pub enum StoreError {
         /// The refused target.
         to: ReceiptState,
     },
+}
+
+/// What to do about a call [`Error::NotFinished`] refused.
+fn not_finished_hint(state: ReceiptState) -> &'static str {
+    match state {
+        ReceiptState::Unknown => {
+            "; its outcome is not known: resolve it first (Compensator::resolve, samekey compensation resolve)"
+        }
+        _ => "; it may be running: wait until it finishes",
+    }
 }
 
 #[cfg(test)]

@@ -129,6 +129,16 @@ pub enum What {
         /// Why.
         why: String,
     },
+    /// A person forgot the call's finished outcome (`Runtime::forget`, `samekey forget`): the key may be
+    /// claimed again, and a new call on it runs.
+    Forgotten {
+        /// The outcome that was forgotten: `SUCCESS` or `FAILED`.
+        state: ReceiptState,
+        /// Who.
+        who: String,
+        /// Why.
+        why: String,
+    },
     /// A callback (the counterparty's notification) was delivered for the call.
     Callback {
         /// The state it reported.
@@ -191,6 +201,10 @@ impl std::fmt::Display for What {
             What::Resolved { state, who, why } => {
                 write!(f, "resolved by hand as {state} by {who} ({why})")
             }
+            What::Forgotten { state, who, why } => write!(
+                f,
+                "forgotten by {who} ({why}): its {state} outcome is gone, the key may be claimed again"
+            ),
             What::Callback { state, applied } => {
                 let how = if *applied {
                     "applied"
@@ -298,6 +312,10 @@ pub enum CompensationStep {
     Escalated,
     /// The call had been settled elsewhere meanwhile: the entry was removed.
     SettledElsewhere,
+    /// A person made the entry due now (`Compensator::retry`, `samekey compensation retry`).
+    RetriedByHand,
+    /// A person marked the entry `MANUAL` before its rounds ran out (`Compensator::escalate`).
+    EscalatedByHand,
 }
 
 impl std::fmt::Display for CompensationStep {

@@ -48,7 +48,7 @@ pub use receipt::{Fence, InvalidState, InvalidTransition, Receipt, ReceiptState,
 pub use retry::Backoff;
 pub use runtime::{
     default_runtime, Builder, Runtime, DEFAULT_BUSY_WAIT, DEFAULT_LEASE, DEFAULT_LOOKUP_POLLS,
-    DEFAULT_MAX_RETRY_AFTER,
+    DEFAULT_MAX_RETRY_AFTER, FORGOTTEN_KEEP,
 };
 pub use stats::Stats;
 

@@ -25,6 +25,9 @@ pub const DEFAULT_LOOKUP_POLLS: u32 = 5;
 /// Default longest `retry_after` a rate-limited call waits before its next attempt.
 pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 
+/// How long, at least, a key's journal keeps a [`Runtime::forget`] (and the events before it).
+pub const FORGOTTEN_KEEP: Duration = Duration::from_secs(30 * 24 * 3600);
+
 /// Where calls claim keys and keep receipts, and how they behave around them. Cheap to clone (one `Arc`);
 /// clones share everything.
 ///
@@ -251,6 +254,49 @@ impl Runtime {
         let receipt = store.get(key, now).await?;
         let events = store.journal(key, now).await?;
         Ok(History { receipt, events })
+    }
+
+    /// Forgets the finished call on `key` — its `SUCCESS` or `FAILED` outcome — so that the key may be
+    /// claimed again and a new call on it runs: what a support engineer does when a customer must
+    /// redo an operation. `who` decided it for `why`; both are logged and journaled (the key's
+    /// journal keeps the call's events and the forgetting for [`FORGOTTEN_KEEP`] at least). Answers
+    /// the receipt that was forgotten.
+    ///
+    /// Refused ([`Error::NotFinished`]) for a call that has not finished: a `PROCESSING` one may be
+    /// running, and an `UNKNOWN` one may have taken effect (resolve it first, with
+    /// [`Compensator::resolve`](crate::Compensator::resolve)). [`StoreError::NotFound`] when the key
+    /// holds nothing; a call that settled or moved on meanwhile is refused by the store's fence.
+    ///
+    /// ```
+    /// # async fn demo(rt: samekey_runtime::Runtime) -> Result<(), samekey_runtime::Error> {
+    /// let mut key = samekey_runtime::KeyBuilder::new("orders.charge");
+    /// key.part("o-1");
+    /// let forgotten = rt.forget(&key.finish(), "alice", "ticket 4711: customer redoes the order").await;
+    /// # let _ = forgotten; Ok(()) }
+    /// ```
+    pub async fn forget(&self, key: &Key, who: &str, why: &str) -> Result<Receipt, Error> {
+        let store = self.store();
+        let record = store
+            .get(key, self.now_ms())
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        if !record.state.is_terminal() {
+            return Err(Error::NotFinished {
+                call_id: record.call_id,
+                state: record.state,
+            });
+        }
+        store.forget(key, record.fence).await?;
+        tracing::warn!(target: "samekey", call_id = %record.call_id, key = %key.short(),
+            state = %record.state, who, why, "finished call forgotten by hand");
+        let forgotten = What::Forgotten {
+            state: record.state,
+            who: who.to_owned(),
+            why: why.to_owned(),
+        };
+        let event = self.event(&record.call_id, forgotten);
+        self.journal(key, &[event], FORGOTTEN_KEEP).await;
+        Ok(record)
     }
 
     /// Appends events to a key's journal, warning (not failing) when the store refuses: the journal

@@ -181,6 +181,9 @@ impl Store for Faulty {
     async fn release(&self, key: &Key, f: Fence) -> Result<(), StoreError> {
         self.run("release", self.inner.release(key, f)).await
     }
+    async fn forget(&self, key: &Key, f: Fence) -> Result<(), StoreError> {
+        self.run("forget", self.inner.forget(key, f)).await
+    }
     async fn get(&self, key: &Key, n: u64) -> Result<Option<Receipt>, StoreError> {
         self.run("get", self.inner.get(key, n)).await
     }
@@ -275,6 +278,17 @@ impl Store for Faulty {
             self.inner.append_journal(k, events, keep, n),
         )
         .await
+    }
+    async fn journaled_keys(
+        &self,
+        after: Option<[u8; 32]>,
+        limit: usize,
+    ) -> Result<Vec<Key>, StoreError> {
+        self.run("journaled_keys", self.inner.journaled_keys(after, limit))
+            .await
+    }
+    async fn count_expired(&self, n: u64) -> Result<usize, StoreError> {
+        self.run("count_expired", self.inner.count_expired(n)).await
     }
     async fn journal(&self, k: &Key, n: u64) -> Result<Vec<Event>, StoreError> {
         self.run("journal", self.inner.journal(k, n)).await

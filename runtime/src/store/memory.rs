@@ -399,6 +399,19 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    async fn forget(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
+        let mut shard = self.shard(key.digest());
+        let entry = Self::owned(&mut shard, key, fence)?;
+        if !entry.receipt.state.is_terminal() {
+            return Err(StoreError::InvalidTransition {
+                from: entry.receipt.state,
+                to: ReceiptState::Received,
+            });
+        }
+        self.remove(&mut shard, key.digest());
+        Ok(())
+    }
+
     async fn get(&self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, StoreError> {
         let shard = self.shard(key.digest());
         Ok(shard
@@ -444,6 +457,20 @@ impl Store for MemoryStore {
         }
         self.purge_journals(now_ms);
         Ok(total)
+    }
+
+    async fn count_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
+        Ok(self
+            .shards
+            .iter()
+            .map(|shard| {
+                lock(shard)
+                    .records
+                    .values()
+                    .filter(|e| e.receipt.expired(now_ms))
+                    .count()
+            })
+            .sum())
     }
 
     async fn list_receipts(
@@ -622,6 +649,25 @@ impl Store for MemoryStore {
 
     async fn journal(&self, key: &Key, now_ms: u64) -> Result<Vec<Event>, StoreError> {
         Ok(self.journal_where(key.digest(), now_ms, |_| true))
+    }
+
+    async fn journaled_keys(
+        &self,
+        after: Option<[u8; 32]>,
+        limit: usize,
+    ) -> Result<Vec<Key>, StoreError> {
+        let mut digests: Vec<Digest> = lock(&self.journals)
+            .by_key
+            .keys()
+            .filter(|d| after.is_none_or(|after| **d > after))
+            .copied()
+            .collect();
+        digests.sort_unstable();
+        digests.truncate(limit);
+        Ok(digests
+            .into_iter()
+            .map(|d| Key::from_digest("", d))
+            .collect())
     }
 
     async fn journal_of_call(

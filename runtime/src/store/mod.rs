@@ -253,6 +253,14 @@ pub trait Store: std::any::Any + Send + Sync {
     /// Deletes the claim of an owner that proved nothing ran, so the key can be claimed again.
     async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError>;
 
+    /// Deletes the finished record (`SUCCESS` or `FAILED`) of `key` held under `fence`, so that the key
+    /// may be claimed again: a person's decision (a customer may redo the operation), made through
+    /// [`Runtime::forget`](crate::Runtime::forget). The key's journal stays.
+    /// [`StoreError::InvalidTransition`] for a record that is not finished (its call may still take
+    /// effect), [`StoreError::Fenced`] when `fence` is not the record's, [`StoreError::NotFound`] when
+    /// there is none.
+    async fn forget(&self, key: &Key, fence: Fence) -> Result<(), StoreError>;
+
     /// The record of a key, if it has one that has not expired at `now_ms`.
     async fn get(&self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, StoreError>;
 
@@ -285,6 +293,9 @@ pub trait Store: std::any::Any + Send + Sync {
 
     /// Evicts records that expired by now; returns how many.
     async fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError>;
+
+    /// How many records [`Store::purge_expired`] would evict now, evicting nothing (a dry run).
+    async fn count_expired(&self, now_ms: u64) -> Result<usize, StoreError>;
 
     /// One page of the receipts `query` selects that have not expired by now (released keys are not
     /// receipts). Pages are read in the order of creation time, then key digest, `query.limit` rows at
@@ -367,6 +378,16 @@ pub trait Store: std::any::Any + Send + Sync {
     /// The journal of `key`: the events of every call on it that the store still keeps, in the order
     /// they were appended.
     async fn journal(&self, key: &Key, now_ms: u64) -> Result<Vec<Event>, StoreError>;
+
+    /// Up to `limit` keys that have a journal, in the order of their digests, after the digest `after`:
+    /// what an audit walks to read every journal (most keys have none, since the happy path writes
+    /// nothing). The keys carry no scope; a key listed may answer an empty [`Store::journal`] (its
+    /// journal expired meanwhile).
+    async fn journaled_keys(
+        &self,
+        after: Option<[u8; 32]>,
+        limit: usize,
+    ) -> Result<Vec<Key>, StoreError>;
 
     /// The events of one call that the store still keeps, in the order they were appended — also for
     /// a call still running in another process, and for one whose claim was given back.

@@ -174,6 +174,14 @@ pub(crate) const RELEASE: &str = "UPDATE samekey_receipts
 SET state = 'RELEASED', lease_until = NULL, outcome = NULL, expires_at = updated
 WHERE key = $1 AND fence = $2 AND state = 'PROCESSING'";
 
+pub(crate) const FORGET: &str = "UPDATE samekey_receipts
+SET state = 'RELEASED', lease_until = NULL, outcome = NULL, expires_at = updated
+WHERE key = $1 AND fence = $2 AND state IN ('SUCCESS', 'FAILED')";
+
+/// Keys that have a journal, after `$1` (a digest), `$2` at most, in digest order.
+pub(crate) const JOURNALED_KEYS: &str =
+    "SELECT DISTINCT key FROM samekey_journal WHERE key > $1 ORDER BY key LIMIT $2";
+
 pub(crate) const BY_CALL_ID: &str =
     "SELECT key, scope, call_id, state, fence, lease_until, expires_at,
     fingerprint, outcome, created, updated
@@ -256,6 +264,14 @@ WHERE key = $2 AND fence = $3 AND state IN ('RECEIVED', 'PROCESSING')"
             /// Evicts expired rows (`$1` now).
             const PURGE_SQL: &'static str = concat!(
                 "DELETE FROM samekey_receipts WHERE expires_at IS NOT NULL AND expires_at <= ",
+                $now_open,
+                "$1",
+                $now_close
+            );
+
+            /// How many rows `PURGE_SQL` would delete (`$1` now).
+            const COUNT_EXPIRED_SQL: &'static str = concat!(
+                "SELECT COUNT(*) FROM samekey_receipts WHERE expires_at IS NOT NULL AND expires_at <= ",
                 $now_open,
                 "$1",
                 $now_close
@@ -672,6 +688,29 @@ ORDER BY j.seq"
                 }
             }
 
+            async fn forget(
+                &self,
+                key: &$crate::key::Key,
+                fence: $crate::receipt::Fence,
+            ) -> Result<(), $crate::error::StoreError> {
+                use $crate::store::not_owned;
+                use $crate::store::sql::{driver, int, FORGET};
+                let done = sqlx::query(FORGET)
+                    .bind(key.digest().as_slice())
+                    .bind(int(fence.0)?)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(driver)?;
+                if done.rows_affected() == 1 {
+                    return Ok(());
+                }
+                Err(not_owned(
+                    self.row(key).await?.as_ref(),
+                    fence,
+                    $crate::receipt::ReceiptState::Received,
+                ))
+            }
+
             async fn get(
                 &self,
                 key: &$crate::key::Key,
@@ -749,6 +788,16 @@ ORDER BY j.seq"
                     .await
                     .map_err(driver)?;
                 Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+            }
+
+            async fn count_expired(&self, now_ms: u64) -> Result<usize, $crate::error::StoreError> {
+                use $crate::store::sql::{driver, int};
+                let count: i64 = sqlx::query_scalar(Self::COUNT_EXPIRED_SQL)
+                    .bind(int(now_ms)?)
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(driver)?;
+                Ok(usize::try_from(count).unwrap_or(0))
             }
 
             async fn list_receipts(
@@ -955,6 +1004,33 @@ ORDER BY j.seq"
                 now_ms: u64,
             ) -> Result<Vec<$crate::journal::Event>, $crate::error::StoreError> {
                 self.journal_rows(Self::JOURNAL_BY_KEY_SQL, key.digest().to_vec(), now_ms).await
+            }
+
+            async fn journaled_keys(
+                &self,
+                after: Option<[u8; 32]>,
+                limit: usize,
+            ) -> Result<Vec<$crate::key::Key>, $crate::error::StoreError> {
+                use $crate::store::sql::{driver, JOURNALED_KEYS};
+                let after = after.map_or_else(Vec::new, |d| d.to_vec());
+                let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+                let rows: Vec<Vec<u8>> = sqlx::query_scalar(JOURNALED_KEYS)
+                    .bind(after)
+                    .bind(limit)
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(driver)?;
+                rows.into_iter()
+                    .map(|digest| {
+                        let digest: [u8; 32] = digest.as_slice().try_into().map_err(|_| {
+                            $crate::error::StoreError::Corrupt(format!(
+                                "a journal key of {} bytes, not 32",
+                                digest.len()
+                            ))
+                        })?;
+                        Ok($crate::key::Key::from_digest("", digest))
+                    })
+                    .collect()
             }
 
             async fn journal_of_call(

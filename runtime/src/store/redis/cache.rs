@@ -325,6 +325,16 @@ impl<D: Store> Store for CachedStore<D> {
         self.durable.release(key, fence).await
     }
 
+    /// Forgets the durable record, and the cache's entry before and after (a read in between may have
+    /// cached it again). A node that read the record just before and caches it after may replay it
+    /// until that entry expires.
+    async fn forget(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
+        self.disown(key, fence);
+        self.cache.redis.cache_forget(key).await?;
+        self.durable.forget(key, fence).await?;
+        self.cache.redis.cache_forget(key).await
+    }
+
     async fn get(&self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, StoreError> {
         if let Some(hit) = self.cached(key, now_ms, "a read").await {
             return Ok(Some(hit));
@@ -369,6 +379,10 @@ impl<D: Store> Store for CachedStore<D> {
             }
         }
         self.durable.purge_expired(now_ms).await
+    }
+
+    async fn count_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
+        self.durable.count_expired(now_ms).await
     }
 
     async fn list_receipts(
@@ -444,6 +458,14 @@ impl<D: Store> Store for CachedStore<D> {
         self.durable
             .append_journal(key, events, keep_ms, now_ms)
             .await
+    }
+
+    async fn journaled_keys(
+        &self,
+        after: Option<[u8; 32]>,
+        limit: usize,
+    ) -> Result<Vec<Key>, StoreError> {
+        self.durable.journaled_keys(after, limit).await
     }
 
     async fn journal(&self, key: &Key, now_ms: u64) -> Result<Vec<Event>, StoreError> {

@@ -479,7 +479,11 @@ impl RedisStore {
 
     /// The names of every record key, from every primary (`SCAN`, in batches).
     async fn record_names(&self) -> Result<Vec<String>, StoreError> {
-        let pattern = format!("{}:r:*", self.prefix);
+        self.names(&format!("{}:r:*", self.prefix)).await
+    }
+
+    /// The names of every key `pattern` matches, from every primary (`SCAN`, in batches), sorted.
+    async fn names(&self, pattern: &str) -> Result<Vec<String>, StoreError> {
         let mut names = Vec::new();
         for node in self.primaries().await? {
             let mut cursor: u64 = 0;
@@ -487,7 +491,7 @@ impl RedisStore {
                 let scan = redis::cmd("SCAN")
                     .arg(cursor)
                     .arg("MATCH")
-                    .arg(&pattern)
+                    .arg(pattern)
                     .arg("COUNT")
                     .arg(1_000)
                     .clone();
@@ -953,6 +957,22 @@ impl Store for RedisStore {
         }
     }
 
+    async fn forget(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
+        let fields = [
+            ("state", b"RELEASED".to_vec()),
+            ("lease_until", Vec::new()),
+            ("outcome", Vec::new()),
+        ];
+        let day = (24 * 3600 * 1000u64).to_string();
+        match self
+            .write(key, fence, "SUCCESS FAILED", &day, "", &fields)
+            .await?
+        {
+            Ok(()) => Ok(()),
+            Err(current) => Err(not_owned(current.as_ref(), fence, ReceiptState::Received)),
+        }
+    }
+
     async fn get(&self, key: &Key, _now_ms: u64) -> Result<Option<Receipt>, StoreError> {
         self.read(key, "").await
     }
@@ -1028,6 +1048,34 @@ impl Store for RedisStore {
         }
         self.prune_time_index().await?;
         Ok(purged)
+    }
+
+    /// Reads every record's expiry (pipelined, in batches) against the server's clock.
+    async fn count_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
+        let now = self.now_ms(now_ms).await?;
+        let mut expired = 0;
+        for batch in self.record_names().await?.chunks(500) {
+            let mut pipe = redis::pipe();
+            for name in batch {
+                pipe.hget(name, "expires_at");
+            }
+            let expiries: Vec<Option<u64>> = match self.conn() {
+                Connection::Cluster(mut c) => {
+                    // A cluster pipeline's commands go to their keys' nodes one by one.
+                    let mut all = Vec::with_capacity(batch.len());
+                    for name in batch {
+                        all.push(c.hget(name, "expires_at").await.map_err(unavailable)?);
+                    }
+                    all
+                }
+                mut conn => pipe.query_async(&mut conn).await.map_err(unavailable)?,
+            };
+            expired += expiries
+                .into_iter()
+                .filter(|at| at.is_some_and(|at| at <= now))
+                .count();
+        }
+        Ok(expired)
     }
 
     /// Reads a page from the creation-time index (16 sorted sets, each ordered by creation time and
@@ -1273,6 +1321,29 @@ impl Store for RedisStore {
         all.iter().map(|text| journal::decode(text)).collect()
     }
 
+    /// Scans every journal (`SCAN` on every primary) for each page: an audit's cost grows with the
+    /// journals held (few: the happy path writes none), not with the receipts.
+    async fn journaled_keys(
+        &self,
+        after: Option<[u8; 32]>,
+        limit: usize,
+    ) -> Result<Vec<Key>, StoreError> {
+        let prefix = format!("{}:j:{{", self.prefix);
+        let mut digests: Vec<[u8; 32]> = self
+            .names(&format!("{prefix}*"))
+            .await?
+            .iter()
+            .filter_map(|name| digest_from_hex(name.strip_prefix(&prefix)?.strip_suffix('}')?))
+            .filter(|d| after.is_none_or(|after| *d > after))
+            .collect();
+        digests.sort_unstable();
+        digests.truncate(limit);
+        Ok(digests
+            .into_iter()
+            .map(|d| Key::from_digest("", d))
+            .collect())
+    }
+
     async fn journal_of_call(
         &self,
         call_id: &CallId,
@@ -1480,6 +1551,14 @@ impl RedisStore {
             return Err(corrupt("CLUSTER NODES lists no primary"));
         }
         Ok(nodes)
+    }
+
+    /// Deletes the cache entry of `key` (its callId index entry expires by itself, and finds no record).
+    async fn cache_forget(&self, key: &Key) -> Result<(), StoreError> {
+        self.conn()
+            .del::<_, ()>(self.record_key(key))
+            .await
+            .map_err(unavailable)
     }
 
     /// Writes a finished receipt as a cache entry (record and callId index), expiring with it.
