@@ -1,9 +1,11 @@
 //! What the command prints: tables for people, JSON (`--json`: one document) or JSON lines
-//! (`--jsonl`) for machines. Times are UTC, RFC 3339, to the millisecond.
+//! (`--jsonl`) for machines. Times are RFC 3339 to the millisecond, UTC unless `--local`. Colours
+//! only on a terminal (and never with `NO_COLOR` set); progress, on long scans, only on a terminal's
+//! stderr.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::time::{Duration, UNIX_EPOCH};
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use samekey_runtime::store::Cursor;
 use samekey_runtime::{Event, History, Receipt};
@@ -17,15 +19,21 @@ pub enum Format {
     Jsonl,
 }
 
-/// Where the command writes.
-pub struct Out {
-    format: Format,
-    out: std::io::Stdout,
+/// A colour for what a person should notice.
+#[derive(Debug, Clone, Copy)]
+pub enum Tone {
+    Good,
+    Warn,
+    Bad,
+    Dim,
 }
 
-/// A time (Unix ms) as RFC 3339, UTC.
-pub fn time(ms: u64) -> String {
-    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+/// Where the command writes, and how.
+pub struct Out {
+    format: Format,
+    local: bool,
+    colour: bool,
+    out: std::io::Stdout,
 }
 
 fn cursor(at: &Cursor) -> String {
@@ -33,7 +41,8 @@ fn cursor(at: &Cursor) -> String {
     format!("{}:{hex}", at.created_ms)
 }
 
-fn outcome(receipt: &Receipt) -> Value {
+/// A stored outcome as JSON (or as text, when it is not JSON).
+pub fn outcome(receipt: &Receipt) -> Value {
     match receipt.outcome.as_deref() {
         None => Value::Null,
         Some(bytes) => serde_json::from_slice(bytes)
@@ -41,41 +50,138 @@ fn outcome(receipt: &Receipt) -> Value {
     }
 }
 
-fn receipt_json(r: &Receipt) -> Value {
-    json!({
-        "call_id": r.call_id.to_string(),
-        "scope": r.key.scope(),
-        "key": r.key.to_hex(),
-        "state": r.state.to_string(),
-        "fence": r.fence.0,
-        "created": time(r.created_ms),
-        "updated": time(r.updated_ms),
-        "lease_until": r.lease_until_ms.map(time),
-        "expires_at": r.expires_at_ms.map(time),
-        "outcome": outcome(r),
-    })
-}
-
-fn event_json(e: &Event) -> Value {
-    let mut value = serde_json::to_value(e).unwrap_or(Value::Null);
-    if let Value::Object(fields) = &mut value {
-        fields.insert("at".into(), Value::String(time(e.at_ms)));
-        fields.insert("text".into(), Value::String(e.what.to_string()));
+/// The tone of a state's name.
+pub fn tone_of(state: &str) -> Tone {
+    match state {
+        "SUCCESS" => Tone::Good,
+        "UNKNOWN" | "PROCESSING" | "RECEIVED" | "PENDING" | "TAKEN" => Tone::Warn,
+        "FAILED" | "MANUAL" => Tone::Bad,
+        _ => Tone::Dim,
     }
-    value
 }
 
 impl Out {
-    pub fn new(format: Format) -> Out {
+    pub fn new(format: Format, local: bool) -> Out {
+        let colour = format == Format::Table
+            && std::io::stdout().is_terminal()
+            && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
         Out {
             format,
+            local,
+            colour,
             out: std::io::stdout(),
         }
     }
 
-    fn line(&mut self, text: impl std::fmt::Display) {
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    pub fn line(&mut self, text: impl std::fmt::Display) {
         // A closed pipe (`| head`) ends the output, not the command with a panic.
         let _ = writeln!(self.out, "{text}");
+    }
+
+    /// A JSON value: pretty for `--json`, one line for `--jsonl`.
+    pub fn json(&mut self, value: &Value) {
+        let text = match self.format {
+            Format::Json => serde_json::to_string_pretty(value).unwrap_or_default(),
+            _ => value.to_string(),
+        };
+        self.line(text);
+    }
+
+    /// `text` in `tone`, on a terminal; padded to `width` before the colour codes, so columns align.
+    pub fn paint(&self, text: &str, tone: Tone, width: usize) -> String {
+        let padded = format!("{text:<width$}");
+        if !self.colour {
+            return padded;
+        }
+        let code = match tone {
+            Tone::Good => "32",
+            Tone::Warn => "33",
+            Tone::Bad => "31;1",
+            Tone::Dim => "2",
+        };
+        format!("\x1b[{code}m{padded}\x1b[0m")
+    }
+
+    /// A state's name, coloured by what it means.
+    pub fn state(&self, state: &str, width: usize) -> String {
+        self.paint(state, tone_of(state), width)
+    }
+
+    /// A time (Unix ms) as RFC 3339: UTC, or this machine's zone with `--local`.
+    pub fn time(&self, ms: u64) -> String {
+        if self.local {
+            let local = i64::try_from(ms)
+                .ok()
+                .and_then(chrono::DateTime::from_timestamp_millis)
+                .map(|t| t.with_timezone(&chrono::Local));
+            if let Some(local) = local {
+                return local.to_rfc3339_opts(chrono::SecondsFormat::Millis, false);
+            }
+        }
+        humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+    }
+
+    pub fn receipt_json(&self, r: &Receipt) -> Value {
+        json!({
+            "call_id": r.call_id.to_string(),
+            "scope": r.key.scope(),
+            "key": r.key.to_hex(),
+            "state": r.state.to_string(),
+            "fence": r.fence.0,
+            "created": self.time(r.created_ms),
+            "updated": self.time(r.updated_ms),
+            "lease_until": r.lease_until_ms.map(|t| self.time(t)),
+            "expires_at": r.expires_at_ms.map(|t| self.time(t)),
+            "outcome": outcome(r),
+        })
+    }
+
+    pub fn event_json(&self, e: &Event) -> Value {
+        let mut value = serde_json::to_value(e).unwrap_or(Value::Null);
+        if let Value::Object(fields) = &mut value {
+            fields.insert("at".into(), Value::String(self.time(e.at_ms)));
+            fields.insert("text".into(), Value::String(e.what.to_string()));
+        }
+        value
+    }
+
+    /// A receipt's fields, one per line, for people.
+    pub fn receipt_lines(&mut self, r: &Receipt) {
+        self.line(format!("call      {}", r.call_id));
+        self.line(format!("key       {} {}", r.key.scope(), r.key.to_hex()));
+        let state = self.state(&r.state.to_string(), 0);
+        self.line(format!("state     {state} (fence {})", r.fence.0));
+        self.line(format!("created   {}", self.time(r.created_ms)));
+        self.line(format!("updated   {}", self.time(r.updated_ms)));
+        if let Some(until) = r.lease_until_ms {
+            self.line(format!("lease     until {}", self.time(until)));
+        }
+        if let Some(at) = r.expires_at_ms {
+            self.line(format!("expires   {}", self.time(at)));
+        }
+        let outcome = outcome(r);
+        if !outcome.is_null() {
+            self.line(format!("outcome   {outcome}"));
+        }
+    }
+
+    /// A timeline, for people: each event's time, its offset from the first, its node and text.
+    pub fn timeline_lines(&mut self, timeline: &[Event]) {
+        self.line("timeline");
+        let start = timeline.first().map_or(0, |e| e.at_ms);
+        for e in timeline {
+            let offset = e.at_ms.saturating_sub(start) as f64 / 1000.0;
+            self.line(format!(
+                "  {}  +{offset:>8.3}s  {:<12} {}",
+                self.time(e.at_ms),
+                e.node,
+                e.what
+            ));
+        }
     }
 
     /// A call's (or a key's) receipt and timeline.
@@ -84,52 +190,28 @@ impl Out {
         match self.format {
             Format::Json => {
                 let doc = json!({
-                    "receipt": history.receipt.as_ref().map(receipt_json),
-                    "timeline": timeline.iter().map(event_json).collect::<Vec<_>>(),
+                    "receipt": history.receipt.as_ref().map(|r| self.receipt_json(r)),
+                    "timeline": timeline.iter().map(|e| self.event_json(e)).collect::<Vec<_>>(),
                 });
-                self.line(serde_json::to_string_pretty(&doc).unwrap_or_default());
+                self.json(&doc);
             }
             Format::Jsonl => {
                 if let Some(r) = &history.receipt {
-                    self.line(json!({ "receipt": receipt_json(r) }));
+                    let line = json!({ "receipt": self.receipt_json(r) });
+                    self.json(&line);
                 }
                 for e in &timeline {
-                    self.line(event_json(e));
+                    let line = self.event_json(e);
+                    self.json(&line);
                 }
             }
             Format::Table => {
                 match &history.receipt {
-                    Some(r) => {
-                        self.line(format!("call      {}", r.call_id));
-                        self.line(format!("key       {} {}", r.key.scope(), r.key.to_hex()));
-                        self.line(format!("state     {} (fence {})", r.state, r.fence.0));
-                        self.line(format!("created   {}", time(r.created_ms)));
-                        self.line(format!("updated   {}", time(r.updated_ms)));
-                        if let Some(until) = r.lease_until_ms {
-                            self.line(format!("lease     until {}", time(until)));
-                        }
-                        if let Some(at) = r.expires_at_ms {
-                            self.line(format!("expires   {}", time(at)));
-                        }
-                        let outcome = outcome(r);
-                        if !outcome.is_null() {
-                            self.line(format!("outcome   {outcome}"));
-                        }
-                    }
-                    None => self.line("receipt   none (given back, or expired)"),
+                    Some(r) => self.receipt_lines(r),
+                    None => self.line("receipt   none (given back, forgotten, or expired)"),
                 }
                 self.line("");
-                self.line("timeline");
-                let start = timeline.first().map_or(0, |e| e.at_ms);
-                for e in &timeline {
-                    let offset = e.at_ms.saturating_sub(start) as f64 / 1000.0;
-                    self.line(format!(
-                        "  {}  +{offset:>8.3}s  {:<12} {}",
-                        time(e.at_ms),
-                        e.node,
-                        e.what
-                    ));
-                }
+                self.timeline_lines(&timeline);
             }
         }
     }
@@ -139,26 +221,27 @@ impl Out {
         match self.format {
             Format::Json => {
                 let doc = json!({
-                    "receipts": receipts.iter().map(receipt_json).collect::<Vec<_>>(),
+                    "receipts": receipts.iter().map(|r| self.receipt_json(r)).collect::<Vec<_>>(),
                     "next": next.as_ref().map(cursor),
                 });
-                self.line(serde_json::to_string_pretty(&doc).unwrap_or_default());
+                self.json(&doc);
             }
             Format::Jsonl => {
                 for r in receipts {
-                    self.line(receipt_json(r));
+                    let line = self.receipt_json(r);
+                    self.json(&line);
                 }
             }
             Format::Table => {
                 self.line(format!(
-                    "{:<24}  {:<10}  {:<24}  {:<48}  KEY",
+                    "{:<29}  {:<10}  {:<24}  {:<48}  KEY",
                     "CREATED", "STATE", "SCOPE", "CALL ID"
                 ));
                 for r in receipts {
+                    let state = self.state(&r.state.to_string(), 10);
                     self.line(format!(
-                        "{:<24}  {:<10}  {:<24}  {:<48}  {}",
-                        time(r.created_ms),
-                        r.state.to_string(),
+                        "{:<29}  {state}  {:<24}  {:<48}  {}",
+                        self.time(r.created_ms),
                         r.key.scope(),
                         r.call_id.to_string(),
                         &r.key.to_hex()[..16]
@@ -174,32 +257,66 @@ impl Out {
 
     /// Counts by scope and state.
     pub fn stats(&mut self, counts: &BTreeMap<(String, String), u64>) {
+        let rows = counts
+            .iter()
+            .map(|((scope, state), n)| json!({ "scope": scope, "state": state, "count": n }));
+        let total: u64 = counts.values().sum();
         match self.format {
-            Format::Json | Format::Jsonl => {
-                let rows: Vec<Value> = counts
-                    .iter()
-                    .map(
-                        |((scope, state), n)| json!({ "scope": scope, "state": state, "count": n }),
-                    )
-                    .collect();
-                if self.format == Format::Json {
-                    let total: u64 = counts.values().sum();
-                    let doc = json!({ "counts": rows, "total": total });
-                    self.line(serde_json::to_string_pretty(&doc).unwrap_or_default());
-                } else {
-                    for row in rows {
-                        self.line(row);
-                    }
+            Format::Json => {
+                let doc = json!({ "counts": rows.collect::<Vec<_>>(), "total": total });
+                self.json(&doc);
+            }
+            Format::Jsonl => {
+                for row in rows {
+                    self.json(&row);
                 }
             }
             Format::Table => {
                 self.line(format!("{:<32}  {:<10}  {:>10}", "SCOPE", "STATE", "COUNT"));
                 for ((scope, state), n) in counts {
-                    self.line(format!("{scope:<32}  {state:<10}  {n:>10}"));
+                    let state = self.state(state, 10);
+                    self.line(format!("{scope:<32}  {state}  {n:>10}"));
                 }
-                let total: u64 = counts.values().sum();
                 self.line(format!("{:<32}  {:<10}  {total:>10}", "total", ""));
             }
+        }
+    }
+}
+
+/// Progress of a long scan, on stderr when it is a terminal (never in a pipe or a log): a count,
+/// rewritten in place at most five times a second, cleared when the scan ends.
+pub struct Progress {
+    what: &'static str,
+    shown: Option<Instant>,
+    on: bool,
+}
+
+impl Progress {
+    pub fn new(what: &'static str) -> Progress {
+        Progress {
+            what,
+            shown: None,
+            on: std::io::stderr().is_terminal(),
+        }
+    }
+
+    pub fn tick(&mut self, done: u64) {
+        if !self.on
+            || self
+                .shown
+                .is_some_and(|at| at.elapsed() < Duration::from_millis(200))
+        {
+            return;
+        }
+        self.shown = Some(Instant::now());
+        let _ = write!(std::io::stderr(), "\r{}: {done} …", self.what);
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        if self.shown.is_some() {
+            let _ = write!(std::io::stderr(), "\r\x1b[2K");
         }
     }
 }
