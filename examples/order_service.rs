@@ -7,12 +7,15 @@
 //! cargo run --example order_service            # seed 7
 //! cargo run --example order_service -- 42      # another seed
 //! cargo run --example order_service --features sqlite -- --store sqlite:/tmp/orders.db
+//! cargo run --example order_service --features sqlite -- --store sqlite:/tmp/orders.db --settlement /tmp/settlement.csv
 //! ```
 //!
 //! Time is simulated (tokio's paused clock), so the run is instant and the same seed prints the same
 //! table. With `--store`, only the samekey client runs, in real time, on a durable store (fewer orders,
 //! no slow replies, a status endpoint that always answers): run it twice and the second run replays
 //! every call from the store instead of charging again — a restart that does not double-charge.
+//! `--settlement FILE` writes the gateway's settled charges (call_id, status, amount) as a CSV file,
+//! for `samekey reconcile` (the README's runbook).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -411,12 +414,18 @@ fn column(gateway: &Gateway, told: Told, told_failed: &HashMap<u64, bool>) -> Co
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut seed = 7;
     let mut store = None;
+    let mut settlement = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         if arg == "--store" {
             store = Some(
                 args.next()
                     .ok_or("--store needs a URL, e.g. sqlite:/tmp/orders.db")?,
+            );
+        } else if arg == "--settlement" {
+            settlement = Some(
+                args.next()
+                    .ok_or("--settlement needs a file, e.g. /tmp/settlement.csv")?,
             );
         } else {
             seed = arg
@@ -436,7 +445,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            runtime.block_on(durable(seed, &url))
+            runtime.block_on(durable(seed, &url, settlement.as_deref()))
         }
     }
 }
@@ -445,7 +454,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 const DURABLE_ORDERS: u64 = 60;
 
 /// The samekey client alone, in real time, on the store at `url`.
-async fn durable(seed: u64, url: &str) -> Result<(), Box<dyn std::error::Error>> {
+async fn durable(
+    seed: u64,
+    url: &str,
+    settlement: Option<&str>,
+) -> Result<(), Box<dyn std::error::Error>> {
     let gateway = Gateway::steady(seed);
     let service = OrderService {
         gateway: gateway.clone(),
@@ -476,6 +489,23 @@ async fn durable(seed: u64, url: &str) -> Result<(), Box<dyn std::error::Error>>
     println!("took {:.1} s", started.elapsed().as_secs_f64());
     if stats.replays == stats.calls {
         println!("every call was answered from the store: nothing was charged again");
+    }
+    if let Some(path) = settlement {
+        let mut csv = String::from("call_id,status,amount\n");
+        let mut settled: Vec<(&String, &Charge)> = ledger
+            .by_request
+            .iter()
+            .filter_map(|(id, status)| match status {
+                RemoteStatus::Succeeded(charge) => Some((id, charge)),
+                _ => None,
+            })
+            .collect();
+        settled.sort_by_key(|(id, _)| *id);
+        for (call_id, charge) in &settled {
+            csv.push_str(&format!("{call_id},succeeded,{}\n", charge.amount_cents));
+        }
+        std::fs::write(path, csv)?;
+        println!("the gateway's {} settled charges: {path}", settled.len());
     }
     Ok(())
 }

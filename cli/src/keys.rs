@@ -1,7 +1,29 @@
 //! Keys as an operator gives them: a digest, or a scope and typed parts encoded exactly as the runtime
 //! encodes them (its own `KeyBuilder`).
 
-use samekey_runtime::{Key, KeyBuilder};
+use samekey_runtime::{Key, KeyBuilder, KeyEncoder, KeyPart};
+
+/// A structure's opening marker, as a type's `KeyPart` writes it before its members: a struct
+/// (`#[derive(KeyPart)]`) of n kept fields, a tuple, a sequence of n items, an `Option`.
+enum Marker {
+    Record(usize),
+    Tuple(usize),
+    Seq(usize),
+    Some,
+    None,
+}
+
+impl KeyPart for Marker {
+    fn encode_key(&self, out: &mut KeyEncoder) {
+        match *self {
+            Marker::Record(n) => out.record(n),
+            Marker::Tuple(n) => out.tuple(n),
+            Marker::Seq(n) => out.seq(n),
+            Marker::Some => out.some(),
+            Marker::None => out.none(),
+        }
+    }
+}
 
 /// A key from its digest (64 hex digits); its scope is not known.
 pub fn from_digest(hex: &str) -> Result<Key, String> {
@@ -18,7 +40,9 @@ pub fn from_digest(hex: &str) -> Result<Key, String> {
 }
 
 /// A key from its scope and parts, each `TYPE:VALUE` (str, bool, char, u8…u128, i8…i128), in the
-/// order the function's `key = …` names them.
+/// order the function's `key = …` names them. A struct, tuple, sequence or `Option` part opens with
+/// its marker — `record:N` (a `#[derive(KeyPart)]` struct of N kept fields), `tuple:N`, `seq:N`,
+/// `some:`, `none:` — followed by its members.
 pub fn from_parts(scope: &str, parts: &[String]) -> Result<Key, String> {
     let mut key = KeyBuilder::new(scope);
     for part in parts {
@@ -28,12 +52,22 @@ pub fn from_parts(scope: &str, parts: &[String]) -> Result<Key, String> {
         let bad = |e: &dyn std::fmt::Display| format!("--part {part:?}: not a {ty}: {e}");
         macro_rules! typed {
             ($($name:literal => $t:ty),*) => {
+                let count = || {
+                    value
+                        .parse::<usize>()
+                        .map_err(|e| format!("--part {part:?}: {ty} takes a count: {e}"))
+                };
                 match ty {
                     "str" | "string" => key.part(value),
+                    "record" => key.part(&Marker::Record(count()?)),
+                    "tuple" => key.part(&Marker::Tuple(count()?)),
+                    "seq" => key.part(&Marker::Seq(count()?)),
+                    "some" => key.part(&Marker::Some),
+                    "none" => key.part(&Marker::None),
                     $($name => key.part(&value.parse::<$t>().map_err(|e| bad(&e))?),)*
                     other => {
                         return Err(format!(
-                            "--part {part:?}: unknown type {other:?} (str, bool, char, u8…u128, i8…i128)"
+                            "--part {part:?}: unknown type {other:?} (str, bool, char, u8…u128, i8…i128, record:N, tuple:N, seq:N, some:, none:)"
                         ))
                     }
                 }
@@ -63,6 +97,25 @@ mod tests {
             expected.digest()
         );
         assert!(from_parts("s", &["u64:x".to_owned()]).is_err());
+
+        // A struct part, as `#[derive(KeyPart)]` writes it: its marker, then its kept fields.
+        struct Order {
+            id: u64,
+        }
+        impl KeyPart for Order {
+            fn encode_key(&self, out: &mut KeyEncoder) {
+                out.record(1);
+                self.id.encode_key(out);
+            }
+        }
+        let mut expected = KeyBuilder::new("orders.charge");
+        expected.part(&Order { id: 4 });
+        let parts = ["record:1".to_owned(), "u64:4".to_owned()];
+        assert_eq!(
+            from_parts("orders.charge", &parts).unwrap(),
+            expected.finish()
+        );
+        assert!(from_parts("s", &["record:x".to_owned()]).is_err());
         assert!(from_parts("s", &["float:1".to_owned()]).is_err());
         assert!(from_digest("abc").is_err());
     }
