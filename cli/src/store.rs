@@ -6,7 +6,17 @@ use samekey_runtime::Store;
 
 use crate::Failure;
 
-/// Opens the store `url` names. An SQLite file must exist (a typo must not create an empty store).
+/// The command never creates a store: a URL that names a database without samekey's tables (a typo,
+/// another database) is an error, not a new empty store.
+fn never_migrated(url: &str) -> Failure {
+    Failure::store(format!(
+        "{url} holds no samekey tables: it was never used as a samekey store (or names another database); the command never creates them"
+    ))
+}
+
+/// Opens the store `url` names. An SQLite file or a PostgreSQL database must hold samekey's tables (a
+/// typo must not create an empty store); an older schema is brought up to date, as a service of this
+/// version does when it starts.
 pub async fn open(url: &str, redis_prefix: &str) -> Result<Arc<dyn Store>, Failure> {
     let unreachable =
         |e: &dyn std::fmt::Display| Failure::store(format!("cannot open the store {url}: {e}"));
@@ -16,12 +26,30 @@ pub async fn open(url: &str, redis_prefix: &str) -> Result<Arc<dyn Store>, Failu
     {
         #[cfg(feature = "sqlite")]
         {
+            use samekey_runtime::sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
             if !std::path::Path::new(path).exists() {
                 return Err(Failure::store(format!("no SQLite store at {path}")));
             }
-            let store = samekey_runtime::store::SqliteStore::open(path)
+            let options = SqliteConnectOptions::new()
+                .filename(path)
+                .create_if_missing(false)
+                .busy_timeout(std::time::Duration::from_secs(5));
+            let pool = SqlitePoolOptions::new()
+                .max_connections(2)
+                .connect_with(options)
                 .await
                 .map_err(|e| unreachable(&e))?;
+            let tables: i64 = samekey_runtime::sqlx::query_scalar(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'samekey_receipts'",
+            )
+            .fetch_one(&pool)
+            .await
+            .map_err(|e| unreachable(&e))?;
+            if tables == 0 {
+                return Err(never_migrated(url));
+            }
+            let store = samekey_runtime::store::SqliteStore::from_pool(pool);
+            store.migrate().await.map_err(|e| unreachable(&e))?;
             return Ok(Arc::new(store));
         }
         #[cfg(not(feature = "sqlite"))]
@@ -32,9 +60,23 @@ pub async fn open(url: &str, redis_prefix: &str) -> Result<Arc<dyn Store>, Failu
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         #[cfg(feature = "postgres")]
         {
-            let store = samekey_runtime::store::PgStore::connect(url)
+            let pool = samekey_runtime::sqlx::postgres::PgPoolOptions::new()
+                .max_connections(4)
+                .acquire_timeout(std::time::Duration::from_secs(5))
+                .connect(url)
                 .await
                 .map_err(|e| unreachable(&e))?;
+            let migrated: bool = samekey_runtime::sqlx::query_scalar(
+                "SELECT to_regclass('samekey_receipts') IS NOT NULL",
+            )
+            .fetch_one(&pool)
+            .await
+            .map_err(|e| unreachable(&e))?;
+            if !migrated {
+                return Err(never_migrated(url));
+            }
+            let store = samekey_runtime::store::PgStore::from_pool(pool);
+            store.migrate().await.map_err(|e| unreachable(&e))?;
             return Ok(Arc::new(store));
         }
         #[cfg(not(feature = "postgres"))]

@@ -432,6 +432,28 @@ async fn mistakes_get_a_message_and_an_exit_code() {
         .output()
         .unwrap();
     assert_eq!(missing.status.code(), Some(3));
+    // A file that is not a samekey store is not made into one.
+    let other = fresh_path();
+    let options = samekey_runtime::sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&other)
+        .create_if_missing(true);
+    let pool = samekey_runtime::sqlx::SqlitePool::connect_with(options)
+        .await
+        .unwrap();
+    samekey_runtime::sqlx::query("CREATE TABLE orders (id INTEGER)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    let other_url = format!("sqlite:{}", other.display());
+    let (code, _, err) = run(samekey(&other_url).arg("ls"));
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("holds no samekey tables"), "{err}");
+    let (_, _, err) = run(samekey(&other_url).arg("ls"));
+    assert!(
+        err.contains("holds no samekey tables"),
+        "nothing was created: {err}"
+    );
     let bad_url = samekey("mysql://x").arg("ls").output().unwrap();
     assert_eq!(bad_url.status.code(), Some(2));
     let stranger = CallId::new("pay", "elsewhere").unwrap().to_string();

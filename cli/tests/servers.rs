@@ -155,6 +155,32 @@ async fn on_postgres() {
         .await
         .unwrap();
     walk(&url, &store, &[]).await;
+
+    // A database without samekey's tables, a user the server refuses, a server that is not there:
+    // each a one-line message and exit 3, and nothing created.
+    let (base, _) = url.rsplit_once('/').unwrap();
+    let other = format!("{base}/postgres");
+    let stranger = url.replacen("://samekey@", "://nobody@", 1);
+    for (url, says) in [
+        (other.as_str(), "holds no samekey tables"),
+        (stranger.as_str(), "cannot open the store"),
+        (
+            "postgres://samekey@127.0.0.1:1/samekey",
+            "cannot open the store",
+        ),
+    ] {
+        let (code, _, err) = run(samekey(url).arg("ls"));
+        assert_eq!(code, 3, "{url}: {err}");
+        assert!(
+            err.starts_with("samekey: ") && err.contains(says),
+            "{url}: {err}"
+        );
+    }
+    let (_, _, err) = run(samekey(&other).arg("ls"));
+    assert!(
+        err.contains("holds no samekey tables"),
+        "nothing was created: {err}"
+    );
 }
 
 #[tokio::test]
@@ -170,6 +196,9 @@ async fn on_redis() {
         .await
         .unwrap();
     walk(&url, &store, &["--redis-prefix", &prefix]).await;
+    let (code, _, err) = run(samekey("redis://127.0.0.1:1/").arg("ls"));
+    assert_eq!(code, 3, "{err}");
+    assert!(err.starts_with("samekey: cannot open the store"), "{err}");
 }
 
 #[tokio::test]
