@@ -25,6 +25,9 @@ pub struct RangeArgs {
     /// Only these states (processing, unknown, success, failed, received), repeatable.
     #[arg(long)]
     pub state: Vec<String>,
+    /// Only calls made by this node (the last field of their callIds).
+    #[arg(long)]
+    pub node: Option<String>,
 }
 
 /// A call, by its callId, its key's digest, or its key's scope and typed parts.
@@ -178,6 +181,13 @@ fn state_arg(text: &str) -> Result<ReceiptState, Failure> {
 }
 
 impl RangeArgs {
+    /// Whether `--node` admits the receipt (the query's other filters run in the store).
+    pub fn admits(&self, r: &samekey_runtime::Receipt) -> bool {
+        self.node
+            .as_deref()
+            .is_none_or(|node| r.call_id.node() == node)
+    }
+
     /// The query these arguments select (pages of 1 000).
     pub fn query(&self) -> Result<ReceiptQuery, Failure> {
         let since = time_arg(&self.since, "since")?;

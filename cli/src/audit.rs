@@ -37,6 +37,9 @@ pub struct AuditArgs {
     /// Only this scope.
     #[arg(long)]
     scope: Option<String>,
+    /// Only calls made by this node (the last field of their callIds).
+    #[arg(long)]
+    node: Option<String>,
     /// Report an UNKNOWN that has not changed for this long.
     #[arg(long, default_value = "1h")]
     unknown_older_than: String,
@@ -95,6 +98,7 @@ pub async fn audit(rt: &Runtime, args: AuditArgs, out: &mut Out) -> Result<Verdi
         until: args.until.clone(),
         scope: args.scope.clone(),
         state: Vec::new(),
+        node: args.node.clone(),
     };
     let query = range.query()?;
     let unknown_after = duration_arg(&args.unknown_older_than, "unknown-older-than")?;
@@ -115,7 +119,7 @@ pub async fn audit(rt: &Runtime, args: AuditArgs, out: &mut Out) -> Result<Verdi
             .map_err(Failure::store)?;
         checked.receipts += page.receipts.len() as u64;
         progress.tick(checked.receipts);
-        for r in &page.receipts {
+        for r in page.receipts.iter().filter(|r| range.admits(r)) {
             let found = |kind, at_ms, detail: String| Finding {
                 kind,
                 call_id: Some(r.call_id.to_string()),
@@ -168,10 +172,15 @@ pub async fn audit(rt: &Runtime, args: AuditArgs, out: &mut Out) -> Result<Verdi
     // The queue: entries waiting for a person.
     for entry in store.list_compensations().await.map_err(Failure::store)? {
         checked.queued += 1;
-        if args
-            .scope
+        let other_node = args
+            .node
             .as_deref()
-            .is_some_and(|s| s != entry.key.scope())
+            .is_some_and(|n| n != entry.call_id.node());
+        if other_node
+            || args
+                .scope
+                .as_deref()
+                .is_some_and(|s| s != entry.key.scope())
         {
             continue;
         }

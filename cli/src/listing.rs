@@ -38,7 +38,7 @@ pub async fn ls(rt: &Runtime, args: LsArgs, out: &mut Out) -> Result<Verdict, Fa
             .list_receipts(&query, now_ms())
             .await
             .map_err(Failure::store)?;
-        listed.extend(page.receipts);
+        listed.extend(page.receipts.into_iter().filter(|r| args.range.admits(r)));
         progress.tick(listed.len() as u64);
         match page.next {
             Some(at) if listed.len() < limit => query = query.after(at),
@@ -70,7 +70,7 @@ pub async fn stats(rt: &Runtime, range: RangeArgs, out: &mut Out) -> Result<Verd
             .map_err(Failure::store)?;
         read += page.receipts.len() as u64;
         progress.tick(read);
-        for r in &page.receipts {
+        for r in page.receipts.iter().filter(|r| range.admits(r)) {
             *counts
                 .entry((r.key.scope().to_owned(), r.state.to_string()))
                 .or_default() += 1;

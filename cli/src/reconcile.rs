@@ -44,6 +44,11 @@ pub async fn reconcile(
     args: ReconcileArgs,
     out: &mut Out,
 ) -> Result<Verdict, Failure> {
+    if args.range.node.is_some() {
+        return Err(Failure::usage(
+            "--node does not apply to reconcile: the counterparty's file holds every node's calls",
+        ));
+    }
     let query = args.range.query()?;
     let format = match args.format {
         Some(format) => format,

@@ -401,6 +401,9 @@ async fn machines_get_json_and_pipes_get_no_colours_or_progress() {
         .to_owned();
     let rest: Vec<&str> = next.split_whitespace().collect();
     let second = stdout(at_now(&url).args(["ls", "--limit", "3", rest[0], rest[1]]));
+    let by_node = stdout(at_now(&url).args(["ls", "--node", "api-3", "--jsonl"]));
+    assert_eq!(by_node.lines().count(), 1, "{by_node}");
+    assert!(by_node.contains(&p.stuck.to_string()), "{by_node}");
     let rows: Vec<&str> = second
         .lines()
         .filter(|l| l.contains("orders.charge"))
