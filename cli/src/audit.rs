@@ -26,6 +26,9 @@ use crate::args::{duration_arg, store_now, RangeArgs};
 use crate::output::{Format, Out, Progress, Tone};
 use crate::{Failure, Verdict};
 
+/// Journaled keys read per page: large, since a Redis store scans its keyspace for each page.
+const JOURNAL_PAGE: usize = 10_000;
+
 #[derive(Args)]
 pub struct AuditArgs {
     /// Receipts created at or after: an RFC 3339 time or a time ago.
@@ -204,7 +207,7 @@ pub async fn audit(rt: &Runtime, args: AuditArgs, out: &mut Out) -> Result<Verdi
     let mut progress = Progress::new("audit: journals read");
     loop {
         let keys = store
-            .journaled_keys(after, 500)
+            .journaled_keys(after, JOURNAL_PAGE)
             .await
             .map_err(Failure::store)?;
         let Some(last) = keys.last() else { break };
