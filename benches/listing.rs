@@ -124,7 +124,8 @@ FROM n",
 SELECT sha256(('bench.list.' || $3 || '.' || i)::bytea), 'bench.list.s' || (i % 4),
     'lst-' || ($3 + i) || '-' || lpad(to_hex(i), 16, '0') || '-n1',
     CASE i % 20 WHEN 0 THEN 'FAILED' WHEN 1 THEN 'UNKNOWN' ELSE 'SUCCESS' END, 1, NULL,
-    CASE i % 20 WHEN 1 THEN NULL ELSE $3 + i + 259200000 END, NULL, '\\x31', $3 + i, $3 + i
+    CASE i % 20 WHEN 1 THEN NULL ELSE samekey_ts($3 + i + 259200000) END, NULL, '\\x31',
+    samekey_ts($3 + i), samekey_ts($3 + i)
 FROM generate_series($1, $2 - 1) AS i",
                 )
                 .bind(i64::try_from(from).expect("fits"))

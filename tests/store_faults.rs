@@ -105,7 +105,7 @@ async fn a_corrupted_postgres_row_is_a_typed_error_and_runs_nothing() {
     let key = Key::build(&scope, &7u64);
     sqlx::query(
         "INSERT INTO samekey_receipts (key, scope, call_id, state, fence, created, updated)
-         VALUES ($1, $2, 'ord-1-00000000000000ff-n', 'SUCCESS', -5, 0, 0)",
+         VALUES ($1, $2, 'ord-1-00000000000000ff-n', 'SUCCESS', -5, samekey_ts(0), samekey_ts(0))",
     )
     .bind(key.digest().as_slice())
     .bind(&scope)

@@ -14,28 +14,55 @@ use crate::key::Key;
 use crate::receipt::{Receipt, ReceiptState, Transition};
 use crate::store::Store as _;
 
+/// The time columns of the three tables, as the rows of a `VALUES` list (table, column): every one is
+/// a `timestamptz`. The schema converts those an earlier release made `BIGINT` (Unix ms), and
+/// [`PgStore::migrate`] looks for any left.
+macro_rules! time_columns {
+    () => {
+        "('samekey_receipts', 'lease_until'), ('samekey_receipts', 'expires_at'),
+        ('samekey_receipts', 'created'), ('samekey_receipts', 'updated'),
+        ('samekey_compensation', 'next_at'), ('samekey_compensation', 'lease_until'),
+        ('samekey_compensation', 'enqueued'),
+        ('samekey_journal', 'at'), ('samekey_journal', 'keep_until')"
+    };
+}
+
 /// The schema, idempotent: run by [`PgStore::migrate`] under an advisory lock, so that instances starting
-/// together do not race.
-pub const SCHEMA: &str = "
+/// together do not race. It also brings the tables of an earlier release, whose times were `BIGINT`
+/// Unix ms, to `timestamptz` (each column rewritten once, every value kept to the millisecond).
+pub const SCHEMA: &str = concat!(
+    "
 CREATE SEQUENCE IF NOT EXISTS samekey_fence;
 -- The time every instance's leases and expiries are judged by: the server's clock, never a caller's
--- (nodes disagree about time), read once per statement (a lease and the time it was granted agree).
--- The caller's time is taken, and ignored, so that the statements are the same as on SQLite, where
--- the caller's time is the judge.
+-- (nodes disagree about time), read once per statement (a lease and the time it was granted agree),
+-- in Unix ms. The caller's time is taken, and ignored, so that the statements are the same as on
+-- SQLite, where the caller's time is the judge.
 CREATE OR REPLACE FUNCTION samekey_now(caller BIGINT) RETURNS BIGINT
     LANGUAGE sql STABLE AS 'SELECT (extract(epoch FROM statement_timestamp()) * 1000)::BIGINT';
+-- Times are stored as timestamptz, and handed to samekey as Unix ms: samekey_ts turns a time in ms
+-- into one to store or to compare a column with, samekey_ms reads a column back as ms. A stored time is
+-- a whole millisecond, which a timestamptz (microseconds) holds exactly: what goes in as ms comes back
+-- the same. Both are immutable (the session's TimeZone changes nothing), so the planner inlines them
+-- and an index on a column serves a comparison with a converted parameter.
+CREATE OR REPLACE FUNCTION samekey_ts(ms BIGINT) RETURNS timestamptz
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$SELECT (TIMESTAMP 'epoch' + ms * INTERVAL '1 millisecond') AT TIME ZONE 'UTC'$$;
+CREATE OR REPLACE FUNCTION samekey_ms(t timestamptz) RETURNS BIGINT
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$SELECT (extract(epoch FROM t - TIMESTAMPTZ 'epoch') * 1000)::BIGINT$$;
+-- One row per key: the receipt of its call.
 CREATE TABLE IF NOT EXISTS samekey_receipts (
     key         BYTEA PRIMARY KEY,          -- SHA-256 of scope and key parts: the unique index
-    scope       TEXT NOT NULL,
-    call_id     TEXT NOT NULL,
+    scope       TEXT NOT NULL,              -- the function's scope, as its key was built in
+    call_id     TEXT NOT NULL,              -- the call that holds (or held) the key
     state       TEXT NOT NULL,              -- RECEIVED PROCESSING UNKNOWN SUCCESS FAILED, or RELEASED
-    fence       BIGINT NOT NULL,
-    lease_until BIGINT,
-    expires_at  BIGINT,
-    fingerprint BYTEA,
-    outcome     BYTEA,
-    created     BIGINT NOT NULL,
-    updated     BIGINT NOT NULL,
+    fence       BIGINT NOT NULL,            -- the holder's fence: every claim or take-over raises it
+    lease_until TIMESTAMPTZ,                -- PROCESSING: the holder's lease ends then (server clock)
+    expires_at  TIMESTAMPTZ,                -- may be purged after then; NULL: kept (claims, UNKNOWN)
+    fingerprint BYTEA,                      -- SHA-256 of the verify parts of the first call
+    outcome     BYTEA,                      -- the encoded result (SUCCESS) or error (FAILED)
+    created     TIMESTAMPTZ NOT NULL,       -- when the key was claimed (server clock)
+    updated     TIMESTAMPTZ NOT NULL,       -- the record's latest change (server clock)
     waited      BOOLEAN NOT NULL DEFAULT false  -- a duplicate listens for the record's next change
 );
 ALTER TABLE samekey_receipts ADD COLUMN IF NOT EXISTS waited BOOLEAN NOT NULL DEFAULT false;
@@ -48,7 +75,8 @@ BEGIN
     RETURN NULL;
 END $$;
 DO $$ BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'samekey_settled') THEN
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'samekey_settled'
+            AND tgrelid = to_regclass('samekey_receipts')) THEN
         CREATE TRIGGER samekey_settled AFTER UPDATE ON samekey_receipts FOR EACH ROW
             WHEN (OLD.waited AND (OLD.state IS DISTINCT FROM NEW.state OR OLD.fence <> NEW.fence))
             EXECUTE FUNCTION samekey_settled();
@@ -57,16 +85,17 @@ END $$;
 CREATE INDEX IF NOT EXISTS samekey_receipts_call_id ON samekey_receipts (call_id);
 CREATE INDEX IF NOT EXISTS samekey_receipts_expires_at ON samekey_receipts (expires_at)
     WHERE expires_at IS NOT NULL;
+-- One row per queued call: the compensation queue.
 CREATE TABLE IF NOT EXISTS samekey_compensation (
     call_id     TEXT PRIMARY KEY,
-    key         BYTEA NOT NULL,
+    key         BYTEA NOT NULL,             -- the call's key (samekey_receipts.key)
     scope       TEXT NOT NULL,
-    reason      TEXT NOT NULL,
-    round       BIGINT NOT NULL,
-    next_at     BIGINT NOT NULL,
+    reason      TEXT NOT NULL,              -- why it was queued, for people
+    round       BIGINT NOT NULL,            -- rounds done so far
+    next_at     TIMESTAMPTZ NOT NULL,       -- the next round is due then
     state       TEXT NOT NULL,              -- PENDING TAKEN MANUAL
-    lease_until BIGINT,
-    enqueued    BIGINT NOT NULL,
+    lease_until TIMESTAMPTZ,                -- TAKEN: the worker's lease ends then (server clock)
+    enqueued    TIMESTAMPTZ NOT NULL,       -- when it was queued (the queuing node's clock)
     taker       BIGINT NOT NULL DEFAULT 0,  -- the worker fence of the latest take
     attempts    BIGINT NOT NULL DEFAULT 0,  -- attempts the call made before it was queued
     last_error  TEXT,                       -- how its last attempt ended: timed_out, unknown, …
@@ -78,18 +107,40 @@ ALTER TABLE samekey_compensation ADD COLUMN IF NOT EXISTS last_error TEXT;
 ALTER TABLE samekey_compensation ADD COLUMN IF NOT EXISTS inputs BYTEA;
 CREATE INDEX IF NOT EXISTS samekey_compensation_due ON samekey_compensation (next_at)
     WHERE state <> 'MANUAL';
+-- The calls' events, a few dozen per key at most.
 CREATE TABLE IF NOT EXISTS samekey_journal (
     seq         BIGSERIAL PRIMARY KEY,
     key         BYTEA NOT NULL,             -- the key's digest (samekey_receipts.key)
     call_id     TEXT NOT NULL,
-    at          BIGINT NOT NULL,            -- Unix ms, by the writing node's clock
-    keep_until  BIGINT NOT NULL,            -- kept until then at least, and while the key's record lives
+    at          TIMESTAMPTZ NOT NULL,       -- when it happened, by the writing node's clock
+    keep_until  TIMESTAMPTZ NOT NULL,       -- kept until then at least, and while the key's record lives
     event       JSONB NOT NULL              -- call_id, at_ms, node, event and its fields
 );
 CREATE INDEX IF NOT EXISTS samekey_journal_key ON samekey_journal (key, seq);
 CREATE INDEX IF NOT EXISTS samekey_journal_call_id ON samekey_journal (call_id, seq);
 CREATE INDEX IF NOT EXISTS samekey_journal_keep ON samekey_journal (keep_until);
-";
+-- Tables of an earlier release keep their times as BIGINT Unix ms: each such column becomes a
+-- timestamptz, one ALTER TABLE (one rewrite, its indexes rebuilt) per table, every value exact.
+DO $$
+DECLARE
+    t record;
+BEGIN
+    FOR t IN
+        SELECT a.attrelid::regclass AS tbl, string_agg(format(
+                'ALTER COLUMN %I TYPE timestamptz USING samekey_ts(%I)', a.attname, a.attname),
+            ', ' ORDER BY a.attnum) AS alters
+        FROM (VALUES ",
+    time_columns!(),
+    ") AS c (tbl, col)
+        JOIN pg_attribute a ON a.attrelid = to_regclass(c.tbl) AND a.attname = c.col
+        WHERE a.atttypid = 'bigint'::regtype AND NOT a.attisdropped
+        GROUP BY a.attrelid
+    LOOP
+        EXECUTE format('ALTER TABLE %s %s', t.tbl, t.alters);
+    END LOOP;
+END $$;
+"
+);
 
 /// A [`Store`](crate::Store) in a PostgreSQL database.
 ///
@@ -108,6 +159,27 @@ CREATE INDEX IF NOT EXISTS samekey_journal_keep ON samekey_journal (keep_until);
 /// Leases and expiries are judged by the database server's clock (`statement_timestamp()`, through the
 /// `samekey_now` function of the schema), never by an instance's: instances whose clocks disagree by
 /// seconds still agree on whose lease is alive and which record expired.
+///
+/// # Reading the tables
+///
+/// Every time in the tables is a `timestamptz` (`created`, `updated`, `lease_until`, `expires_at` of
+/// `samekey_receipts`; `next_at`, `lease_until`, `enqueued` of `samekey_compensation`; `at`,
+/// `keep_until` of `samekey_journal`), so `psql` shows dates in the session's time zone; the
+/// [`Store`](crate::Store) still hands them over as Unix ms, to the millisecond. The scope is a column of
+/// its own beside the key's digest. The `UNKNOWN` receipts, oldest first:
+///
+/// ```sql
+/// SELECT scope, state, call_id, created, expires_at FROM samekey_receipts
+/// WHERE state = 'UNKNOWN' ORDER BY created;
+/// ```
+///
+/// Two functions of the schema convert between the columns and the Unix ms the [`Store`](crate::Store)
+/// API uses: `samekey_ms(created)` is a receipt's `created_ms`, and `created < samekey_ts(1796029200123)`
+/// compares a column with a time in ms (converting the time, not the column, keeps the indexes in use).
+///
+/// A database of an earlier release, whose times were `BIGINT` Unix ms, is converted by
+/// [`PgStore::migrate`] (each table rewritten once, under a lock that holds its writers meanwhile; every
+/// value kept). Instances of that release cannot use the converted tables: upgrade them all together.
 ///
 /// # Waiting for a busy key
 ///
@@ -153,22 +225,24 @@ impl PgStore {
     INSERT INTO samekey_receipts AS r
         (key, scope, call_id, state, fence, lease_until, expires_at, fingerprint, outcome, created,
          updated)
-    VALUES ($1, $2, $3, 'PROCESSING', nextval('samekey_fence'), samekey_now($6) + $4, NULL, $5, NULL,
-        samekey_now($6), samekey_now($6))
+    VALUES ($1, $2, $3, 'PROCESSING', nextval('samekey_fence'), samekey_ts(samekey_now($6) + $4),
+        NULL, $5, NULL, samekey_ts(samekey_now($6)), samekey_ts(samekey_now($6)))
     ON CONFLICT (key) DO UPDATE SET
         scope = EXCLUDED.scope, call_id = EXCLUDED.call_id, state = 'PROCESSING',
         fence = nextval('samekey_fence'), lease_until = EXCLUDED.lease_until, expires_at = NULL,
         fingerprint = EXCLUDED.fingerprint, outcome = NULL, created = EXCLUDED.created,
         updated = EXCLUDED.updated, waited = false
-    WHERE r.state = 'RELEASED' OR r.expires_at <= samekey_now($6)
-    RETURNING true AS acquired, key, scope, call_id, state, fence, lease_until, expires_at,
-        fingerprint, outcome, created, updated)
+    WHERE r.state = 'RELEASED' OR r.expires_at <= samekey_ts(samekey_now($6))
+    RETURNING true AS acquired, key, scope, call_id, state, fence,
+        samekey_ms(lease_until) AS lease_until, samekey_ms(expires_at) AS expires_at, fingerprint,
+        outcome, samekey_ms(created) AS created, samekey_ms(updated) AS updated)
 SELECT * FROM taken
 UNION ALL
-SELECT false AS acquired, key, scope, call_id, state, fence, lease_until, expires_at, fingerprint,
-    outcome, created, updated
+SELECT false AS acquired, key, scope, call_id, state, fence, samekey_ms(lease_until) AS lease_until,
+    samekey_ms(expires_at) AS expires_at, fingerprint, outcome, samekey_ms(created) AS created,
+    samekey_ms(updated) AS updated
 FROM samekey_receipts
-WHERE key = $1 AND (expires_at IS NULL OR expires_at > samekey_now($6))
+WHERE key = $1 AND (expires_at IS NULL OR expires_at > samekey_ts(samekey_now($6)))
     AND NOT EXISTS (SELECT 1 FROM taken)";
 
     /// The indexes added to an existing table by a later release: built `CONCURRENTLY`, outside the
@@ -198,7 +272,9 @@ WHERE key = $1 AND (expires_at IS NULL OR expires_at > samekey_now($6))
     /// Creates the sequence, tables and indexes if they are missing. Idempotent, and safe to run from
     /// several instances at once (an advisory lock serializes them). The indexes a later release added
     /// are built `CONCURRENTLY`: an upgrade on a large table does not block writes while they build,
-    /// and an index whose build failed half-way is dropped and built again.
+    /// and an index whose build failed half-way is dropped and built again. Times an earlier release
+    /// kept as `BIGINT` Unix ms become `timestamptz`, every value kept: that rewrites each table once,
+    /// in the schema's transaction, and holds the table's readers and writers while it runs.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         // The usual case, an instance starting on a migrated database, takes no lock at all:
         // `CREATE INDEX IF NOT EXISTS` would lock the table against writers before finding the index.
@@ -238,9 +314,10 @@ WHERE key = $1 AND (expires_at IS NULL OR expires_at > samekey_now($6))
         migrated.and(unlocked.map(drop))
     }
 
-    /// Whether the schema, every index of it and its functions are in place (and the indexes valid).
+    /// Whether the schema, every index of it and its functions are in place (and the indexes valid),
+    /// and every time column is a `timestamptz` (an earlier release's `BIGINT` ms are not).
     async fn migrated(&self) -> Result<bool, StoreError> {
-        sqlx::query_scalar(
+        sqlx::query_scalar(concat!(
             "SELECT to_regclass('samekey_compensation_due') IS NOT NULL
                 AND to_regclass('samekey_receipts_expires_at') IS NOT NULL
                 AND to_regclass('samekey_receipts_orphans') IS NOT NULL
@@ -252,11 +329,19 @@ WHERE key = $1 AND (expires_at IS NULL OR expires_at > samekey_now($6))
                 AND to_regclass('samekey_journal_keep') IS NOT NULL
                 AND to_regclass('samekey_fence') IS NOT NULL
                 AND to_regprocedure('samekey_now(bigint)') IS NOT NULL
-                AND EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'samekey_settled')
+                AND to_regprocedure('samekey_ts(bigint)') IS NOT NULL
+                AND to_regprocedure('samekey_ms(timestamptz)') IS NOT NULL
+                AND EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'samekey_settled'
+                    AND tgrelid = to_regclass('samekey_receipts'))
                 AND EXISTS (SELECT 1 FROM information_schema.columns
                     WHERE table_schema = current_schema() AND table_name = 'samekey_compensation'
-                        AND column_name = 'inputs')",
-        )
+                        AND column_name = 'inputs')
+                AND (SELECT count(*) FROM (VALUES ",
+            time_columns!(),
+            ") AS c (tbl, col)
+                    JOIN pg_attribute a ON a.attrelid = to_regclass(c.tbl) AND a.attname = c.col
+                    WHERE a.atttypid = 'timestamptz'::regtype AND NOT a.attisdropped) = 9"
+        ))
         .fetch_one(&self.pool)
         .await
         .map_err(driver)
@@ -345,10 +430,12 @@ WHERE key = $1 AND (expires_at IS NULL OR expires_at > samekey_now($6))
 
 impl PgStore {
     /// Marks the key's record waited-for and reads it (`$1` key, `$2` now).
-    const WAITED_SQL: &'static str = "UPDATE samekey_receipts SET waited = true
-WHERE key = $1 AND (expires_at IS NULL OR expires_at > samekey_now($2))
-RETURNING key, scope, call_id, state, fence, lease_until, expires_at, fingerprint, outcome, created,
-    updated";
+    const WAITED_SQL: &'static str = concat!(
+        "UPDATE samekey_receipts SET waited = true
+WHERE key = $1 AND (expires_at IS NULL OR expires_at > samekey_ts(samekey_now($2)))
+RETURNING ",
+        sql::receipt_columns!("samekey_ms(", ")")
+    );
 
     /// [`Store::wait_settled`](super::Store::wait_settled) by `LISTEN`: subscribe first, then mark the
     /// record and look at it, so that no change falls between the look and the subscription.
@@ -448,7 +535,7 @@ impl PgStore {
     DELETE FROM samekey_journal WHERE key = $1 AND seq <= (
         SELECT seq FROM samekey_journal WHERE key = $1 ORDER BY seq DESC LIMIT 1 OFFSET $7))
 INSERT INTO samekey_journal (key, call_id, at, keep_until, event)
-SELECT $1, t.c, t.a, samekey_now($5) + $6, t.e::jsonb
+SELECT $1, t.c, samekey_ts(t.a), samekey_ts(samekey_now($5) + $6), t.e::jsonb
 FROM unnest($2::text[], $3::bigint[], $4::text[]) WITH ORDINALITY AS t(c, a, e, n)
 ORDER BY t.n",
         )
@@ -472,6 +559,8 @@ sql::sql_store!(
     next_fence = "nextval('samekey_fence')",
     locking = "FOR UPDATE SKIP LOCKED",
     now = ("samekey_now(", ")"),
+    ts = ("samekey_ts(", ")"),
+    ms = ("samekey_ms(", ")"),
     clock = Own,
     wait_settled = wait_notified
 );

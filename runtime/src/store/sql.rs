@@ -58,7 +58,8 @@ fn call_id_of(text: &str) -> Result<CallId, StoreError> {
         .map_err(|e| StoreError::Corrupt(format!("stored callId: {e}")))
 }
 
-/// Reads a receipt row (the columns of [`ROW`]); `Ok(None)` for a released tombstone.
+/// Reads a receipt row (the columns of [`receipt_columns!`], times in Unix ms); `Ok(None)` for a
+/// released tombstone.
 pub(crate) fn receipt<R>(row: &R) -> Result<Option<Receipt>, StoreError>
 where
     R: Row,
@@ -99,7 +100,7 @@ where
     }))
 }
 
-/// Reads a compensation row (the columns of [`LIST`]).
+/// Reads a compensation row (the columns of [`compensation_columns!`], times in Unix ms).
 pub(crate) fn compensation<R>(row: &R) -> Result<CompensationEntry, StoreError>
 where
     R: Row,
@@ -165,10 +166,59 @@ pub(crate) fn fence_of(v: i64) -> Result<Fence, StoreError> {
     uint(v, "fence").map(Fence)
 }
 
-/// A key's row (`$1`: the key).
-pub(crate) const ROW: &str = "SELECT key, scope, call_id, state, fence, lease_until, expires_at,
-    fingerprint, outcome, created, updated
-FROM samekey_receipts WHERE key = $1";
+/// The columns of a receipt row (what [`receipt`] reads), each stored time written between `$open`
+/// and `$close`: the conversion that reads it as Unix ms (`samekey_ms(` `)` on PostgreSQL, whose
+/// columns are `timestamptz`; nothing on SQLite, whose are ms already). A converted column keeps its
+/// name, so a row decodes the same on both; a statement that orders by a time column names it with
+/// its table (`ORDER BY samekey_receipts.created`), or PostgreSQL would order by the converted
+/// output column and not use the index.
+macro_rules! receipt_columns {
+    ($open:literal, $close:literal) => {
+        concat!(
+            "key, scope, call_id, state, fence, ",
+            $open,
+            "lease_until",
+            $close,
+            " AS lease_until, ",
+            $open,
+            "expires_at",
+            $close,
+            " AS expires_at,\n    fingerprint, outcome, ",
+            $open,
+            "created",
+            $close,
+            " AS created, ",
+            $open,
+            "updated",
+            $close,
+            " AS updated"
+        )
+    };
+}
+
+/// The columns of a compensation row (what [`compensation`] reads), times converted as in
+/// [`receipt_columns!`].
+macro_rules! compensation_columns {
+    ($open:literal, $close:literal) => {
+        concat!(
+            "call_id, key, scope, reason, round, ",
+            $open,
+            "next_at",
+            $close,
+            " AS next_at, state, ",
+            $open,
+            "lease_until",
+            $close,
+            " AS lease_until, ",
+            $open,
+            "enqueued",
+            $close,
+            " AS enqueued, taker,\n    attempts, last_error, inputs"
+        )
+    };
+}
+
+pub(crate) use {compensation_columns, receipt_columns};
 
 pub(crate) const RELEASE: &str = "UPDATE samekey_receipts
 SET state = 'RELEASED', lease_until = NULL, outcome = NULL, expires_at = updated
@@ -182,17 +232,6 @@ WHERE key = $1 AND fence = $2 AND state IN ('SUCCESS', 'FAILED')";
 pub(crate) const JOURNALED_KEYS: &str =
     "SELECT DISTINCT key FROM samekey_journal WHERE key > $1 ORDER BY key LIMIT $2";
 
-pub(crate) const BY_CALL_ID: &str =
-    "SELECT key, scope, call_id, state, fence, lease_until, expires_at,
-    fingerprint, outcome, created, updated
-FROM samekey_receipts WHERE call_id = $1 AND state <> 'RELEASED' LIMIT 1";
-
-pub(crate) const ENQUEUE: &str = "INSERT INTO samekey_compensation
-    (call_id, key, scope, reason, round, next_at, state, lease_until, enqueued, attempts,
-     last_error, inputs)
-VALUES ($1, $2, $3, $4, $5, $6, 'PENDING', NULL, $7, $8, $9, $10)
-ON CONFLICT (call_id) DO NOTHING";
-
 /// Removes an entry (`$1`), whoever holds it (`$2` null) or only its holder (`$2` the worker fence).
 pub(crate) const FINISH: &str =
     "DELETE FROM samekey_compensation WHERE call_id = $1 AND ($2 IS NULL OR taker = $2)";
@@ -205,23 +244,23 @@ pub(crate) const TAKER: &str = "SELECT taker FROM samekey_compensation WHERE cal
 pub(crate) const TRIM_JOURNAL: &str = "DELETE FROM samekey_journal WHERE key = $1 AND seq <= (
     SELECT seq FROM samekey_journal WHERE key = $1 ORDER BY seq DESC LIMIT 1 OFFSET $2)";
 
-pub(crate) const LIST: &str =
-    "SELECT call_id, key, scope, reason, round, next_at, state, lease_until, enqueued, taker,
-    attempts, last_error, inputs
-FROM samekey_compensation ORDER BY enqueued, call_id";
-
 /// Everything of [`Store`](super::Store) the SQL backends do alike, for a store type with a `pool`
 /// field (an sqlx pool of `$conn` connections) and an inherent `claim_row` (the claim is where their
-/// dialects differ most). Three fragments differ too: `next_fence`, the SQL expression of a taken-over
+/// dialects differ most). Some fragments differ too: `next_fence`, the SQL expression of a taken-over
 /// row's new fence; `locking`, the clause after the `LIMIT` of the statement that takes due
-/// compensation entries (`FOR UPDATE SKIP LOCKED` on PostgreSQL); and `now = (open, close)`, what is
-/// written around the caller's time parameter to get the time the store judges by (nothing on
-/// SQLite, which takes the caller's time; `samekey_now(...)` on PostgreSQL, which ignores it and reads
-/// the server's clock). Every statement uses `$n` placeholders, which PostgreSQL and SQLite both read;
-/// the code is the same for both pools.
+/// compensation entries (`FOR UPDATE SKIP LOCKED` on PostgreSQL); `now = (open, close)`, what is
+/// written around the caller's time parameter to get the time the store judges by, in Unix ms
+/// (nothing on SQLite, which takes the caller's time; `samekey_now(...)` on PostgreSQL, which ignores
+/// it and reads the server's clock); `ts = (open, close)`, what is written around a time in Unix ms
+/// to store it or compare it with a time column, and `ms = (open, close)`, what is written around a
+/// time column to read it as Unix ms (`samekey_ts(...)` and `samekey_ms(...)` on PostgreSQL, whose
+/// columns are `timestamptz`; nothing on SQLite, whose columns are ms). A comparison converts the
+/// bound time, never the column, so that the indexes on the columns serve it. Every statement uses
+/// `$n` placeholders, which PostgreSQL and SQLite both read; the code is the same for both pools.
 macro_rules! sql_store {
     ($store:ty, $conn:ty, next_fence = $next_fence:literal, locking = $locking:literal,
-     now = ($now_open:literal, $now_close:literal), clock = $clock:ident
+     now = ($now_open:literal, $now_close:literal), ts = ($ts_open:literal, $ts_close:literal),
+     ms = ($ms_open:literal, $ms_close:literal), clock = $clock:ident
      $(, wait_settled = $wait:ident)?) => {
         impl $store {
             /// The statement a completion sends (`$1` state, `$2` outcome, `$3` ttl, `$4` now, `$5` key,
@@ -229,13 +268,18 @@ macro_rules! sql_store {
             pub const COMPLETE_SQL: &'static str = concat!(
                 "UPDATE samekey_receipts
 SET state = $1, outcome = $2, lease_until = NULL, expires_at = ",
+                $ts_open,
                 $now_open,
                 "$4",
                 $now_close,
-                " + $3, updated = ",
+                " + $3",
+                $ts_close,
+                ", updated = ",
+                $ts_open,
                 $now_open,
                 "$4",
                 $now_close,
+                $ts_close,
                 "
 WHERE key = $5 AND fence = $6 AND state IN ('RECEIVED', 'PROCESSING', 'UNKNOWN')"
             );
@@ -243,10 +287,13 @@ WHERE key = $5 AND fence = $6 AND state IN ('RECEIVED', 'PROCESSING', 'UNKNOWN')
             /// A lease extension (`$1` lease, `$2` key, `$3` fence, `$4` now).
             const EXTEND_LEASE_SQL: &'static str = concat!(
                 "UPDATE samekey_receipts SET lease_until = ",
+                $ts_open,
                 $now_open,
                 "$4",
                 $now_close,
-                " + $1
+                " + $1",
+                $ts_close,
+                "
 WHERE key = $2 AND fence = $3 AND state = 'PROCESSING'"
             );
 
@@ -254,9 +301,11 @@ WHERE key = $2 AND fence = $3 AND state = 'PROCESSING'"
             const MARK_UNKNOWN_SQL: &'static str = concat!(
                 "UPDATE samekey_receipts
 SET state = 'UNKNOWN', lease_until = NULL, expires_at = NULL, updated = ",
+                $ts_open,
                 $now_open,
                 "$1",
                 $now_close,
+                $ts_close,
                 "
 WHERE key = $2 AND fence = $3 AND state IN ('RECEIVED', 'PROCESSING')"
             );
@@ -264,31 +313,54 @@ WHERE key = $2 AND fence = $3 AND state IN ('RECEIVED', 'PROCESSING')"
             /// Evicts expired rows (`$1` now).
             const PURGE_SQL: &'static str = concat!(
                 "DELETE FROM samekey_receipts WHERE expires_at IS NOT NULL AND expires_at <= ",
+                $ts_open,
                 $now_open,
                 "$1",
-                $now_close
+                $now_close,
+                $ts_close
             );
 
             /// How many rows `PURGE_SQL` would delete (`$1` now).
             const COUNT_EXPIRED_SQL: &'static str = concat!(
                 "SELECT COUNT(*) FROM samekey_receipts WHERE expires_at IS NOT NULL AND expires_at <= ",
+                $ts_open,
                 $now_open,
                 "$1",
-                $now_close
+                $now_close,
+                $ts_close
+            );
+
+            /// A key's row, whatever its expiry (`$1` key).
+            const KEY_ROW_SQL: &'static str = concat!(
+                "SELECT ",
+                $crate::store::sql::receipt_columns!($ms_open, $ms_close),
+                "
+FROM samekey_receipts WHERE key = $1"
             );
 
             /// A key's row unless it expired (`$1` key, `$2` now).
             const LIVE_ROW_SQL: &'static str = concat!(
-                "SELECT key, scope, call_id, state, fence, lease_until, expires_at,
-    fingerprint, outcome, created, updated
+                "SELECT ",
+                $crate::store::sql::receipt_columns!($ms_open, $ms_close),
+                "
 FROM samekey_receipts WHERE key = $1 AND (expires_at IS NULL OR expires_at > ",
+                $ts_open,
                 $now_open,
                 "$2",
                 $now_close,
+                $ts_close,
                 ")"
             );
 
-            /// The time the store judges by (`$1` the caller's).
+            /// The live record of a callId (`$1`), whatever its expiry.
+            const BY_CALL_ID_SQL: &'static str = concat!(
+                "SELECT ",
+                $crate::store::sql::receipt_columns!($ms_open, $ms_close),
+                "
+FROM samekey_receipts WHERE call_id = $1 AND state <> 'RELEASED' LIMIT 1"
+            );
+
+            /// The time the store judges by (`$1` the caller's), in Unix ms.
             const NOW_SQL: &'static str = concat!("SELECT ", $now_open, "$1", $now_close);
 
             /// The statement a take-over sends: the record becomes `PROCESSING` under a new fence if it
@@ -299,111 +371,184 @@ FROM samekey_receipts WHERE key = $1 AND (expires_at IS NULL OR expires_at > ",
 SET state = 'PROCESSING', fence = ",
                 $next_fence,
                 ", lease_until = ",
+                $ts_open,
                 $now_open,
                 "$2",
                 $now_close,
-                " + $1, updated = ",
+                " + $1",
+                $ts_close,
+                ", updated = ",
+                $ts_open,
                 $now_open,
                 "$2",
                 $now_close,
+                $ts_close,
                 "
 WHERE key = $3 AND fence = $4
     AND (state = 'UNKNOWN'
          OR (state IN ('RECEIVED', 'PROCESSING')
              AND (lease_until IS NULL OR lease_until <= ",
+                $ts_open,
                 $now_open,
                 "$2",
                 $now_close,
+                $ts_close,
                 ")))
 RETURNING fence"
+            );
+
+            /// Queues an entry (`$1` callId, `$2` key, `$3` scope, `$4` reason, `$5` round, `$6` due
+            /// time, `$7` enqueue time, `$8` attempts, `$9` last error, `$10` inputs), unless its callId
+            /// is queued already.
+            const ENQUEUE_SQL: &'static str = concat!(
+                "INSERT INTO samekey_compensation
+    (call_id, key, scope, reason, round, next_at, state, lease_until, enqueued, attempts,
+     last_error, inputs)
+VALUES ($1, $2, $3, $4, $5, ",
+                $ts_open,
+                "$6",
+                $ts_close,
+                ", 'PENDING', NULL, ",
+                $ts_open,
+                "$7",
+                $ts_close,
+                ", $8, $9, $10)
+ON CONFLICT (call_id) DO NOTHING"
+            );
+
+            /// Every compensation entry, in the order they were queued.
+            const LIST_COMPENSATIONS_SQL: &'static str = concat!(
+                "SELECT ",
+                $crate::store::sql::compensation_columns!($ms_open, $ms_close),
+                "
+FROM samekey_compensation ORDER BY samekey_compensation.enqueued, call_id"
             );
 
             /// The statement that takes due compensation entries (`$1` lease length, `$2` now, `$3`
             /// limit), each under a new worker fence.
             const TAKE_DUE_SQL: &'static str = concat!(
                 "UPDATE samekey_compensation SET state = 'TAKEN', lease_until = ",
+                $ts_open,
                 $now_open,
                 "$2",
                 $now_close,
-                " + $1, taker = taker + 1
+                " + $1",
+                $ts_close,
+                ", taker = taker + 1
 WHERE call_id IN (
     SELECT call_id FROM samekey_compensation
     WHERE (state = 'PENDING' AND next_at <= ",
+                $ts_open,
                 $now_open,
                 "$2",
                 $now_close,
+                $ts_close,
                 ")
         OR (state = 'TAKEN' AND lease_until <= ",
+                $ts_open,
                 $now_open,
                 "$2",
                 $now_close,
+                $ts_close,
                 ")
     ORDER BY next_at, enqueued LIMIT $3 ",
                 $locking,
                 ")
-RETURNING call_id, key, scope, reason, round, next_at, state, lease_until, enqueued, taker,
-    attempts, last_error, inputs"
+RETURNING ",
+                $crate::store::sql::compensation_columns!($ms_open, $ms_close)
             );
 
-            /// A page of receipts (`$1` since, `$2` until, `$3` scope or null, `$4` now, `$5` cursor
-            /// time, `$6` cursor key, `$7` limit): the cursor is `(-1, empty)` for the first page.
+            /// A page of receipts (`$1` until, `$2` now, `$3` cursor time, `$4` cursor key, `$5`
+            /// limit): the cursor is just before the range (`since - 1`, all-ones) for the first page.
+            /// The cursor and bounds are converted, not the column: the `(created, key)` index serves
+            /// the range and the order.
             const LIST_SQL: &'static str = concat!(
-                "SELECT key, scope, call_id, state, fence, lease_until, expires_at,
-    fingerprint, outcome, created, updated
+                "SELECT ",
+                $crate::store::sql::receipt_columns!($ms_open, $ms_close),
+                "
 FROM samekey_receipts
-WHERE (created, key) > ($3, $4) AND created < $1 AND state <> 'RELEASED'
+WHERE (created, key) > (",
+                $ts_open,
+                "$3",
+                $ts_close,
+                ", $4) AND created < ",
+                $ts_open,
+                "$1",
+                $ts_close,
+                " AND state <> 'RELEASED'
     AND (expires_at IS NULL OR expires_at > ",
+                $ts_open,
                 $now_open,
                 "$2",
                 $now_close,
+                $ts_close,
                 ")
-ORDER BY created, key LIMIT $5"
+ORDER BY samekey_receipts.created, key LIMIT $5"
             );
 
             /// [`LIST_SQL`](Self::LIST_SQL) of one scope (`$6`), on the index by scope.
             const LIST_SCOPE_SQL: &'static str = concat!(
-                "SELECT key, scope, call_id, state, fence, lease_until, expires_at,
-    fingerprint, outcome, created, updated
+                "SELECT ",
+                $crate::store::sql::receipt_columns!($ms_open, $ms_close),
+                "
 FROM samekey_receipts
-WHERE scope = $6 AND (created, key) > ($3, $4) AND created < $1 AND state <> 'RELEASED'
+WHERE scope = $6 AND (created, key) > (",
+                $ts_open,
+                "$3",
+                $ts_close,
+                ", $4) AND created < ",
+                $ts_open,
+                "$1",
+                $ts_close,
+                " AND state <> 'RELEASED'
     AND (expires_at IS NULL OR expires_at > ",
+                $ts_open,
                 $now_open,
                 "$2",
                 $now_close,
+                $ts_close,
                 ")
-ORDER BY created, key LIMIT $5"
+ORDER BY samekey_receipts.created, key LIMIT $5"
             );
 
             /// Records `PROCESSING` past their lease (`$1` now, `$2` limit).
             const ORPHANS_SQL: &'static str = concat!(
-                "SELECT key, scope, call_id, state, fence, lease_until, expires_at,
-    fingerprint, outcome, created, updated
+                "SELECT ",
+                $crate::store::sql::receipt_columns!($ms_open, $ms_close),
+                "
 FROM samekey_receipts r WHERE state = 'PROCESSING' AND lease_until <= ",
+                $ts_open,
                 $now_open,
                 "$1",
                 $now_close,
+                $ts_close,
                 "
     AND NOT EXISTS (SELECT 1 FROM samekey_compensation c WHERE c.call_id = r.call_id)
-ORDER BY lease_until LIMIT $2"
+ORDER BY r.lease_until LIMIT $2"
             );
 
             /// Puts a held entry back (`$1` round, `$2` now, `$3` delay, `$4` callId, `$5` fence).
             const RESCHEDULE_SQL: &'static str = concat!(
                 "UPDATE samekey_compensation
 SET round = $1, next_at = ",
+                $ts_open,
                 $now_open,
                 "$2",
                 $now_close,
-                " + $3, state = 'PENDING', lease_until = NULL
+                " + $3",
+                $ts_close,
+                ", state = 'PENDING', lease_until = NULL
 WHERE call_id = $4 AND taker = $5"
             );
 
             /// Marks a held entry `MANUAL` (`$1` now, `$2` callId, `$3` fence).
             const ESCALATE_SQL: &'static str = concat!(
                 "UPDATE samekey_compensation SET state = 'MANUAL', next_at = ",
+                $ts_open,
                 $now_open,
                 "$1",
                 $now_close,
+                $ts_close,
                 ", lease_until = NULL
 WHERE call_id = $2 AND taker = $3"
             );
@@ -413,14 +558,18 @@ WHERE call_id = $2 AND taker = $3"
             const JOURNAL_BY_KEY_SQL: &'static str = concat!(
                 "SELECT CAST(j.event AS TEXT) FROM samekey_journal j WHERE j.key = $1",
                 " AND (j.keep_until > ",
+                $ts_open,
                 $now_open,
                 "$2",
                 $now_close,
+                $ts_close,
                 " OR EXISTS (SELECT 1 FROM samekey_receipts r WHERE r.key = j.key
         AND r.state <> 'RELEASED' AND (r.expires_at IS NULL OR r.expires_at > ",
+                $ts_open,
                 $now_open,
                 "$2",
                 $now_close,
+                $ts_close,
                 ")))
 ORDER BY j.seq"
             );
@@ -429,14 +578,18 @@ ORDER BY j.seq"
             const JOURNAL_BY_CALL_SQL: &'static str = concat!(
                 "SELECT CAST(j.event AS TEXT) FROM samekey_journal j WHERE j.call_id = $1",
                 " AND (j.keep_until > ",
+                $ts_open,
                 $now_open,
                 "$2",
                 $now_close,
+                $ts_close,
                 " OR EXISTS (SELECT 1 FROM samekey_receipts r WHERE r.key = j.key
         AND r.state <> 'RELEASED' AND (r.expires_at IS NULL OR r.expires_at > ",
+                $ts_open,
                 $now_open,
                 "$2",
                 $now_close,
+                $ts_close,
                 ")))
 ORDER BY j.seq"
             );
@@ -444,15 +597,19 @@ ORDER BY j.seq"
             /// Evicts journal rows past their `keep_until` whose key has no live record (`$1` now).
             const PURGE_JOURNAL_SQL: &'static str = concat!(
                 "DELETE FROM samekey_journal WHERE keep_until <= ",
+                $ts_open,
                 $now_open,
                 "$1",
                 $now_close,
+                $ts_close,
                 " AND NOT EXISTS (SELECT 1 FROM samekey_receipts r
     WHERE r.key = samekey_journal.key AND r.state <> 'RELEASED'
         AND (r.expires_at IS NULL OR r.expires_at > ",
+                $ts_open,
                 $now_open,
                 "$1",
                 $now_close,
+                $ts_close,
                 "))"
             );
 
@@ -504,7 +661,7 @@ ORDER BY j.seq"
                 conn: &mut $conn,
                 key: &$crate::key::Key,
             ) -> Result<Option<$crate::receipt::Receipt>, $crate::error::StoreError> {
-                let row = sqlx::query($crate::store::sql::ROW)
+                let row = sqlx::query(Self::KEY_ROW_SQL)
                     .bind(key.digest().as_slice())
                     .fetch_optional(&mut *conn)
                     .await
@@ -763,8 +920,8 @@ ORDER BY j.seq"
                 &self,
                 call_id: &$crate::call_id::CallId,
             ) -> Result<Option<$crate::receipt::Receipt>, $crate::error::StoreError> {
-                use $crate::store::sql::{driver, receipt, BY_CALL_ID};
-                let row = sqlx::query(BY_CALL_ID)
+                use $crate::store::sql::{driver, receipt};
+                let row = sqlx::query(Self::BY_CALL_ID_SQL)
                     .bind(call_id.to_string())
                     .fetch_optional(&self.pool)
                     .await
@@ -864,8 +1021,8 @@ ORDER BY j.seq"
                 &self,
                 entry: $crate::compensation::CompensationEntry,
             ) -> Result<(), $crate::error::StoreError> {
-                use $crate::store::sql::{driver, int, ENQUEUE};
-                sqlx::query(ENQUEUE)
+                use $crate::store::sql::{driver, int};
+                sqlx::query(Self::ENQUEUE_SQL)
                     .bind(entry.call_id.to_string())
                     .bind(entry.key.digest().as_slice())
                     .bind(entry.key.scope())
@@ -977,8 +1134,8 @@ ORDER BY j.seq"
                 &self,
             ) -> Result<Vec<$crate::compensation::CompensationEntry>, $crate::error::StoreError>
             {
-                use $crate::store::sql::{compensation, driver, LIST};
-                let rows = sqlx::query(LIST)
+                use $crate::store::sql::{compensation, driver};
+                let rows = sqlx::query(Self::LIST_COMPENSATIONS_SQL)
                     .fetch_all(&self.pool)
                     .await
                     .map_err(driver)?;

@@ -130,7 +130,7 @@ WHERE samekey_receipts.state = 'RELEASED' OR samekey_receipts.expires_at <= ?7
 RETURNING fence";
 
     /// The statement that reads a key's row.
-    pub const ROW_SQL: &'static str = sql::ROW;
+    pub const ROW_SQL: &'static str = Self::KEY_ROW_SQL;
 
     /// Creates the tables and indexes if they are missing. Idempotent.
     pub async fn migrate(&self) -> Result<(), StoreError> {
@@ -256,6 +256,8 @@ sql::sql_store!(
     next_fence = "fence + 1",
     locking = "",
     now = ("", ""),
+    ts = ("", ""),
+    ms = ("", ""),
     clock = Caller
 );
 
