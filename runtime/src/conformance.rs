@@ -265,6 +265,34 @@ pub async fn release_frees_the_key(store: Arc<dyn Store>) {
     ));
 }
 
+/// Records are found by callIds a batch at a time: those the store holds, none for a callId it does not
+/// know or whose claim was given back.
+pub async fn receipts_are_found_by_call_ids(store: Arc<dyn Store>) {
+    let (a, b, released, stranger) = (call(), call(), call(), call());
+    let keys: Vec<Key> = (0..3).map(|i| fresh_key(&format!("by-ids-{i}"))).collect();
+    let fa = acquire(&*store, &keys[0], &a, T0).await;
+    store
+        .complete(&keys[0], fa, success(b"1", 60_000), T0)
+        .await
+        .expect("complete");
+    acquire(&*store, &keys[1], &b, T0).await;
+    let fr = acquire(&*store, &keys[2], &released, T0).await;
+    store.release(&keys[2], fr).await.expect("release");
+    let asked = [a.clone(), stranger, released, b.clone()];
+    let mut found: Vec<CallId> = store
+        .get_by_call_ids(&asked)
+        .await
+        .expect("by callIds")
+        .into_iter()
+        .map(|r| r.call_id)
+        .collect();
+    found.sort_by(|x, y| x.as_str().cmp(y.as_str()));
+    let mut want = vec![a, b];
+    want.sort_by(|x, y| x.as_str().cmp(y.as_str()));
+    assert_eq!(found, want);
+    assert!(store.get_by_call_ids(&[]).await.expect("none").is_empty());
+}
+
 /// Forgetting a finished call frees its key for a new call; only the record's own fence may, only
 /// once the call finished (`SUCCESS` or `FAILED`), and the key's journal stays.
 pub async fn forget_frees_a_finished_key(store: Arc<dyn Store>) {
@@ -1141,7 +1169,8 @@ macro_rules! store_conformance_tests {
     (@all $make:expr;) => {
         $crate::store_conformance_tests!(@tests $make;
             claim_is_exclusive claim_records_processing fences_grow complete_is_fenced_and_reentrant
-            unknown_moves_forward release_frees_the_key forget_frees_a_finished_key take_over_rules extend_lease_is_fenced
+            unknown_moves_forward release_frees_the_key forget_frees_a_finished_key receipts_are_found_by_call_ids
+            take_over_rules extend_lease_is_fenced
             ttl_expiry wait_settled_wakes compensation_queue take_over_is_exclusive_and_fences_out
             wait_settled_wakes_on_release orphans_are_listed receipts_are_listed
             journal_is_kept_in_order journal_lives_with_its_record journaled_keys_are_listed receipts_are_paged);

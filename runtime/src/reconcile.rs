@@ -10,10 +10,11 @@
 //! # Memory
 //!
 //! Bounded by the day's size, not its content: one 64-bit hash per counterparty record (to find this
-//! side's receipts it never mentioned), one page of receipts at a time, and the first
+//! side's receipts it never mentioned), one batch of counterparty records (1 000, looked up at once:
+//! one statement on the SQL stores) and one page of receipts at a time, and the first
 //! [`Reconciler::examples`] discrepancies of each kind. Counts are exact.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io::{BufRead, Read};
 
@@ -134,6 +135,9 @@ impl Report {
     }
 }
 
+/// Counterparty records looked up at once.
+const LOOKUP_BATCH: usize = 1_000;
+
 type AmountOf = Box<dyn Fn(&Receipt) -> Option<i64> + Send + Sync>;
 
 /// Compares the receipts a [`ReceiptQuery`] selects with the counterparty's records.
@@ -195,65 +199,41 @@ impl Reconciler {
         let mut report = Report::default();
         let mut kinds = [0usize; 6];
         let mut seen: HashSet<u64> = HashSet::new();
-        for record in remote {
-            let record = match record {
-                Ok(record) => record,
-                Err(e) => {
-                    report.unreadable += 1;
-                    self.example(&mut report, &mut kinds, 5, Discrepancy::Unreadable(e));
-                    continue;
+        // The counterparty's records are looked up a batch at a time (one statement on the SQL
+        // stores), then compared in the file's order.
+        let mut batch: Vec<RemoteRecord> = Vec::with_capacity(LOOKUP_BATCH);
+        let mut remote = remote.into_iter().peekable();
+        while remote.peek().is_some() {
+            batch.clear();
+            for record in remote.by_ref() {
+                match record {
+                    Ok(record) => {
+                        report.remote_records += 1;
+                        if seen.insert(fingerprint(&record.call_id)) {
+                            batch.push(record);
+                        } else {
+                            report.repeated += 1;
+                        }
+                    }
+                    Err(e) => {
+                        report.unreadable += 1;
+                        self.example(&mut report, &mut kinds, 5, Discrepancy::Unreadable(e));
+                    }
                 }
-            };
-            report.remote_records += 1;
-            if !seen.insert(fingerprint(&record.call_id)) {
-                report.repeated += 1;
-                continue;
-            }
-            let Some(here) = store.get_by_call_id(&record.call_id).await? else {
-                report.missing_here += 1;
-                let found = Discrepancy::MissingHere {
-                    call_id: record.call_id,
-                };
-                self.example(&mut report, &mut kinds, 0, found);
-                continue;
-            };
-            let in_range = (self.query.since_ms..self.query.until_ms).contains(&here.created_ms);
-            if !in_range || !self.query.admits(&here) {
-                report.outside_query += 1;
-                continue;
-            }
-            let agree = matches!(
-                (here.state, record.outcome),
-                (ReceiptState::Success, RemoteOutcome::Succeeded)
-                    | (ReceiptState::Failed, RemoteOutcome::Failed)
-            );
-            if !agree {
-                report.state_mismatches += 1;
-                let found = Discrepancy::StateMismatch {
-                    call_id: record.call_id,
-                    here: here.state,
-                    there: record.outcome,
-                };
-                self.example(&mut report, &mut kinds, 2, found);
-                continue;
-            }
-            let amounts = match (&self.amount, record.amount) {
-                (Some(amount_of), Some(there)) if here.state == ReceiptState::Success => {
-                    amount_of(&here).map(|here| (here, there))
+                if batch.len() == LOOKUP_BATCH {
+                    break;
                 }
-                _ => None,
-            };
-            match amounts {
-                Some((here, there)) if here != there => {
-                    report.amount_mismatches += 1;
-                    let found = Discrepancy::AmountMismatch {
-                        call_id: record.call_id,
-                        here,
-                        there,
-                    };
-                    self.example(&mut report, &mut kinds, 3, found);
-                }
-                _ => report.matched += 1,
+            }
+            let ids: Vec<CallId> = batch.iter().map(|r| r.call_id.clone()).collect();
+            let mut found: HashMap<String, Receipt> = store
+                .get_by_call_ids(&ids)
+                .await?
+                .into_iter()
+                .map(|r| (r.call_id.as_str().to_owned(), r))
+                .collect();
+            for record in batch.drain(..) {
+                let here = found.remove(record.call_id.as_str());
+                self.compare(record, here, &mut report, &mut kinds);
             }
         }
         let mut query = self.query.clone();
@@ -276,6 +256,62 @@ impl Reconciler {
             }
         }
         Ok(report)
+    }
+
+    /// Compares one counterparty record with this side's receipt of its call (`None`: none here).
+    fn compare(
+        &self,
+        record: RemoteRecord,
+        here: Option<Receipt>,
+        report: &mut Report,
+        kinds: &mut [usize; 6],
+    ) {
+        let Some(here) = here else {
+            report.missing_here += 1;
+            let found = Discrepancy::MissingHere {
+                call_id: record.call_id,
+            };
+            self.example(report, kinds, 0, found);
+            return;
+        };
+        let in_range = (self.query.since_ms..self.query.until_ms).contains(&here.created_ms);
+        if !in_range || !self.query.admits(&here) {
+            report.outside_query += 1;
+            return;
+        }
+        let agree = matches!(
+            (here.state, record.outcome),
+            (ReceiptState::Success, RemoteOutcome::Succeeded)
+                | (ReceiptState::Failed, RemoteOutcome::Failed)
+        );
+        if !agree {
+            report.state_mismatches += 1;
+            let found = Discrepancy::StateMismatch {
+                call_id: record.call_id,
+                here: here.state,
+                there: record.outcome,
+            };
+            self.example(report, kinds, 2, found);
+            return;
+        }
+        let amounts = match (&self.amount, record.amount) {
+            (Some(amount_of), Some(there)) if here.state == ReceiptState::Success => {
+                amount_of(&here).map(|here| (here, there))
+            }
+            _ => None,
+        };
+        match amounts {
+            Some((here, there)) if here != there => {
+                report.amount_mismatches += 1;
+                let found = Discrepancy::AmountMismatch {
+                    call_id: record.call_id,
+                    here,
+                    there,
+                };
+                self.example(report, kinds, 3, found);
+            }
+            _ => report.matched += 1,
+        }
     }
 
     fn example(

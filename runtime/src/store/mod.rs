@@ -267,6 +267,19 @@ pub trait Store: std::any::Any + Send + Sync {
     /// The record owned by `call_id`, from stored data only.
     async fn get_by_call_id(&self, call_id: &CallId) -> Result<Option<Receipt>, StoreError>;
 
+    /// The records owned by `call_ids` that the store holds, in any order: what a reconciliation asks
+    /// for a page of the counterparty's records at once. The default asks
+    /// [`Store::get_by_call_id`] for each; the SQL stores answer in one statement.
+    async fn get_by_call_ids(&self, call_ids: &[CallId]) -> Result<Vec<Receipt>, StoreError> {
+        let mut found = Vec::new();
+        for call_id in call_ids {
+            if let Some(receipt) = self.get_by_call_id(call_id).await? {
+                found.push(receipt);
+            }
+        }
+        Ok(found)
+    }
+
     /// Waits until the record of `key` changes from `PROCESSING` (completed, marked unknown, released,
     /// taken over) or `timeout` passes, then returns the record as it is. It may return earlier (when
     /// the owner's lease ends, say): the caller looks again. The default implementation polls

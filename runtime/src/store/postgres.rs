@@ -561,6 +561,7 @@ sql::sql_store!(
     now = ("samekey_now(", ")"),
     ts = ("samekey_ts(", ")"),
     ms = ("samekey_ms(", ")"),
+    json_list = ("SELECT jsonb_array_elements_text(CAST(", " AS jsonb))"),
     clock = Own,
     wait_settled = wait_notified
 );

@@ -260,7 +260,8 @@ pub(crate) const TRIM_JOURNAL: &str = "DELETE FROM samekey_journal WHERE key = $
 macro_rules! sql_store {
     ($store:ty, $conn:ty, next_fence = $next_fence:literal, locking = $locking:literal,
      now = ($now_open:literal, $now_close:literal), ts = ($ts_open:literal, $ts_close:literal),
-     ms = ($ms_open:literal, $ms_close:literal), clock = $clock:ident
+     ms = ($ms_open:literal, $ms_close:literal),
+     json_list = ($list_open:literal, $list_close:literal), clock = $clock:ident
      $(, wait_settled = $wait:ident)?) => {
         impl $store {
             /// The statement a completion sends (`$1` state, `$2` outcome, `$3` ttl, `$4` now, `$5` key,
@@ -358,6 +359,18 @@ FROM samekey_receipts WHERE key = $1 AND (expires_at IS NULL OR expires_at > ",
                 $crate::store::sql::receipt_columns!($ms_open, $ms_close),
                 "
 FROM samekey_receipts WHERE call_id = $1 AND state <> 'RELEASED' LIMIT 1"
+            );
+
+            /// The live records of the callIds in the JSON array `$1`.
+            const BY_CALL_IDS_SQL: &'static str = concat!(
+                "SELECT ",
+                $crate::store::sql::receipt_columns!($ms_open, $ms_close),
+                "
+FROM samekey_receipts WHERE call_id IN (",
+                $list_open,
+                "$1",
+                $list_close,
+                ") AND state <> 'RELEASED'"
             );
 
             /// The time the store judges by (`$1` the caller's), in Unix ms.
@@ -930,6 +943,27 @@ ORDER BY j.seq"
                     Some(row) => receipt(&row),
                     None => Ok(None),
                 }
+            }
+
+            async fn get_by_call_ids(
+                &self,
+                call_ids: &[$crate::call_id::CallId],
+            ) -> Result<Vec<$crate::receipt::Receipt>, $crate::error::StoreError> {
+                use $crate::store::sql::{driver, receipt};
+                if call_ids.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let ids: Vec<&str> = call_ids.iter().map(|c| c.as_str()).collect();
+                let list = serde_json::to_string(&ids)
+                    .map_err(|e| $crate::error::StoreError::Corrupt(e.to_string()))?;
+                let rows = sqlx::query(Self::BY_CALL_IDS_SQL)
+                    .bind(list)
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(driver)?;
+                rows.iter()
+                    .filter_map(|row| receipt(row).transpose())
+                    .collect()
             }
 
             async fn purge_expired(&self, now_ms: u64) -> Result<usize, $crate::error::StoreError> {

@@ -258,6 +258,7 @@ sql::sql_store!(
     now = ("", ""),
     ts = ("", ""),
     ms = ("", ""),
+    json_list = ("SELECT value FROM json_each(", ")"),
     clock = Caller
 );
 
