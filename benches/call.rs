@@ -98,6 +98,25 @@ fn calls(c: &mut Criterion) {
             elapsed
         })
     });
+    // The same, without a retry budget: what a fresh call's two deposits (retries, lookups) cost.
+    group.bench_function("idempotent_first_call_unbudgeted", |b| {
+        b.to_async(&rt).iter_custom(|iters| async move {
+            let fresh = Service {
+                samekey: Runtime::builder()
+                    .retry_budget(samekey::RetryBudget::unlimited())
+                    .lookup_budget(samekey::RetryBudget::unlimited())
+                    .build()
+                    .expect("runtime"),
+            };
+            let start = Instant::now();
+            for order_id in 0..iters {
+                let _ = black_box(fresh.charge(black_box(order_id), black_box(500)).await);
+            }
+            let elapsed = start.elapsed();
+            drop(fresh);
+            elapsed
+        })
+    });
     group.bench_function("idempotent_replay", |b| {
         b.to_async(&rt)
             .iter(|| async { service.charge(black_box(7), black_box(500)).await })

@@ -26,6 +26,7 @@ pub(crate) fn spec(
         prefix,
         name,
         retries: 0,
+        budget: None,
         backoff_base: Duration::from_millis(100),
         backoff_cap: Duration::from_secs(1),
         jitter: 0.2,

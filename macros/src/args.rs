@@ -19,6 +19,7 @@ pub(crate) const NAMES: &[&str] = &[
     "scope",
     "prefix",
     "retries",
+    "budget",
     "backoff",
     "jitter",
     "timeout",
@@ -76,6 +77,8 @@ pub(crate) struct Args {
     pub(crate) scope: Option<LitStr>,
     pub(crate) prefix: Option<LitStr>,
     pub(crate) retries: Option<Value<u64>>,
+    /// `budget = "payments"`: the named dependency whose retry budget the calls draw from.
+    pub(crate) budget: Option<LitStr>,
     pub(crate) backoff: Option<LitStr>,
     pub(crate) jitter: Option<Value<f64>>,
     pub(crate) timeout: Option<LitStr>,
@@ -204,6 +207,7 @@ impl Args {
             }
             "scope" => string(&name_str, &value).map(|v| self.scope = Some(v)),
             "prefix" => string(&name_str, &value).map(|v| self.prefix = Some(v)),
+            "budget" => string(&name_str, &value).map(|v| self.budget = Some(v)),
             "backoff" => string(&name_str, &value).map(|v| self.backoff = Some(v)),
             "timeout" => string(&name_str, &value).map(|v| self.timeout = Some(v)),
             "ttl" => string(&name_str, &value).map(|v| self.ttl = Some(v)),
@@ -260,6 +264,7 @@ pub(crate) fn example(name: &str) -> Option<&'static str> {
         "scope" => "scope = \"orders.charge\"",
         "prefix" => "prefix = \"ord\"",
         "retries" => "retries = 3",
+        "budget" => "budget = \"payments\"",
         "backoff" => "backoff = \"100ms..10s\"",
         "jitter" => "jitter = 0.2",
         "timeout" => "timeout = \"3s\"",

@@ -569,6 +569,10 @@ fn spec_tokens(fn_ident: &Ident, args: &Args, policy: &Policy) -> TokenStream {
     let scope_given = policy.scope.is_some();
     let prefix = &policy.prefix;
     let retries = policy.retries;
+    let budget = match &policy.budget {
+        Some(name) => quote!(::core::option::Option::Some(#name)),
+        None => quote!(::core::option::Option::None),
+    };
     let base = millis(policy.backoff.0);
     let cap = millis(policy.backoff.1);
     let jitter = policy.jitter;
@@ -596,6 +600,7 @@ fn spec_tokens(fn_ident: &Ident, args: &Args, policy: &Policy) -> TokenStream {
             prefix: #prefix,
             name: #name,
             retries: #retries,
+            budget: #budget,
             backoff_base: #base,
             backoff_cap: #cap,
             jitter: #jitter,

@@ -23,6 +23,8 @@ pub(crate) struct Policy {
     pub(crate) scope: Option<String>,
     pub(crate) prefix: String,
     pub(crate) retries: u32,
+    /// The named dependency whose retry budget the calls draw from; `None`: the runtime's.
+    pub(crate) budget: Option<String>,
     pub(crate) backoff: (u64, u64),
     pub(crate) jitter: f64,
     pub(crate) timeout: Option<u64>,
@@ -100,6 +102,23 @@ pub(crate) fn check(args: &Args, fn_name: &Ident) -> syn::Result<Policy> {
             derived
         }
     };
+
+    let budget = args.budget.as_ref().map(|lit| {
+        let value = lit.value();
+        let valid = (1..=64).contains(&value.len())
+            && value
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+        if !valid {
+            errors.push(
+                lit.span(),
+                format!(
+                    "`#[idempotent(budget = {value:?})]` is not a dependency's name: use 1 to 64 ASCII letters, digits, `_`, `-` or `.`, e.g. `budget = \"payments\"`; every function naming it shares its retry budget"
+                ),
+            );
+        }
+        value
+    });
 
     let retries = match &args.retries {
         Some(r) if r.value > MAX_RETRIES => {
@@ -283,6 +302,7 @@ pub(crate) fn check(args: &Args, fn_name: &Ident) -> syn::Result<Policy> {
         scope,
         prefix,
         retries,
+        budget,
         backoff,
         jitter,
         timeout,

@@ -92,6 +92,8 @@ pub struct Spec {
     pub name: &'static str,
     /// Retries after the first attempt.
     pub retries: u32,
+    /// The named dependency whose retry budget the calls draw from (`None`: the runtime's).
+    pub budget: Option<&'static str>,
     /// First backoff delay.
     pub backoff_base: Duration,
     /// Largest backoff delay.
@@ -789,6 +791,12 @@ impl<T, E> Run<T, E> {
         tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = self.attempts, "attempt");
         let started = self.rt.now_ms();
+        if self.attempts == 1 && !self.plain {
+            // A call that sends: it adds to the retries and lookups its dependency may make.
+            self.rt
+                .with_retry_budget(self.spec.budget, |b| b.deposit(started));
+            self.rt.lookup_budget().deposit(started);
+        }
         let context = Context::new(
             self.call_id.clone(),
             self.trace_id,
@@ -947,6 +955,13 @@ impl<T, E> Run<T, E> {
         F: Future,
         F::Output: LookupAnswer<T, E>,
     {
+        let now = self.rt.now_ms();
+        if !self.rt.lookup_budget().withdraw(now) {
+            self.rt.count(Counter::BudgetSpent);
+            tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                attempt = self.attempts, "lookup budget spent: outcome left unknown");
+            return self.give_up_unknown("lookup budget spent", now).await;
+        }
         self.rt.count(Counter::Lookups);
         let limit = self.spec.timeout.unwrap_or(LOOKUP_LIMIT);
         if let Err(step) = self.hold_lease(limit).await {
@@ -1062,6 +1077,17 @@ impl<T, E> Run<T, E> {
     /// [`max_retry_after`](crate::Builder::max_retry_after) ends the call instead.
     async fn retry(&mut self, at_least: Duration) -> Step<T, E> {
         if self.spent() > self.spec.retries {
+            return self.exhausted().await;
+        }
+        let now = self.rt.now_ms();
+        if !self
+            .rt
+            .with_retry_budget(self.spec.budget, |b| b.withdraw(now))
+        {
+            self.rt.count(Counter::BudgetSpent);
+            tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                attempt = self.attempts, budget = self.spec.budget.unwrap_or("runtime"),
+                "retry budget spent: no retry");
             return self.exhausted().await;
         }
         if at_least > self.rt.max_retry_after() {

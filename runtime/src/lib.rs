@@ -8,6 +8,7 @@
 
 #![warn(missing_docs)]
 
+pub mod budget;
 mod call;
 mod call_id;
 pub mod callback;
@@ -30,6 +31,7 @@ mod runtime;
 mod stats;
 pub mod store;
 
+pub use budget::{RetryBudget, DEFAULT_LOOKUP_BUDGET, DEFAULT_RETRY_BUDGET};
 pub use call_id::{validate_label, validate_node, CallId, Label, ParseCallIdError, TraceId};
 pub use callback::{Applied, Callback};
 pub use classify::{Classify, ErrorClass, RemoteStatus};

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use crate::budget::{Budget, Budgets, RetryBudget, DEFAULT_LOOKUP_BUDGET};
 use crate::call_id::{validate_node, CallId, Label, ParseCallIdError};
 use crate::clock::{Clock, RuntimeClock, SystemClock};
 use crate::compensation::CompensationEntry;
@@ -55,6 +56,7 @@ struct Inner {
     jitter_seed: Option<u64>,
     calls_begun: AtomicU64,
     counters: Counters,
+    budgets: Budgets,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -82,6 +84,7 @@ impl Runtime {
             default_node(),
             Settings::default(),
             None,
+            BudgetSettings::default(),
         )
     }
 
@@ -95,6 +98,7 @@ impl Runtime {
         node: Label,
         b: Settings,
         clock: Option<Arc<dyn Clock>>,
+        budgets: BudgetSettings,
     ) -> Runtime {
         let StoreHandle { store, memory } = store;
         Runtime {
@@ -113,8 +117,23 @@ impl Runtime {
                 jitter_seed: b.jitter_seed,
                 calls_begun: AtomicU64::new(0),
                 counters: Counters::default(),
+                budgets: Budgets::new(budgets.retries, budgets.lookups.0, budgets.named),
             }),
         }
+    }
+
+    /// Runs `f` on the retry budget of the dependency `name`, or on the runtime's.
+    pub(crate) fn with_retry_budget<R>(
+        &self,
+        name: Option<&str>,
+        f: impl FnOnce(&Budget) -> R,
+    ) -> R {
+        self.inner.budgets.with_retries(name, f)
+    }
+
+    /// The lookup budget.
+    pub(crate) fn lookup_budget(&self) -> &Budget {
+        self.inner.budgets.lookups()
     }
 
     /// The store.
@@ -449,6 +468,25 @@ pub struct Builder {
     node: Option<String>,
     settings: Settings,
     clock: Option<Arc<dyn Clock>>,
+    budgets: BudgetSettings,
+}
+
+/// The budgets a [`Builder`] sets.
+#[derive(Default)]
+struct BudgetSettings {
+    retries: RetryBudget,
+    lookups: LookupBudget,
+    named: std::collections::HashMap<String, RetryBudget>,
+}
+
+/// The lookup budget's policy, defaulting to [`DEFAULT_LOOKUP_BUDGET`].
+#[derive(Clone, Copy)]
+struct LookupBudget(RetryBudget);
+
+impl Default for LookupBudget {
+    fn default() -> LookupBudget {
+        LookupBudget(DEFAULT_LOOKUP_BUDGET)
+    }
 }
 
 impl Builder {
@@ -498,6 +536,30 @@ impl Builder {
         self
     }
 
+    /// The retry budget of this runtime's calls (default [`DEFAULT_RETRY_BUDGET`](crate::DEFAULT_RETRY_BUDGET): over 10 s, 10 retries
+    /// per second plus 20 % of the calls), shared by every function that names no dependency;
+    /// [`RetryBudget::unlimited`] switches it off. See [`crate::budget`].
+    pub fn retry_budget(mut self, budget: RetryBudget) -> Builder {
+        self.budgets.retries = budget;
+        self
+    }
+
+    /// The budget of `lookup`s (default [`DEFAULT_LOOKUP_BUDGET`]: over 10 s, 20 per second plus one
+    /// per call): a lookup is a read, not a retry, and draws from this budget only.
+    pub fn lookup_budget(mut self, budget: RetryBudget) -> Builder {
+        self.budgets.lookups = LookupBudget(budget);
+        self
+    }
+
+    /// The retry budget of the dependency `name`, for the functions that name it
+    /// (`#[idempotent(budget = "payments")]`): a window of its own, so that one failing dependency
+    /// does not spend the retries of others. A name never set here gets the runtime's retry policy,
+    /// in a window of its own.
+    pub fn budget(mut self, name: impl Into<String>, budget: RetryBudget) -> Builder {
+        self.budgets.named.insert(name.into(), budget);
+        self
+    }
+
     /// The longest `retry_after` (from [`ErrorClass::RateLimited`](crate::ErrorClass::RateLimited)) a
     /// call waits before its next attempt (default 60 s). A rate-limited attempt is always followed by
     /// a wait of at least its `retry_after`, even beyond the function's backoff cap; a `retry_after`
@@ -538,6 +600,12 @@ impl Builder {
         let store = self
             .store
             .unwrap_or_else(|| StoreHandle::new(Arc::new(MemoryStore::new())));
-        Ok(Runtime::from_parts(store, node, self.settings, self.clock))
+        Ok(Runtime::from_parts(
+            store,
+            node,
+            self.settings,
+            self.clock,
+            self.budgets,
+        ))
     }
 }

@@ -15,10 +15,11 @@ pub(crate) enum Counter {
     Unknown,
     Released,
     FailedClosed,
+    BudgetSpent,
 }
 
 /// One slot per [`Counter`]: the last variant's index, plus one.
-const COUNTERS: usize = Counter::FailedClosed as usize + 1;
+const COUNTERS: usize = Counter::BudgetSpent as usize + 1;
 
 #[derive(Debug, Default)]
 pub(crate) struct Counters([AtomicU64; COUNTERS]);
@@ -41,6 +42,7 @@ impl Counters {
             unknown: get(Counter::Unknown),
             released: get(Counter::Released),
             failed_closed: get(Counter::FailedClosed),
+            budget_spent: get(Counter::BudgetSpent),
         }
     }
 }
@@ -71,4 +73,6 @@ pub struct Stats {
     pub released: u64,
     /// Calls that failed closed because the store failed.
     pub failed_closed: u64,
+    /// Retries and lookups a budget refused ([`crate::budget`]).
+    pub budget_spent: u64,
 }
