@@ -139,8 +139,8 @@ pub use samekey_macros::scoped;
 pub use samekey_macros::KeyPart;
 
 pub use samekey_runtime::{
-    budget, current, default_runtime, key_bytes, observed, store, try_current, Answer, Applied,
-    Backoff, Builder, CallId, CallReport, Callback, Classify, Clock, CompensationEntry,
+    budget, current, default_runtime, key_bytes, metrics, observed, store, try_current, Answer,
+    Applied, Backoff, Builder, CallId, CallReport, Callback, Classify, Clock, CompensationEntry,
     CompensationState, Compensator, Context, Error, ErrorClass, Event, Fence, Fingerprint, History,
     Inbound, Key, KeyBuilder, KeyBytes, KeyEncoder, KeyPart, Label, MemoryStore, NotReceived,
     Operation, ParseCallIdError, Pass, Receipt, ReceiptState, RemoteStatus, Resolution,

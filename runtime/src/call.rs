@@ -376,6 +376,7 @@ where
     let (call_id, trace_id) = context::identify(spec.prefix, rt.node_label(), now);
     let rng = rt.jitter_seed(&call_id);
     rt.count(Counter::Calls);
+    crate::metrics::count(Counter::Calls, spec.scope);
     let problem = key
         .problem()
         .or_else(|| verify.as_ref().and_then(KeyBuilder::problem))
@@ -534,8 +535,18 @@ impl<T, E> Run<T, E> {
         tokio::join!(self.flush(), tokio::time::sleep(delay));
     }
 
+    /// Counts `counter` in the runtime's stats and, as `scope`'s, in the metrics.
+    fn count(&self, counter: Counter) {
+        self.rt.count(counter);
+        if !matches!(counter, Counter::Lookups | Counter::BudgetSpent) {
+            crate::metrics::count(counter, self.spec.scope);
+        }
+    }
+
     fn done(&mut self, out: Result<T, E>) -> Step<T, E> {
         self.fence = None;
+        let took = self.rt.now_ms().saturating_sub(self.began_ms);
+        crate::metrics::call(self.spec.scope, out.is_ok(), took, self.attempts);
         if let Some(observer) = self.observer.take() {
             let Observer { slot, replayed } = *observer;
             let answer = if replayed.is_some() {
@@ -615,7 +626,7 @@ impl<T, E> Run<T, E> {
                 Ok(Claimed::Acquired(fence)) => {
                     self.fence = Some(fence);
                     self.claimed_ms = now;
-                    self.rt.count(Counter::Claims);
+                    self.count(Counter::Claims);
                     tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                         attempt = 0u32, fence = fence.0, function = self.spec.name, "claimed");
                     return Step::Attempt;
@@ -629,7 +640,8 @@ impl<T, E> Run<T, E> {
     }
 
     fn store_failed(&mut self, e: StoreError) -> Step<T, E> {
-        self.rt.count(Counter::FailedClosed);
+        self.count(Counter::FailedClosed);
+        crate::metrics::store_error(self.rt.store().kind());
         tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = self.attempts, error = %e, "store failed; failing closed");
         self.fail_with(Error::Store(e))
@@ -683,7 +695,7 @@ impl<T, E> Run<T, E> {
             }
             tracing::debug!(target: "samekey", call_id = %record.call_id, key = %self.key.short(),
                 attempt = 0u32, "key busy; waiting for its outcome");
-            self.rt.count(Counter::Waits);
+            self.count(Counter::Waits);
             // Woken by the outcome, or at the latest after one lease (this function's), to ask again
             // whether the owner is still there.
             let started = tokio::time::Instant::now();
@@ -728,7 +740,7 @@ impl<T, E> Run<T, E> {
         self.fence = Some(fence);
         self.took_over = true;
         self.uncertain = true;
-        self.rt.count(Counter::Claims);
+        self.count(Counter::Claims);
         self.note(What::TookOver {
             from: record.state,
             fence: fence.0,
@@ -748,7 +760,7 @@ impl<T, E> Run<T, E> {
 
     /// Answers with the outcome an earlier call stored.
     fn replay(&mut self, record: &Receipt) -> Step<T, E> {
-        self.rt.count(Counter::Replays);
+        self.count(Counter::Replays);
         tracing::debug!(target: "samekey", call_id = %record.call_id, key = %self.key.short(),
             attempt = 0u32, state = %record.state, "replay");
         let Some(bytes) = record.outcome.as_deref() else {
@@ -786,7 +798,7 @@ impl<T, E> Run<T, E> {
     {
         self.attempts += 1;
         self.refused = false;
-        self.rt.count(Counter::Attempts);
+        self.count(Counter::Attempts);
         self.in_flight = true;
         tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = self.attempts, "attempt");
@@ -957,12 +969,13 @@ impl<T, E> Run<T, E> {
     {
         let now = self.rt.now_ms();
         if !self.rt.lookup_budget().withdraw(now) {
-            self.rt.count(Counter::BudgetSpent);
+            self.count(Counter::BudgetSpent);
+            crate::metrics::budget_spent(self.spec.scope, "lookups");
             tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                 attempt = self.attempts, "lookup budget spent: outcome left unknown");
             return self.give_up_unknown("lookup budget spent", now).await;
         }
-        self.rt.count(Counter::Lookups);
+        self.count(Counter::Lookups);
         let limit = self.spec.timeout.unwrap_or(LOOKUP_LIMIT);
         if let Err(step) = self.hold_lease(limit).await {
             return step;
@@ -983,6 +996,16 @@ impl<T, E> Run<T, E> {
             answer: seen,
             error,
         });
+        crate::metrics::lookup(
+            self.spec.scope,
+            match seen {
+                LookupOutcome::Succeeded => "succeeded",
+                LookupOutcome::Failed => "failed",
+                LookupOutcome::NotReceived => "not_received",
+                LookupOutcome::Processing => "processing",
+                LookupOutcome::NoAnswer => "no_answer",
+            },
+        );
         match answer {
             Ok(RemoteStatus::Succeeded(value)) => {
                 tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
@@ -1084,7 +1107,8 @@ impl<T, E> Run<T, E> {
             .rt
             .with_retry_budget(self.spec.budget, |b| b.withdraw(now))
         {
-            self.rt.count(Counter::BudgetSpent);
+            self.count(Counter::BudgetSpent);
+            crate::metrics::budget_spent(self.spec.scope, self.spec.budget.unwrap_or("runtime"));
             tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                 attempt = self.attempts, budget = self.spec.budget.unwrap_or("runtime"),
                 "retry budget spent: no retry");
@@ -1105,7 +1129,7 @@ impl<T, E> Run<T, E> {
         if let Err(step) = self.hold_lease(delay).await {
             return step;
         }
-        self.rt.count(Counter::Retries);
+        self.count(Counter::Retries);
         tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = self.attempts, delay_ms = Self::ms(delay), "backing off");
         self.back_off(delay).await;
@@ -1172,7 +1196,7 @@ impl<T, E> Run<T, E> {
                 }
             }
         }
-        self.rt.count(Counter::Released);
+        self.count(Counter::Released);
         tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = self.attempts, why, "claim released");
         self.fence = None;
@@ -1280,7 +1304,7 @@ impl<T, E> Run<T, E> {
     }
 
     async fn enqueue(&self, reason: &str, now: u64) {
-        self.rt.count(Counter::Unknown);
+        self.count(Counter::Unknown);
         let entry = self.entry(reason, now);
         if let Err(e) = self.rt.store().enqueue_compensation(entry).await {
             tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),

@@ -359,6 +359,19 @@ impl Compensator {
             self.rt.journal(&key, &w.steps, self.keep(&key)).await;
             worked?;
         }
+        for (outcome, n) in [
+            ("succeeded", pass.succeeded),
+            ("failed", pass.failed),
+            ("released", pass.released),
+            ("reversed", pass.reversed),
+            ("settled_elsewhere", pass.settled_elsewhere),
+            ("rescheduled", pass.rescheduled),
+            ("escalated", pass.escalated),
+            ("lost", pass.lost),
+            ("deferred", pass.deferred),
+        ] {
+            crate::metrics::compensation(outcome, n);
+        }
         Ok(pass)
     }
 

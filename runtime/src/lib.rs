@@ -22,6 +22,7 @@ mod context;
 mod error;
 pub mod journal;
 mod key;
+pub mod metrics;
 mod observe;
 mod operation;
 mod receipt;

@@ -399,6 +399,10 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
     async fn forget(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
         let mut shard = self.shard(key.digest());
         let entry = Self::owned(&mut shard, key, fence)?;

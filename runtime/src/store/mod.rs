@@ -293,6 +293,12 @@ pub trait Store: std::any::Any + Send + Sync {
         poll_settled(self, key, timeout, now_ms).await
     }
 
+    /// What kind of store this is, for metrics (`samekey_store_errors_total{backend}`): `memory`,
+    /// `sqlite`, `postgres`, `redis`, `cached`; `custom` by default.
+    fn kind(&self) -> &'static str {
+        "custom"
+    }
+
     /// Whose clock judges this store's leases and expiries.
     fn clock(&self) -> StoreClock {
         StoreClock::Caller

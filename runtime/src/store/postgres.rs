@@ -562,6 +562,7 @@ sql::sql_store!(
     ts = ("samekey_ts(", ")"),
     ms = ("samekey_ms(", ")"),
     json_list = ("SELECT jsonb_array_elements_text(CAST(", " AS jsonb))"),
+    kind = "postgres",
     clock = Own,
     wait_settled = wait_notified
 );

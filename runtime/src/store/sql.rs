@@ -261,7 +261,8 @@ macro_rules! sql_store {
     ($store:ty, $conn:ty, next_fence = $next_fence:literal, locking = $locking:literal,
      now = ($now_open:literal, $now_close:literal), ts = ($ts_open:literal, $ts_close:literal),
      ms = ($ms_open:literal, $ms_close:literal),
-     json_list = ($list_open:literal, $list_close:literal), clock = $clock:ident
+     json_list = ($list_open:literal, $list_close:literal), kind = $kind:literal,
+     clock = $clock:ident
      $(, wait_settled = $wait:ident)?) => {
         impl $store {
             /// The statement a completion sends (`$1` state, `$2` outcome, `$3` ttl, `$4` now, `$5` key,
@@ -856,6 +857,10 @@ ORDER BY j.seq"
                         $crate::receipt::ReceiptState::Received,
                     )),
                 }
+            }
+
+            fn kind(&self) -> &'static str {
+                $kind
             }
 
             async fn forget(

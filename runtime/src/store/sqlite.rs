@@ -259,6 +259,7 @@ sql::sql_store!(
     ts = ("", ""),
     ms = ("", ""),
     json_list = ("SELECT value FROM json_each(", ")"),
+    kind = "sqlite",
     clock = Caller
 );
 

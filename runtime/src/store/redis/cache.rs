@@ -328,6 +328,10 @@ impl<D: Store> Store for CachedStore<D> {
     /// Forgets the durable record, and the cache's entry before and after (a read in between may have
     /// cached it again). A node that read the record just before and caches it after may replay it
     /// until that entry expires.
+    fn kind(&self) -> &'static str {
+        "cached"
+    }
+
     async fn forget(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
         self.disown(key, fence);
         self.cache.redis.cache_forget(key).await?;

@@ -957,6 +957,10 @@ impl Store for RedisStore {
         }
     }
 
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+
     async fn forget(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
         let fields = [
             ("state", b"RELEASED".to_vec()),
