@@ -27,6 +27,7 @@ pub(crate) fn spec(
         name,
         retries: 0,
         budget: None,
+        metrics: samekey_runtime::__private::MetricsCell::new(),
         backoff_base: Duration::from_millis(100),
         backoff_cap: Duration::from_secs(1),
         jitter: 0.2,

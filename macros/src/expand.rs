@@ -601,6 +601,7 @@ fn spec_tokens(fn_ident: &Ident, args: &Args, policy: &Policy) -> TokenStream {
             name: #name,
             retries: #retries,
             budget: #budget,
+            metrics: ::samekey::__private::MetricsCell::new(),
             backoff_base: #base,
             backoff_cap: #cap,
             jitter: #jitter,

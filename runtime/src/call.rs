@@ -94,6 +94,8 @@ pub struct Spec {
     pub retries: u32,
     /// The named dependency whose retry budget the calls draw from (`None`: the runtime's).
     pub budget: Option<&'static str>,
+    /// The function's metric handles (feature `metrics`), registered on its first call.
+    pub metrics: crate::metrics::MetricsCell,
     /// First backoff delay.
     pub backoff_base: Duration,
     /// Largest backoff delay.
@@ -117,6 +119,11 @@ pub struct Spec {
 }
 
 impl Spec {
+    /// The retry budget's name in metrics: the dependency's, or `runtime`.
+    fn budget_name(&self) -> &'static str {
+        self.budget.unwrap_or("runtime")
+    }
+
     fn backoff(&self) -> Backoff {
         Backoff::new(self.backoff_base, self.backoff_cap, self.jitter)
     }
@@ -376,7 +383,8 @@ where
     let (call_id, trace_id) = context::identify(spec.prefix, rt.node_label(), now);
     let rng = rt.jitter_seed(&call_id);
     rt.count(Counter::Calls);
-    crate::metrics::count(Counter::Calls, spec.scope);
+    spec.metrics
+        .count(Counter::Calls, spec.scope, spec.budget_name());
     let problem = key
         .problem()
         .or_else(|| verify.as_ref().and_then(KeyBuilder::problem))
@@ -539,14 +547,22 @@ impl<T, E> Run<T, E> {
     fn count(&self, counter: Counter) {
         self.rt.count(counter);
         if !matches!(counter, Counter::Lookups | Counter::BudgetSpent) {
-            crate::metrics::count(counter, self.spec.scope);
+            let spec = self.spec;
+            spec.metrics.count(counter, spec.scope, spec.budget_name());
         }
     }
 
     fn done(&mut self, out: Result<T, E>) -> Step<T, E> {
         self.fence = None;
         let took = self.rt.now_ms().saturating_sub(self.began_ms);
-        crate::metrics::call(self.spec.scope, out.is_ok(), took, self.attempts);
+        let spec = self.spec;
+        spec.metrics.call(
+            spec.scope,
+            spec.budget_name(),
+            out.is_ok(),
+            took,
+            self.attempts,
+        );
         if let Some(observer) = self.observer.take() {
             let Observer { slot, replayed } = *observer;
             let answer = if replayed.is_some() {
@@ -970,7 +986,9 @@ impl<T, E> Run<T, E> {
         let now = self.rt.now_ms();
         if !self.rt.lookup_budget().withdraw(now) {
             self.count(Counter::BudgetSpent);
-            crate::metrics::budget_spent(self.spec.scope, "lookups");
+            let spec = self.spec;
+            spec.metrics
+                .budget_spent(spec.scope, spec.budget_name(), true);
             tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                 attempt = self.attempts, "lookup budget spent: outcome left unknown");
             return self.give_up_unknown("lookup budget spent", now).await;
@@ -996,8 +1014,9 @@ impl<T, E> Run<T, E> {
             answer: seen,
             error,
         });
-        crate::metrics::lookup(
+        self.spec.metrics.lookup(
             self.spec.scope,
+            self.spec.budget_name(),
             match seen {
                 LookupOutcome::Succeeded => "succeeded",
                 LookupOutcome::Failed => "failed",
@@ -1108,7 +1127,9 @@ impl<T, E> Run<T, E> {
             .with_retry_budget(self.spec.budget, |b| b.withdraw(now))
         {
             self.count(Counter::BudgetSpent);
-            crate::metrics::budget_spent(self.spec.scope, self.spec.budget.unwrap_or("runtime"));
+            let spec = self.spec;
+            spec.metrics
+                .budget_spent(spec.scope, spec.budget_name(), false);
             tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                 attempt = self.attempts, budget = self.spec.budget.unwrap_or("runtime"),
                 "retry budget spent: no retry");

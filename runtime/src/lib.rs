@@ -75,6 +75,7 @@ pub mod __private {
     };
     pub use crate::codec::{ErrorCodec, ExactErrors, MessageErrors, Probe};
     pub use crate::key::KeyBuilder;
+    pub use crate::metrics::MetricsCell;
     pub use crate::operation::OperationCell;
     pub use crate::runtime::default_runtime;
 }

@@ -2,6 +2,10 @@
 //! recorder (a Prometheus exporter, StatsD, …) and samekey's counters and histograms reach it. Without
 //! the feature, or with no recorder installed, nothing is recorded (the facade's no-op recorder).
 //!
+//! Each annotated function registers its handles once, on its first call, and reuses them: with no
+//! recorder installed, a call costs a few no-op method calls. Install the recorder before the first
+//! call (as every recorder's documentation asks): a function called before keeps no-op handles.
+//!
 //! Labels have bounded cardinality: `scope` (one per annotated function, or its `scope = …`), a
 //! closed set of values for the others, never a key or a callId.
 //!
@@ -23,7 +27,13 @@
 //! | `samekey_call_seconds` | histogram | `scope`, `outcome` | a call's duration, begin to answer (`outcome`: `ok`, `error`) |
 //! | `samekey_call_attempts` | histogram | `scope` | attempts per call that ran its body |
 
+#[cfg(feature = "metrics")]
+use std::sync::OnceLock;
+
 use crate::stats::Counter;
+
+#[cfg(feature = "metrics")]
+use ::metrics::{Counter as Handle, Histogram};
 
 /// The metric a [`Counter`] feeds.
 #[cfg(feature = "metrics")]
@@ -43,32 +53,150 @@ fn name(counter: Counter) -> &'static str {
     }
 }
 
-/// One more of `counter` for `scope` (lookups and budget refusals have their own, with a label more).
-#[inline]
-pub(crate) fn count(counter: Counter, scope: &'static str) {
-    #[cfg(feature = "metrics")]
-    ::metrics::counter!(name(counter), "scope" => scope).increment(1);
-    #[cfg(not(feature = "metrics"))]
-    let _ = (counter, scope);
+/// The answers a lookup's label takes, in [`Handles::lookups`]' order.
+#[cfg(feature = "metrics")]
+const ANSWERS: [&str; 5] = [
+    "succeeded",
+    "failed",
+    "not_received",
+    "processing",
+    "no_answer",
+];
+
+/// One function's metric handles, registered on its first call.
+#[cfg(feature = "metrics")]
+struct Handles {
+    counters: Vec<Handle>,
+    lookups: [Handle; 5],
+    budget_retries: Handle,
+    budget_lookups: Handle,
+    seconds_ok: Histogram,
+    seconds_error: Histogram,
+    attempts: Histogram,
 }
 
-/// A lookup asked, and its answer.
-#[inline]
-pub(crate) fn lookup(scope: &'static str, answer: &'static str) {
+/// Where an `#[idempotent]` item keeps its metric handles. Made by the macro in the item's `Spec`;
+/// empty without the `metrics` feature.
+#[derive(Debug)]
+pub struct MetricsCell {
     #[cfg(feature = "metrics")]
-    ::metrics::counter!("samekey_lookups_total", "scope" => scope, "answer" => answer).increment(1);
-    #[cfg(not(feature = "metrics"))]
-    let _ = (scope, answer);
+    handles: OnceLock<Handles>,
 }
 
-/// A retry or a lookup a budget refused.
-#[inline]
-pub(crate) fn budget_spent(scope: &'static str, budget: &'static str) {
+#[cfg(feature = "metrics")]
+impl std::fmt::Debug for Handles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Handles")
+    }
+}
+
+impl MetricsCell {
+    /// An empty cell, for a `static`.
+    #[allow(clippy::new_without_default)]
+    pub const fn new() -> MetricsCell {
+        MetricsCell {
+            #[cfg(feature = "metrics")]
+            handles: OnceLock::new(),
+        }
+    }
+
     #[cfg(feature = "metrics")]
-    ::metrics::counter!("samekey_budget_spent_total", "scope" => scope, "budget" => budget)
-        .increment(1);
-    #[cfg(not(feature = "metrics"))]
-    let _ = (scope, budget);
+    fn handles(&self, scope: &'static str, budget: &'static str) -> &Handles {
+        self.handles.get_or_init(|| {
+            let all = [
+                Counter::Calls,
+                Counter::Claims,
+                Counter::Replays,
+                Counter::Attempts,
+                Counter::Lookups,
+                Counter::Retries,
+                Counter::Waits,
+                Counter::Unknown,
+                Counter::Released,
+                Counter::FailedClosed,
+                Counter::BudgetSpent,
+            ];
+            Handles {
+                counters: all
+                    .iter()
+                    .map(|c| ::metrics::counter!(name(*c), "scope" => scope))
+                    .collect(),
+                lookups: ANSWERS.map(|answer| {
+                    ::metrics::counter!("samekey_lookups_total", "scope" => scope, "answer" => answer)
+                }),
+                budget_retries: ::metrics::counter!("samekey_budget_spent_total", "scope" => scope, "budget" => budget),
+                budget_lookups: ::metrics::counter!("samekey_budget_spent_total", "scope" => scope, "budget" => "lookups"),
+                seconds_ok: ::metrics::histogram!("samekey_call_seconds", "scope" => scope, "outcome" => "ok"),
+                seconds_error: ::metrics::histogram!("samekey_call_seconds", "scope" => scope, "outcome" => "error"),
+                attempts: ::metrics::histogram!("samekey_call_attempts", "scope" => scope),
+            }
+        })
+    }
+
+    /// One more of `counter` for the function of `scope`.
+    #[inline]
+    pub(crate) fn count(&self, counter: Counter, scope: &'static str, budget: &'static str) {
+        #[cfg(feature = "metrics")]
+        if let Some(handle) = self.handles(scope, budget).counters.get(counter as usize) {
+            handle.increment(1);
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = (counter, scope, budget);
+    }
+
+    /// A lookup asked, and its answer (one of the closed set of answers).
+    #[inline]
+    pub(crate) fn lookup(&self, scope: &'static str, budget: &'static str, answer: &'static str) {
+        #[cfg(feature = "metrics")]
+        if let Some(i) = ANSWERS.iter().position(|a| *a == answer) {
+            self.handles(scope, budget).lookups[i].increment(1);
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = (scope, budget, answer);
+    }
+
+    /// A retry (`lookups: false`) or a lookup a budget refused.
+    #[inline]
+    pub(crate) fn budget_spent(&self, scope: &'static str, budget: &'static str, lookups: bool) {
+        #[cfg(feature = "metrics")]
+        {
+            let handles = self.handles(scope, budget);
+            if lookups {
+                handles.budget_lookups.increment(1);
+            } else {
+                handles.budget_retries.increment(1);
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = (scope, budget, lookups);
+    }
+
+    /// A call answered after `ms`, with `attempts` attempts of its body.
+    #[inline]
+    pub(crate) fn call(
+        &self,
+        scope: &'static str,
+        budget: &'static str,
+        ok: bool,
+        ms: u64,
+        attempts: u32,
+    ) {
+        #[cfg(feature = "metrics")]
+        {
+            let handles = self.handles(scope, budget);
+            let seconds = if ok {
+                &handles.seconds_ok
+            } else {
+                &handles.seconds_error
+            };
+            seconds.record(ms as f64 / 1_000.0);
+            if attempts > 0 {
+                handles.attempts.record(f64::from(attempts));
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = (scope, budget, ok, ms, attempts);
+    }
 }
 
 /// A store failure on the call path.
@@ -89,21 +217,4 @@ pub(crate) fn compensation(outcome: &'static str, n: usize) {
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (outcome, n);
-}
-
-/// A call answered after `ms`, with `attempts` attempts of its body.
-#[inline]
-pub(crate) fn call(scope: &'static str, ok: bool, ms: u64, attempts: u32) {
-    #[cfg(feature = "metrics")]
-    {
-        let outcome = if ok { "ok" } else { "error" };
-        ::metrics::histogram!("samekey_call_seconds", "scope" => scope, "outcome" => outcome)
-            .record(ms as f64 / 1_000.0);
-        if attempts > 0 {
-            ::metrics::histogram!("samekey_call_attempts", "scope" => scope)
-                .record(f64::from(attempts));
-        }
-    }
-    #[cfg(not(feature = "metrics"))]
-    let _ = (scope, ok, ms, attempts);
 }
