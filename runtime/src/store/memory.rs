@@ -660,18 +660,12 @@ impl Store for MemoryStore {
         after: Option<[u8; 32]>,
         limit: usize,
     ) -> Result<Vec<Key>, StoreError> {
-        let mut digests: Vec<Digest> = lock(&self.journals)
-            .by_key
-            .keys()
-            .filter(|d| after.is_none_or(|after| **d > after))
-            .copied()
-            .collect();
-        digests.sort_unstable();
-        digests.truncate(limit);
-        Ok(digests
-            .into_iter()
-            .map(|d| Key::from_digest("", d))
-            .collect())
+        let journals = lock(&self.journals);
+        Ok(super::page_of_keys(
+            journals.by_key.keys().copied(),
+            after,
+            limit,
+        ))
     }
 
     async fn journal_of_call(

@@ -417,6 +417,21 @@ pub trait Store: std::any::Any + Send + Sync {
     ) -> Result<Vec<Event>, StoreError>;
 }
 
+/// A page of [`Store::journaled_keys`] from the digests of every key with a journal (in any order,
+/// once each): those after `after`, in order, at most `limit`.
+pub(crate) fn page_of_keys(
+    digests: impl Iterator<Item = [u8; 32]>,
+    after: Option<[u8; 32]>,
+    limit: usize,
+) -> Vec<Key> {
+    let mut page: Vec<[u8; 32]> = digests
+        .filter(|d| after.is_none_or(|after| *d > after))
+        .collect();
+    page.sort_unstable();
+    page.truncate(limit);
+    page.into_iter().map(|d| Key::from_digest("", d)).collect()
+}
+
 /// [`Store::wait_settled`] by polling [`Store::get`] at growing intervals (20 ms to 1 s): the default,
 /// and what a backend without notifications for some of its deployments falls back to.
 pub async fn poll_settled<S: Store + ?Sized>(

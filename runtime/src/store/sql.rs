@@ -686,6 +686,24 @@ ORDER BY j.seq"
                 }
             }
 
+            /// Runs `sql`, an update of the key's row (`$1`) held under `fence` (`$2`); answers
+            /// whether it changed it.
+            async fn fenced(
+                &self,
+                sql: &'static str,
+                key: &$crate::key::Key,
+                fence: $crate::receipt::Fence,
+            ) -> Result<bool, $crate::error::StoreError> {
+                use $crate::store::sql::{driver, int};
+                let done = sqlx::query(sql)
+                    .bind(key.digest().as_slice())
+                    .bind(int(fence.0)?)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(driver)?;
+                Ok(done.rows_affected() == 1)
+            }
+
             /// The key's row, whatever its expiry.
             async fn row(
                 &self,
@@ -839,14 +857,7 @@ ORDER BY j.seq"
                 fence: $crate::receipt::Fence,
             ) -> Result<(), $crate::error::StoreError> {
                 use $crate::store::not_owned;
-                use $crate::store::sql::{driver, int, RELEASE};
-                let done = sqlx::query(RELEASE)
-                    .bind(key.digest().as_slice())
-                    .bind(int(fence.0)?)
-                    .execute(&self.pool)
-                    .await
-                    .map_err(driver)?;
-                if done.rows_affected() == 1 {
+                if self.fenced($crate::store::sql::RELEASE, key, fence).await? {
                     return Ok(());
                 }
                 match self.row(key).await? {
@@ -869,14 +880,7 @@ ORDER BY j.seq"
                 fence: $crate::receipt::Fence,
             ) -> Result<(), $crate::error::StoreError> {
                 use $crate::store::not_owned;
-                use $crate::store::sql::{driver, int, FORGET};
-                let done = sqlx::query(FORGET)
-                    .bind(key.digest().as_slice())
-                    .bind(int(fence.0)?)
-                    .execute(&self.pool)
-                    .await
-                    .map_err(driver)?;
-                if done.rows_affected() == 1 {
+                if self.fenced($crate::store::sql::FORGET, key, fence).await? {
                     return Ok(());
                 }
                 Err(not_owned(

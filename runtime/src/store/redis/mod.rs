@@ -942,16 +942,7 @@ impl Store for RedisStore {
     }
 
     async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
-        let fields = [
-            ("state", b"RELEASED".to_vec()),
-            ("lease_until", Vec::new()),
-            ("outcome", Vec::new()),
-        ];
-        let day = (24 * 3600 * 1000u64).to_string();
-        match self
-            .write(key, fence, "PROCESSING", &day, "", &fields)
-            .await?
-        {
+        match self.mark_released(key, fence, "PROCESSING").await? {
             Ok(()) | Err(None) => Ok(()),
             Err(current) => Err(not_owned(current.as_ref(), fence, ReceiptState::Received)),
         }
@@ -962,16 +953,7 @@ impl Store for RedisStore {
     }
 
     async fn forget(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
-        let fields = [
-            ("state", b"RELEASED".to_vec()),
-            ("lease_until", Vec::new()),
-            ("outcome", Vec::new()),
-        ];
-        let day = (24 * 3600 * 1000u64).to_string();
-        match self
-            .write(key, fence, "SUCCESS FAILED", &day, "", &fields)
-            .await?
-        {
+        match self.mark_released(key, fence, "SUCCESS FAILED").await? {
             Ok(()) => Ok(()),
             Err(current) => Err(not_owned(current.as_ref(), fence, ReceiptState::Received)),
         }
@@ -1333,19 +1315,11 @@ impl Store for RedisStore {
         limit: usize,
     ) -> Result<Vec<Key>, StoreError> {
         let prefix = format!("{}:j:{{", self.prefix);
-        let mut digests: Vec<[u8; 32]> = self
-            .names(&format!("{prefix}*"))
-            .await?
+        let names = self.names(&format!("{prefix}*")).await?;
+        let digests = names
             .iter()
-            .filter_map(|name| digest_from_hex(name.strip_prefix(&prefix)?.strip_suffix('}')?))
-            .filter(|d| after.is_none_or(|after| *d > after))
-            .collect();
-        digests.sort_unstable();
-        digests.truncate(limit);
-        Ok(digests
-            .into_iter()
-            .map(|d| Key::from_digest("", d))
-            .collect())
+            .filter_map(|name| digest_from_hex(name.strip_prefix(&prefix)?.strip_suffix('}')?));
+        Ok(super::page_of_keys(digests, after, limit))
     }
 
     async fn journal_of_call(
@@ -1555,6 +1529,24 @@ impl RedisStore {
             return Err(corrupt("CLUSTER NODES lists no primary"));
         }
         Ok(nodes)
+    }
+
+    /// Marks the record of `key` held under `fence` in one of the states `from` (space-separated)
+    /// `RELEASED`, kept a day as a tombstone: a release, or a forget. The refusal as [`Self::write`]
+    /// explains it.
+    async fn mark_released(
+        &self,
+        key: &Key,
+        fence: Fence,
+        from: &str,
+    ) -> Result<Result<(), Option<Receipt>>, StoreError> {
+        let fields = [
+            ("state", b"RELEASED".to_vec()),
+            ("lease_until", Vec::new()),
+            ("outcome", Vec::new()),
+        ];
+        let day = (24 * 3600 * 1000u64).to_string();
+        self.write(key, fence, from, &day, "", &fields).await
     }
 
     /// Deletes the cache entry of `key` (its callId index entry expires by itself, and finds no record).
