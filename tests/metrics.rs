@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
-use samekey::{idempotent, CallId, Compensator, Operation, RetryBudget, Runtime, TokioClock};
+use samekey::{
+    idempotent, CallId, Compensator, ConcurrencyLimit, Operation, RetryBudget, Runtime, TokioClock,
+};
 use support::faulty::Faulty;
 use support::{Fault, Remote, TestError};
 
@@ -60,6 +62,8 @@ fn read(recorder: &DebuggingRecorder) -> Seen {
         let n = match (kind, value) {
             (MetricKind::Counter, DebugValue::Counter(n)) => n,
             (MetricKind::Histogram, DebugValue::Histogram(samples)) => samples.len() as u64,
+            // The gauge's last value (a limit: a whole number).
+            (MetricKind::Gauge, DebugValue::Gauge(value)) => value.into_inner() as u64,
             _ => continue,
         };
         *seen.entry((key.name().to_owned(), labels)).or_default() += n;
@@ -86,10 +90,14 @@ fn every_metric_reaches_the_recorder() {
         .unwrap();
     metrics::with_local_recorder(&recorder, || {
         tokio.block_on(async {
-            let svc = Svc::new(Runtime::builder().budget(
-                "shipping",
-                RetryBudget::new(Duration::from_secs(10), 0, 0.0),
-            ));
+            let svc = Svc::new(
+                Runtime::builder()
+                    .budget(
+                        "shipping",
+                        RetryBudget::new(Duration::from_secs(10), 0, 0.0),
+                    )
+                    .concurrency_limit(ConcurrencyLimit::adaptive().max_wait(Duration::ZERO)),
+            );
             // A fresh call, then its replay.
             assert_eq!(svc.charge("o-1").await, Ok(100));
             assert_eq!(svc.charge("o-1").await, Ok(100));
@@ -127,21 +135,53 @@ fn every_metric_reaches_the_recorder() {
             // A store that fails: the call fails closed.
             let down = Svc::new(Runtime::builder().store(Faulty::down()));
             assert!(down.charge("o-8").await.is_err());
+            // A 429: retried after its wait; the dependency's limit drops to 1 call in flight, and
+            // the success raises it to 2.
+            svc.remote.script([Fault::RateLimited(20)]);
+            assert_eq!(svc.charge("o-9").await, Ok(100));
+            assert_eq!(svc.rt.concurrency_limit(None), Some(2));
+            // Two calls in flight fill the limit; a third is refused at once (max_wait 0).
+            svc.remote.script([
+                Fault::Slow(Duration::from_millis(100)),
+                Fault::Slow(Duration::from_millis(100)),
+            ]);
+            let (a, b, c) = tokio::join!(svc.charge("o-10"), svc.charge("o-11"), async {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                svc.charge("o-12").await
+            });
+            assert_eq!((a, b), (Ok(100), Ok(100)));
+            assert!(c.is_err());
         })
     });
 
     let seen = read(&recorder);
     let charge = [("scope", "shop.charge")];
     let ship = [("scope", "shop.ship")];
-    assert_eq!(get(&seen, "samekey_calls_total", &charge), 7 + 1);
+    assert_eq!(get(&seen, "samekey_calls_total", &charge), 7 + 1 + 4);
     assert_eq!(
         get(&seen, "samekey_claims_total", &charge),
-        5,
+        5 + 3,
         "the failing store's claim is not one: {seen:#?}"
     );
     assert_eq!(get(&seen, "samekey_replays_total", &charge), 2);
-    assert_eq!(get(&seen, "samekey_attempts_total", &charge), 6);
-    assert_eq!(get(&seen, "samekey_retries_total", &charge), 1);
+    assert_eq!(get(&seen, "samekey_attempts_total", &charge), 6 + 4);
+    for (class, n) in [("retryable", 1), ("rate_limited", 1), ("unknown", 0)] {
+        assert_eq!(
+            get(
+                &seen,
+                "samekey_retries_total",
+                &[("scope", "shop.charge"), ("class", class)]
+            ),
+            n,
+            "{class}"
+        );
+    }
+    assert_eq!(get(&seen, "samekey_overloaded_total", &charge), 1);
+    assert_eq!(
+        get(&seen, "samekey_concurrency_limit", &[("budget", "runtime")]),
+        3,
+        "the limit's last value: 2, and the two successes that filled it raised it to 3"
+    );
     assert_eq!(
         get(
             &seen,
@@ -184,14 +224,14 @@ fn every_metric_reaches_the_recorder() {
             &seen,
             "samekey_call_seconds",
             &[("scope", "shop.charge"), ("outcome", "ok")]
-        ) >= 6
+        ) >= 6 + 3
     );
     assert!(
         get(
             &seen,
             "samekey_call_seconds",
             &[("scope", "shop.charge"), ("outcome", "error")]
-        ) >= 2
+        ) > 2
     );
     assert_eq!(get(&seen, "samekey_call_attempts", &ship), 2);
     // Every metric of the table, and only they; no label carries a key or a callId.
@@ -204,8 +244,10 @@ fn every_metric_reaches_the_recorder() {
         "samekey_calls_total",
         "samekey_claims_total",
         "samekey_compensation_total",
+        "samekey_concurrency_limit",
         "samekey_failed_closed_total",
         "samekey_lookups_total",
+        "samekey_overloaded_total",
         "samekey_released_total",
         "samekey_replays_total",
         "samekey_retries_total",
@@ -217,7 +259,8 @@ fn every_metric_reaches_the_recorder() {
     for (_, labels) in seen.keys() {
         for (name, value) in labels {
             assert!(
-                ["scope", "answer", "budget", "backend", "outcome"].contains(&name.as_str()),
+                ["scope", "answer", "budget", "backend", "outcome", "class"]
+                    .contains(&name.as_str()),
                 "{name}"
             );
             assert!(

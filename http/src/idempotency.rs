@@ -423,6 +423,15 @@ fn refused<B: From<Bytes>>(error: &Error, retry_after: Duration) -> Response<B> 
             ),
             true,
         ),
+        Error::Overloaded { .. } => (
+            Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                "Overloaded",
+                format!("the request was not run: {error}"),
+            ),
+            true,
+        ),
         Error::Store(e) => (
             Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,

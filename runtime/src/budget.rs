@@ -22,9 +22,7 @@
 //! The hot path pays one atomic addition per call (the deposit; a slot's turn-over, once a tenth of
 //! the window, costs a compare-and-swap); the sum over the window is read only when a retry asks.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 /// A retry budget's policy: over a sliding `window`, `floor_per_sec` retries per second plus
@@ -166,68 +164,6 @@ impl Budget {
     }
 }
 
-/// A runtime's budgets: for retries and for lookups, and one retry budget per named dependency.
-#[derive(Debug)]
-pub(crate) struct Budgets {
-    retries: Budget,
-    lookups: Budget,
-    policies: HashMap<String, RetryBudget>,
-    named: RwLock<HashMap<String, Arc<Budget>>>,
-}
-
-impl Budgets {
-    pub(crate) fn new(
-        retries: RetryBudget,
-        lookups: RetryBudget,
-        policies: HashMap<String, RetryBudget>,
-    ) -> Budgets {
-        Budgets {
-            retries: Budget::new(retries),
-            lookups: Budget::new(lookups),
-            policies,
-            named: RwLock::default(),
-        }
-    }
-
-    /// Runs `f` on the retry budget of the dependency `name` (made on first use), or on the
-    /// runtime's: without a reference count on the way, for the runtime's.
-    pub(crate) fn with_retries<R>(&self, name: Option<&str>, f: impl FnOnce(&Budget) -> R) -> R {
-        match name {
-            None => f(&self.retries),
-            Some(name) => f(&self.retries_of(name)),
-        }
-    }
-
-    /// The retry budget of the dependency `name`, made on first use.
-    fn retries_of(&self, name: &str) -> Arc<Budget> {
-        if let Some(budget) = self
-            .named
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(name)
-        {
-            return budget.clone();
-        }
-        let mut named = self.named.write().unwrap_or_else(|p| p.into_inner());
-        named
-            .entry(name.to_owned())
-            .or_insert_with(|| {
-                let policy = self
-                    .policies
-                    .get(name)
-                    .copied()
-                    .unwrap_or(self.retries.policy);
-                Arc::new(Budget::new(policy))
-            })
-            .clone()
-    }
-
-    /// The lookup budget.
-    pub(crate) fn lookups(&self) -> &Budget {
-        &self.lookups
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -253,26 +189,5 @@ mod tests {
     fn an_unlimited_budget_never_refuses() {
         let budget = Budget::new(RetryBudget::unlimited());
         assert!((0..10_000).all(|_| budget.withdraw(0)));
-    }
-
-    #[test]
-    fn a_named_dependency_has_a_window_of_its_own() {
-        let mut policies = HashMap::new();
-        policies.insert(
-            "search".to_owned(),
-            RetryBudget::new(Duration::from_secs(10), 0, 0.0),
-        );
-        let budgets = Budgets::new(DEFAULT_RETRY_BUDGET, DEFAULT_LOOKUP_BUDGET, policies);
-        assert!(
-            !budgets.with_retries(Some("search"), |b| b.withdraw(0)),
-            "no floor, no calls"
-        );
-        let payments = budgets.retries_of("payments");
-        assert_eq!((0..1_000).filter(|_| payments.withdraw(0)).count(), 100);
-        assert!(
-            budgets.with_retries(None, |b| b.withdraw(0)),
-            "the runtime's own is untouched"
-        );
-        assert!(Arc::ptr_eq(&payments, &budgets.retries_of("payments")));
     }
 }

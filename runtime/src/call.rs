@@ -39,9 +39,11 @@ use crate::classify::{Classify, ErrorClass, RemoteStatus};
 use crate::codec::ErrorCodec;
 use crate::compensation::CompensationEntry;
 use crate::context::{self, Context};
+use crate::dependency::Dependency;
 use crate::error::{Error, StoreError};
 use crate::journal::{AttemptOutcome, Event, LookupOutcome, What};
 use crate::key::{Fingerprint, Key, KeyBuilder, KeyProblem};
+use crate::metrics::RetryClass;
 use crate::observe::{Answer, CallReport, Slot};
 use crate::operation::{self, OperationCell};
 use crate::receipt::{Fence, Receipt, ReceiptState};
@@ -343,6 +345,12 @@ pub struct Run<T, E> {
     last_outcome: Option<AttemptOutcome>,
     /// The call's encoded inputs, when its function keeps them (`inputs = …`).
     inputs: Option<Arc<[u8]>>,
+    /// The dependency the call draws its retries and its place in flight from.
+    dependency: Arc<Dependency>,
+    /// The call holds a place in its dependency's concurrency limit (given back on drop).
+    admitted: bool,
+    /// The limiter's round when the latest attempt was sent.
+    round: u32,
 }
 
 /// An [`observed`](crate::observed) call's report slot.
@@ -382,6 +390,7 @@ where
     }
     let (call_id, trace_id) = context::identify(spec.prefix, rt.node_label(), now);
     let rng = rt.jitter_seed(&call_id);
+    let dependency = rt.dependency(spec.budget);
     rt.count(Counter::Calls);
     spec.metrics
         .count(Counter::Calls, spec.scope, spec.budget_name());
@@ -425,6 +434,9 @@ where
         claimed_ms: now,
         last_outcome: None,
         inputs: None,
+        dependency,
+        admitted: false,
+        round: 0,
     }
 }
 
@@ -546,7 +558,10 @@ impl<T, E> Run<T, E> {
     /// Counts `counter` in the runtime's stats and, as `scope`'s, in the metrics.
     fn count(&self, counter: Counter) {
         self.rt.count(counter);
-        if !matches!(counter, Counter::Lookups | Counter::BudgetSpent) {
+        if !matches!(
+            counter,
+            Counter::Lookups | Counter::BudgetSpent | Counter::Retries
+        ) {
             let spec = self.spec;
             spec.metrics.count(counter, spec.scope, spec.budget_name());
         }
@@ -610,6 +625,9 @@ impl<T, E> Run<T, E> {
                     attempt = 0u32, part, function = self.spec.name,
                     "key part missing; running once without idempotency (on_missing_key = \"run\")");
                 self.plain = true;
+                if let Err(step) = self.admit().await {
+                    return step;
+                }
                 return Step::Attempt;
             }
             Some(KeyProblem::Missing(part)) => {
@@ -627,6 +645,9 @@ impl<T, E> Run<T, E> {
                     reason: reason.to_owned(),
                 });
             }
+        }
+        if let Err(step) = self.admit().await {
+            return step;
         }
         let mut now = self.began_ms;
         loop {
@@ -651,6 +672,27 @@ impl<T, E> Run<T, E> {
                     Held::Step(step) => return step,
                     Held::Reclaim => now = self.rt.now_ms(),
                 },
+            }
+        }
+    }
+
+    /// Takes the call's place in its dependency's concurrency limit, waiting for one if the limit is
+    /// full; refused ([`Error::Overloaded`]) before anything is claimed.
+    async fn admit(&mut self) -> Result<(), Step<T, E>> {
+        match self.dependency.limiter.enter().await {
+            Ok(()) => {
+                self.admitted = true;
+                Ok(())
+            }
+            Err(refused) => {
+                self.count(Counter::Overloaded);
+                tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                    attempt = 0u32, dependency = %self.dependency.name, limit = refused.limit,
+                    "dependency rate limited and its concurrency limit full; nothing ran");
+                Err(self.fail_with(Error::Overloaded {
+                    dependency: self.dependency.name.clone(),
+                    limit: refused.limit,
+                }))
             }
         }
     }
@@ -819,10 +861,10 @@ impl<T, E> Run<T, E> {
         tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = self.attempts, "attempt");
         let started = self.rt.now_ms();
+        self.round = self.dependency.limiter.round();
         if self.attempts == 1 && !self.plain {
             // A call that sends: it adds to the retries and lookups its dependency may make.
-            self.rt
-                .with_retry_budget(self.spec.budget, |b| b.deposit(started));
+            self.dependency.retries.deposit(started);
             self.rt.lookup_budget().deposit(started);
         }
         let context = Context::new(
@@ -872,6 +914,9 @@ impl<T, E> Run<T, E> {
                 self.unknown_outcome(None).await
             }
             Some(Ok(value)) => {
+                if let Some(limit) = self.dependency.limiter.succeeded() {
+                    crate::metrics::concurrency_limit(&self.dependency.name, limit);
+                }
                 if self.worth_journaling() {
                     self.note(attempt(AttemptOutcome::Ok, None));
                 }
@@ -904,11 +949,22 @@ impl<T, E> Run<T, E> {
                     }
                     ErrorClass::Retryable => {
                         self.last_error = Some(error);
-                        self.retry(Duration::ZERO).await
+                        self.retry(RetryClass::Retryable, Duration::ZERO).await
                     }
                     ErrorClass::RateLimited { retry_after } => {
                         self.last_error = Some(error);
-                        self.retry(retry_after.unwrap_or(Duration::ZERO)).await
+                        if let Some(limit) = self.dependency.limiter.rate_limited(self.round) {
+                            tracing::info!(target: "samekey", call_id = %self.call_id,
+                                key = %self.key.short(), attempt = self.attempts,
+                                dependency = %self.dependency.name, limit,
+                                "rate limited: fewer calls in flight");
+                            crate::metrics::concurrency_limit(&self.dependency.name, Some(limit));
+                        }
+                        self.retry(
+                            RetryClass::RateLimited,
+                            retry_after.unwrap_or(Duration::ZERO),
+                        )
+                        .await
                     }
                     ErrorClass::Unknown => self.unknown_outcome(Some(error)).await,
                 }
@@ -967,7 +1023,7 @@ impl<T, E> Run<T, E> {
             return Step::Lookup(self.call_id.clone());
         }
         match self.spec.on_unknown {
-            OnUnknown::Rerun => self.retry(Duration::ZERO).await,
+            OnUnknown::Rerun => self.retry(RetryClass::Unknown, Duration::ZERO).await,
             OnUnknown::Hold => {
                 let now = self.rt.now_ms();
                 self.give_up_unknown("outcome unknown and no lookup to ask", now)
@@ -1052,7 +1108,7 @@ impl<T, E> Run<T, E> {
                 if self.attempts == 0 {
                     Step::Attempt
                 } else {
-                    self.retry(Duration::ZERO).await
+                    self.retry(RetryClass::Unknown, Duration::ZERO).await
                 }
             }
             Ok(RemoteStatus::Processing) => {
@@ -1117,15 +1173,12 @@ impl<T, E> Run<T, E> {
     /// Backs off and asks for another attempt, or gives up when the retries are spent. The wait is at
     /// least `at_least` (a rate limit's `retry_after`); one longer than the runtime's
     /// [`max_retry_after`](crate::Builder::max_retry_after) ends the call instead.
-    async fn retry(&mut self, at_least: Duration) -> Step<T, E> {
+    async fn retry(&mut self, class: RetryClass, at_least: Duration) -> Step<T, E> {
         if self.spent() > self.spec.retries {
             return self.exhausted().await;
         }
         let now = self.rt.now_ms();
-        if !self
-            .rt
-            .with_retry_budget(self.spec.budget, |b| b.withdraw(now))
-        {
+        if !self.dependency.retries.withdraw(now) {
             self.count(Counter::BudgetSpent);
             let spec = self.spec;
             spec.metrics
@@ -1151,6 +1204,8 @@ impl<T, E> Run<T, E> {
             return step;
         }
         self.count(Counter::Retries);
+        let spec = self.spec;
+        spec.metrics.retry(spec.scope, spec.budget_name(), class);
         tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = self.attempts, delay_ms = Self::ms(delay), "backing off");
         self.back_off(delay).await;
@@ -1469,6 +1524,9 @@ enum Leftover {
 
 impl<T, E> Drop for Run<T, E> {
     fn drop(&mut self) {
+        if std::mem::take(&mut self.admitted) {
+            self.dependency.limiter.leave();
+        }
         let Some(fence) = self.fence.take() else {
             return;
         };

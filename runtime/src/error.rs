@@ -135,6 +135,16 @@ pub enum Error {
         /// Its state.
         state: ReceiptState,
     },
+    /// The dependency answered "rate limited", its [concurrency limit](crate::concurrency) is full, and
+    /// no place freed up within the limit's `max_wait`. Refused before claiming: nothing ran and no key
+    /// is held, so the same call may be made again later. Classified `RateLimited`.
+    #[error("dependency `{dependency}` is rate limited: {limit} calls in flight allowed, and no place freed up in time; nothing ran")]
+    Overloaded {
+        /// The dependency (`budget = "…"`, or `runtime`).
+        dependency: String,
+        /// Its concurrency limit when the call gave up.
+        limit: u32,
+    },
     /// [`Runtime::install_default`](crate::Runtime::install_default) was called after the default runtime
     /// was set or first used.
     #[error("the default samekey runtime is already set; install it before the first call")]
@@ -146,6 +156,7 @@ impl Classify for Error {
         match self {
             Error::InProgress { .. } | Error::Exhausted { .. } => ErrorClass::Retryable,
             Error::Unknown { .. } | Error::Store(_) => ErrorClass::Unknown,
+            Error::Overloaded { .. } => ErrorClass::RateLimited { retry_after: None },
             Error::KeyReuse { .. }
             | Error::Decode { .. }
             | Error::NotReplayable { .. }

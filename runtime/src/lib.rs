@@ -17,8 +17,10 @@ mod clock;
 mod codec;
 mod compensation;
 mod compensator;
+pub mod concurrency;
 pub mod conformance;
 mod context;
+mod dependency;
 mod error;
 pub mod journal;
 mod key;
@@ -42,6 +44,7 @@ pub use compensation::{CompensationEntry, CompensationState};
 pub use compensator::{
     Compensator, NotReceived, Operation, Pass, Resolution, DEFAULT_COMPENSATION_ROUNDS,
 };
+pub use concurrency::{ConcurrencyLimit, DEFAULT_CONCURRENCY_LIMIT};
 pub use context::{current, try_current, Context, Inbound};
 pub use error::{Error, StoreError};
 pub use journal::{Event, History, What};

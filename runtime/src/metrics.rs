@@ -15,12 +15,14 @@
 //! | `samekey_claims_total` | counter | `scope` | keys claimed or taken over (calls that may run) |
 //! | `samekey_replays_total` | counter | `scope` | calls answered from a stored outcome |
 //! | `samekey_attempts_total` | counter | `scope` | attempts of a body |
-//! | `samekey_retries_total` | counter | `scope` | retries sent after a backoff |
+//! | `samekey_retries_total` | counter | `scope`, `class` | retries sent after a backoff, by the class of what came before: `retryable`, `rate_limited`, `unknown` (a lookup said "not received", or `on_unknown = "rerun"`) |
 //! | `samekey_lookups_total` | counter | `scope`, `answer` | lookups asked, by answer: `succeeded`, `failed`, `not_received`, `processing`, `no_answer` |
 //! | `samekey_waits_total` | counter | `scope` | duplicates that waited for a busy key |
 //! | `samekey_unknown_total` | counter | `scope` | calls left `UNKNOWN` and queued for compensation |
 //! | `samekey_released_total` | counter | `scope` | claims given back (nothing ran) |
 //! | `samekey_failed_closed_total` | counter | `scope` | calls failed closed because the store failed |
+//! | `samekey_overloaded_total` | counter | `scope` | calls a [concurrency limit](crate::concurrency) refused before claiming (nothing ran) |
+//! | `samekey_concurrency_limit` | gauge | `budget` | a dependency's concurrency limit, set when it changes (`+Inf`: unlimited again) |
 //! | `samekey_budget_spent_total` | counter | `scope`, `budget` | retries (`budget`: the dependency's name, or `runtime`) and lookups (`lookups`) a [budget](crate::budget) refused |
 //! | `samekey_store_errors_total` | counter | `backend` | store failures on the call path (`memory`, `sqlite`, `postgres`, `redis`, `cached`, `custom`) |
 //! | `samekey_compensation_total` | counter | `outcome` | compensation entries worked, by outcome: `succeeded`, `failed`, `released`, `reversed`, `settled_elsewhere`, `rescheduled`, `escalated`, `lost`, `deferred` |
@@ -35,23 +37,39 @@ use crate::stats::Counter;
 #[cfg(feature = "metrics")]
 use ::metrics::{Counter as Handle, Histogram};
 
-/// The metric a [`Counter`] feeds.
+/// The metric a [`Counter`] feeds with the `scope` label alone (`None`: one with more labels, fed
+/// through its own method).
 #[cfg(feature = "metrics")]
-fn name(counter: Counter) -> &'static str {
-    match counter {
+fn name(counter: Counter) -> Option<&'static str> {
+    Some(match counter {
         Counter::Calls => "samekey_calls_total",
         Counter::Claims => "samekey_claims_total",
         Counter::Replays => "samekey_replays_total",
         Counter::Attempts => "samekey_attempts_total",
-        Counter::Lookups => "samekey_lookups_total",
-        Counter::Retries => "samekey_retries_total",
         Counter::Waits => "samekey_waits_total",
         Counter::Unknown => "samekey_unknown_total",
         Counter::Released => "samekey_released_total",
         Counter::FailedClosed => "samekey_failed_closed_total",
-        Counter::BudgetSpent => "samekey_budget_spent_total",
-    }
+        Counter::Overloaded => "samekey_overloaded_total",
+        Counter::Lookups | Counter::Retries | Counter::BudgetSpent => return None,
+    })
 }
+
+/// What a retry follows: the `class` label of `samekey_retries_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RetryClass {
+    /// An attempt answered `Retryable`.
+    Retryable,
+    /// An attempt answered `RateLimited`.
+    RateLimited,
+    /// An attempt's outcome was unknown, and the call sends again (the lookup said "not received",
+    /// or `on_unknown = "rerun"`).
+    Unknown,
+}
+
+/// The classes a retry's label takes, in [`RetryClass`]' order.
+#[cfg(feature = "metrics")]
+const RETRY_CLASSES: [&str; 3] = ["retryable", "rate_limited", "unknown"];
 
 /// The answers a lookup's label takes, in [`Handles::lookups`]' order.
 #[cfg(feature = "metrics")]
@@ -66,8 +84,9 @@ const ANSWERS: [&str; 5] = [
 /// One function's metric handles, registered on its first call.
 #[cfg(feature = "metrics")]
 struct Handles {
-    counters: Vec<Handle>,
+    counters: Vec<Option<Handle>>,
     lookups: [Handle; 5],
+    retries: [Handle; 3],
     budget_retries: Handle,
     budget_lookups: Handle,
     seconds_ok: Histogram,
@@ -115,14 +134,18 @@ impl MetricsCell {
                 Counter::Released,
                 Counter::FailedClosed,
                 Counter::BudgetSpent,
+                Counter::Overloaded,
             ];
             Handles {
                 counters: all
                     .iter()
-                    .map(|c| ::metrics::counter!(name(*c), "scope" => scope))
+                    .map(|c| name(*c).map(|name| ::metrics::counter!(name, "scope" => scope)))
                     .collect(),
                 lookups: ANSWERS.map(|answer| {
                     ::metrics::counter!("samekey_lookups_total", "scope" => scope, "answer" => answer)
+                }),
+                retries: RETRY_CLASSES.map(|class| {
+                    ::metrics::counter!("samekey_retries_total", "scope" => scope, "class" => class)
                 }),
                 budget_retries: ::metrics::counter!("samekey_budget_spent_total", "scope" => scope, "budget" => budget),
                 budget_lookups: ::metrics::counter!("samekey_budget_spent_total", "scope" => scope, "budget" => "lookups"),
@@ -137,7 +160,7 @@ impl MetricsCell {
     #[inline]
     pub(crate) fn count(&self, counter: Counter, scope: &'static str, budget: &'static str) {
         #[cfg(feature = "metrics")]
-        if let Some(handle) = self.handles(scope, budget).counters.get(counter as usize) {
+        if let Some(Some(handle)) = self.handles(scope, budget).counters.get(counter as usize) {
             handle.increment(1);
         }
         #[cfg(not(feature = "metrics"))]
@@ -153,6 +176,15 @@ impl MetricsCell {
         }
         #[cfg(not(feature = "metrics"))]
         let _ = (scope, budget, answer);
+    }
+
+    /// A retry sent after `class`.
+    #[inline]
+    pub(crate) fn retry(&self, scope: &'static str, budget: &'static str, class: RetryClass) {
+        #[cfg(feature = "metrics")]
+        self.handles(scope, budget).retries[class as usize].increment(1);
+        #[cfg(not(feature = "metrics"))]
+        let _ = (scope, budget, class);
     }
 
     /// A retry (`lookups: false`) or a lookup a budget refused.
@@ -206,6 +238,16 @@ pub(crate) fn store_error(backend: &'static str) {
     ::metrics::counter!("samekey_store_errors_total", "backend" => backend).increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = backend;
+}
+
+/// The concurrency limit of the dependency `budget` changed to `limit` (`None`: unlimited).
+#[inline]
+pub(crate) fn concurrency_limit(budget: &str, limit: Option<u32>) {
+    #[cfg(feature = "metrics")]
+    ::metrics::gauge!("samekey_concurrency_limit", "budget" => budget.to_owned())
+        .set(limit.map_or(f64::INFINITY, f64::from));
+    #[cfg(not(feature = "metrics"))]
+    let _ = (budget, limit);
 }
 
 /// `n` compensation entries that ended a pass with `outcome`.

@@ -5,10 +5,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use crate::budget::{Budget, Budgets, RetryBudget, DEFAULT_LOOKUP_BUDGET};
+use crate::budget::{Budget, RetryBudget};
 use crate::call_id::{validate_node, CallId, Label, ParseCallIdError};
 use crate::clock::{Clock, RuntimeClock, SystemClock};
 use crate::compensation::CompensationEntry;
+use crate::concurrency::ConcurrencyLimit;
+use crate::dependency::{Dependencies, Dependency, Policies};
 use crate::error::{Error, StoreError};
 use crate::journal::{Event, History, What};
 use crate::key::Key;
@@ -56,7 +58,7 @@ struct Inner {
     jitter_seed: Option<u64>,
     calls_begun: AtomicU64,
     counters: Counters,
-    budgets: Budgets,
+    dependencies: Dependencies,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -84,7 +86,7 @@ impl Runtime {
             default_node(),
             Settings::default(),
             None,
-            BudgetSettings::default(),
+            Policies::default(),
         )
     }
 
@@ -98,7 +100,7 @@ impl Runtime {
         node: Label,
         b: Settings,
         clock: Option<Arc<dyn Clock>>,
-        budgets: BudgetSettings,
+        policies: Policies,
     ) -> Runtime {
         let StoreHandle { store, memory } = store;
         Runtime {
@@ -117,23 +119,26 @@ impl Runtime {
                 jitter_seed: b.jitter_seed,
                 calls_begun: AtomicU64::new(0),
                 counters: Counters::default(),
-                budgets: Budgets::new(budgets.retries, budgets.lookups.0, budgets.named),
+                dependencies: Dependencies::new(policies),
             }),
         }
     }
 
-    /// Runs `f` on the retry budget of the dependency `name`, or on the runtime's.
-    pub(crate) fn with_retry_budget<R>(
-        &self,
-        name: Option<&str>,
-        f: impl FnOnce(&Budget) -> R,
-    ) -> R {
-        self.inner.budgets.with_retries(name, f)
+    /// The dependency `name` (its retry budget and concurrency limit), or the runtime's own.
+    pub(crate) fn dependency(&self, name: Option<&str>) -> Arc<Dependency> {
+        self.inner.dependencies.get(name)
+    }
+
+    /// The current [concurrency limit](crate::concurrency) of the dependency `name`
+    /// (`budget = "…"`; `None`: the runtime's own calls): `None` while it is unlimited, as it is until
+    /// the dependency answers `RateLimited`.
+    pub fn concurrency_limit(&self, dependency: Option<&str>) -> Option<u32> {
+        self.dependency(dependency).limiter.limit()
     }
 
     /// The lookup budget.
     pub(crate) fn lookup_budget(&self) -> &Budget {
-        self.inner.budgets.lookups()
+        self.inner.dependencies.lookups()
     }
 
     /// The store.
@@ -468,25 +473,7 @@ pub struct Builder {
     node: Option<String>,
     settings: Settings,
     clock: Option<Arc<dyn Clock>>,
-    budgets: BudgetSettings,
-}
-
-/// The budgets a [`Builder`] sets.
-#[derive(Default)]
-struct BudgetSettings {
-    retries: RetryBudget,
-    lookups: LookupBudget,
-    named: std::collections::HashMap<String, RetryBudget>,
-}
-
-/// The lookup budget's policy, defaulting to [`DEFAULT_LOOKUP_BUDGET`].
-#[derive(Clone, Copy)]
-struct LookupBudget(RetryBudget);
-
-impl Default for LookupBudget {
-    fn default() -> LookupBudget {
-        LookupBudget(DEFAULT_LOOKUP_BUDGET)
-    }
+    policies: Policies,
 }
 
 impl Builder {
@@ -540,14 +527,14 @@ impl Builder {
     /// per second plus 20 % of the calls), shared by every function that names no dependency;
     /// [`RetryBudget::unlimited`] switches it off. See [`crate::budget`].
     pub fn retry_budget(mut self, budget: RetryBudget) -> Builder {
-        self.budgets.retries = budget;
+        self.policies.retries = budget;
         self
     }
 
     /// The budget of `lookup`s (default [`DEFAULT_LOOKUP_BUDGET`]: over 10 s, 20 per second plus one
     /// per call): a lookup is a read, not a retry, and draws from this budget only.
     pub fn lookup_budget(mut self, budget: RetryBudget) -> Builder {
-        self.budgets.lookups = LookupBudget(budget);
+        self.policies.lookups = Some(budget);
         self
     }
 
@@ -556,7 +543,24 @@ impl Builder {
     /// does not spend the retries of others. A name never set here gets the runtime's retry policy,
     /// in a window of its own.
     pub fn budget(mut self, name: impl Into<String>, budget: RetryBudget) -> Builder {
-        self.budgets.named.insert(name.into(), budget);
+        self.policies.named_retries.insert(name.into(), budget);
+        self
+    }
+
+    /// The adaptive concurrency limit of this runtime's calls (default
+    /// [`DEFAULT_CONCURRENCY_LIMIT`](crate::DEFAULT_CONCURRENCY_LIMIT): unlimited until the
+    /// dependency answers `RateLimited`, then AIMD), shared by every function that names no
+    /// dependency; [`ConcurrencyLimit::off`] switches it off. See [`crate::concurrency`].
+    pub fn concurrency_limit(mut self, limit: ConcurrencyLimit) -> Builder {
+        self.policies.concurrency = limit;
+        self
+    }
+
+    /// The adaptive concurrency limit of the dependency `name`, for the functions that name it
+    /// (`#[idempotent(budget = "payments")]`): one dependency's `RateLimited` answers slow down its
+    /// own calls only. A name never set here gets the runtime's policy, with a limit of its own.
+    pub fn concurrency(mut self, name: impl Into<String>, limit: ConcurrencyLimit) -> Builder {
+        self.policies.named_concurrency.insert(name.into(), limit);
         self
     }
 
@@ -605,7 +609,7 @@ impl Builder {
             node,
             self.settings,
             self.clock,
-            self.budgets,
+            self.policies,
         ))
     }
 }

@@ -16,10 +16,11 @@ pub(crate) enum Counter {
     Released,
     FailedClosed,
     BudgetSpent,
+    Overloaded,
 }
 
 /// One slot per [`Counter`]: the last variant's index, plus one.
-const COUNTERS: usize = Counter::BudgetSpent as usize + 1;
+const COUNTERS: usize = Counter::Overloaded as usize + 1;
 
 #[derive(Debug, Default)]
 pub(crate) struct Counters([AtomicU64; COUNTERS]);
@@ -43,6 +44,7 @@ impl Counters {
             released: get(Counter::Released),
             failed_closed: get(Counter::FailedClosed),
             budget_spent: get(Counter::BudgetSpent),
+            overloaded: get(Counter::Overloaded),
         }
     }
 }
@@ -50,8 +52,9 @@ impl Counters {
 /// What a runtime did since it was made, from [`Runtime::stats`](crate::Runtime::stats). Each field
 /// counts events, not calls in that state: a call that retried twice adds 3 `attempts` and 2 `retries`;
 /// `calls - replays - failed_closed` is roughly the calls that ran or resolved something. The counters
-/// are per process and only grow.
+/// are per process and only grow. New counters may be added (the struct is `#[non_exhaustive]`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// Calls started.
     pub calls: u64,
@@ -75,4 +78,6 @@ pub struct Stats {
     pub failed_closed: u64,
     /// Retries and lookups a budget refused ([`crate::budget`]).
     pub budget_spent: u64,
+    /// Calls a dependency's [concurrency limit](crate::concurrency) refused (nothing ran).
+    pub overloaded: u64,
 }
