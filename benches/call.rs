@@ -11,13 +11,24 @@
 //! * `idempotent_first_call` — a new key each iteration: key hash, callId, claim, one attempt, encode,
 //!   complete;
 //! * `idempotent_replay` — the same key each iteration: key hash, callId, claim finds the record, decode.
+//!
+//! `steady/*`: the state a long-running service lives in — 32-byte string keys, 10⁵ receipts retained,
+//! the store as full as it gets (bounded: every fresh claim evicts the receipt that finished first; or
+//! by a short `ttl`: every claim evicts what expired) — beside a `Mutex<HashMap>` floor holding as many
+//! keys (first-in first-out), the bare call and backon, in one run.
+//!
+//! `scaling/*`: calls per second on a multi-thread runtime of 1, 2 and 4 workers, fresh calls on
+//! distinct keys into the bounded store, and replays of one hot key.
 
+use std::collections::{HashMap, VecDeque};
 use std::hint::black_box;
-use std::time::Instant;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use backon::{ExponentialBuilder, Retryable};
-use criterion::{criterion_group, criterion_main, Criterion};
-use samekey::{idempotent, Classify, ErrorClass, Runtime};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use samekey::{idempotent, Classify, ErrorClass, MemoryStore, Runtime};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -124,5 +135,219 @@ fn calls(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, calls);
+/// Receipts a steady-state store retains.
+const RETAINED: usize = 100_000;
+/// Distinct keys the steady benches cycle through: a key comes back long after its receipt went.
+const RING: usize = 1 << 18;
+
+/// 32-byte order ids, as a service would key on.
+fn ring() -> Arc<[String]> {
+    (0..RING)
+        .map(|i| format!("ord-2026-12-01-{i:016}"))
+        .collect()
+}
+
+#[inline(never)]
+async fn bare_str(order_id: &str, amount: u64) -> Result<Charge, BenchError> {
+    Ok(black_box(Charge {
+        order_id: order_id.len() as u64,
+        amount,
+    }))
+}
+
+struct Steady {
+    samekey: Runtime,
+    keys: Arc<[String]>,
+    next: AtomicUsize,
+}
+
+impl Steady {
+    fn new(samekey: Runtime, keys: Arc<[String]>) -> Steady {
+        Steady {
+            samekey,
+            keys,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// The next key of the ring.
+    fn key(&self) -> &str {
+        &self.keys[self.next.fetch_add(1, Ordering::Relaxed) % RING]
+    }
+
+    #[idempotent(key = "order_id", scope = "bench.fresh", runtime = &self.samekey)]
+    async fn charge(&self, order_id: &str, amount: u64) -> Result<Charge, BenchError> {
+        bare_str(order_id, amount).await
+    }
+
+    /// At this bench's ~1 call a µs, a 100 ms `ttl` retains ~10⁵ receipts, and a key of the ring comes
+    /// back after its receipt expired. (No retries: a `ttl` must outlast the retry span.)
+    #[idempotent(key = "order_id", scope = "bench.short", runtime = &self.samekey, ttl = "100ms",
+                 retries = 0)]
+    async fn charge_briefly(&self, order_id: &str, amount: u64) -> Result<Charge, BenchError> {
+        bare_str(order_id, amount).await
+    }
+}
+
+/// The floor: a map of as many keys, first in first out, under one lock; the value kept as it is.
+struct Floor {
+    map: Mutex<(HashMap<String, Charge>, VecDeque<String>)>,
+    keys: Arc<[String]>,
+    next: AtomicUsize,
+}
+
+impl Floor {
+    fn new(keys: Arc<[String]>) -> Floor {
+        Floor {
+            map: Mutex::new((HashMap::with_capacity(RETAINED + 1), VecDeque::new())),
+            keys,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// The next key of the ring.
+    fn key(&self) -> &str {
+        &self.keys[self.next.fetch_add(1, Ordering::Relaxed) % RING]
+    }
+
+    fn charge(&self, order_id: &str, amount: u64) -> Charge {
+        let mut guard = self.map.lock().expect("floor");
+        let (map, order) = &mut *guard;
+        if let Some(charge) = map.get(order_id) {
+            return *charge;
+        }
+        let charge = Charge {
+            order_id: order_id.len() as u64,
+            amount,
+        };
+        map.insert(order_id.to_owned(), charge);
+        order.push_back(order_id.to_owned());
+        if order.len() > RETAINED {
+            if let Some(oldest) = order.pop_front() {
+                map.remove(&oldest);
+            }
+        }
+        charge
+    }
+}
+
+fn steady(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("tokio runtime");
+    let keys = ring();
+    let bounded = |keys: &Arc<[String]>| {
+        let store = MemoryStore::with_capacity(RETAINED);
+        let runtime = Runtime::builder().store(store).build().expect("runtime");
+        Steady::new(runtime, keys.clone())
+    };
+    let fresh = bounded(&keys);
+    let by_ttl = Steady::new(Runtime::new(), keys.clone());
+    let replays = bounded(&keys);
+    let floor = Floor::new(keys.clone());
+    let floor_replays = Floor::new(keys.clone());
+    // Fill each to its steady state before measuring: the replays' stores with keys 0..RETAINED.
+    rt.block_on(async {
+        for _ in 0..RETAINED {
+            let _ = fresh.charge(fresh.key(), 500).await;
+            let _ = replays.charge(replays.key(), 500).await;
+            floor.charge(floor.key(), 500);
+            floor_replays.charge(floor_replays.key(), 500);
+        }
+    });
+    // Replays cycle over the newest half of the retained keys (all still held).
+    let replayed = |i: &mut usize| {
+        *i = (*i + 1) % (RETAINED / 2);
+        &keys[RETAINED - 1 - *i]
+    };
+
+    let mut group = c.benchmark_group("steady");
+    group.bench_function("bare", |b| {
+        let mut i = 0;
+        b.to_async(&rt).iter(|| {
+            i = (i + 1) % RING;
+            bare_str(&keys[i], black_box(500))
+        })
+    });
+    group.bench_function("backon_retry", |b| {
+        let mut i = 0;
+        b.to_async(&rt).iter(|| {
+            i = (i + 1) % RING;
+            let key = &keys[i];
+            (move || bare_str(key, black_box(500))).retry(ExponentialBuilder::default())
+        })
+    });
+    group.bench_function("floor_fresh", |b| {
+        b.iter(|| floor.charge(floor.key(), black_box(500)))
+    });
+    group.bench_function("floor_replay", |b| {
+        let mut i = 0;
+        b.iter(|| floor_replays.charge(replayed(&mut i), black_box(500)))
+    });
+    group.bench_function("samekey_fresh_bounded", |b| {
+        b.to_async(&rt)
+            .iter(|| fresh.charge(fresh.key(), black_box(500)))
+    });
+    group.bench_function("samekey_fresh_ttl", |b| {
+        b.to_async(&rt)
+            .iter(|| by_ttl.charge_briefly(by_ttl.key(), black_box(500)))
+    });
+    group.bench_function("samekey_replay", |b| {
+        let mut i = 0;
+        b.to_async(&rt)
+            .iter(|| replays.charge(replayed(&mut i), black_box(500)))
+    });
+    group.finish();
+}
+
+fn scaling(c: &mut Criterion) {
+    let keys = ring();
+    let mut group = c.benchmark_group("scaling");
+    group.throughput(Throughput::Elements(1));
+    group.measurement_time(Duration::from_secs(4));
+    for workers in [1usize, 2, 4] {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_time()
+            .build()
+            .expect("tokio runtime");
+        let store = MemoryStore::with_capacity(RETAINED);
+        let service = Arc::new(Steady::new(
+            Runtime::builder().store(store).build().expect("runtime"),
+            keys.clone(),
+        ));
+        rt.block_on(service.charge("hot", 500))
+            .expect("prime the hot key");
+        for (name, hot) in [("fresh", false), ("hot_key", true)] {
+            group.bench_function(format!("{name}/{workers}_workers"), |b| {
+                b.to_async(&rt).iter_custom(|iters| {
+                    let service = service.clone();
+                    async move {
+                        let per_task = iters.div_ceil(workers as u64);
+                        let start = Instant::now();
+                        let tasks: Vec<_> = (0..workers)
+                            .map(|_| {
+                                let service = service.clone();
+                                tokio::spawn(async move {
+                                    for _ in 0..per_task {
+                                        let key = if hot { "hot" } else { service.key() };
+                                        let _ = black_box(service.charge(key, 500).await);
+                                    }
+                                })
+                            })
+                            .collect();
+                        for task in tasks {
+                            task.await.expect("bench task");
+                        }
+                        start.elapsed()
+                    }
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, calls, steady, scaling);
 criterion_main!(benches);

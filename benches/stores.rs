@@ -1,7 +1,7 @@
 //! The durable backends, side by side in one run with their raw drivers sending the same statements:
 //! a fresh call (claim + complete) and a replay, at 1, 16 and 64 concurrent callers; how late a
 //! duplicate waiting for a busy key hears the outcome, notified and polled; and a PostgreSQL-backed
-//! replay with and without the Redis front cache.
+//! replay straight, through the Redis front cache, and through the in-process `LocalCache`.
 //!
 //! ```text
 //! eval "$(scripts/services start)"
@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use samekey::store::{CachedStore, PgStore, RedisStore, SqliteStore};
+use samekey::store::{CachedStore, LocalCache, PgStore, RedisStore, SqliteStore};
 use samekey::{idempotent, Classify, ErrorClass, Runtime, Store};
 use samekey::{redis, sqlx};
 use serde::{Deserialize, Serialize};
@@ -403,14 +403,16 @@ fn waiter(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, store: Ar
 }
 
 fn cache(c: &mut Criterion, rt: &tokio::runtime::Runtime, pg: &str, redis_url: &str) {
-    let (plain, cached) = rt.block_on(async {
+    let (plain, cached, local) = rt.block_on(async {
         let pg_store = PgStore::connect(pg).await.expect("postgres");
         let cached = CachedStore::connect(pg_store.clone(), redis_url)
             .await
             .expect("redis");
+        let local = LocalCache::new(pg_store.clone(), 100_000);
         (
             Service::on(Arc::new(pg_store)),
             Service::on(Arc::new(cached)),
+            Service::on(Arc::new(local)),
         )
     });
     let run = unique_run();
@@ -419,12 +421,20 @@ fn cache(c: &mut Criterion, rt: &tokio::runtime::Runtime, pg: &str, redis_url: &
             plain.call(run, caller).await.expect("prime");
             // Completed through the plain store, so the cache learns them from this first replay.
             cached.call(run, caller).await.expect("fill the cache");
+            local
+                .call(run, caller)
+                .await
+                .expect("fill the process's receipts");
         }
     });
     let mut group = c.benchmark_group("postgres/replay_cache");
     group.throughput(Throughput::Elements(1));
     for callers in CALLERS {
-        for (label, service) in [("postgres", &plain), ("redis_cache", &cached)] {
+        for (label, service) in [
+            ("postgres", &plain),
+            ("redis_cache", &cached),
+            ("local_cache", &local),
+        ] {
             group.bench_function(BenchmarkId::new(label, format!("c{callers}")), |b| {
                 b.to_async(rt).iter_custom(|iters| {
                     let service = service.clone();

@@ -216,6 +216,14 @@ pub enum StoreError {
     /// not persist): samekey refuses to use it as the store of record.
     #[error("store may lose claims: {0}")]
     NotDurable(String),
+    /// The store is full of calls in flight and `UNKNOWN` receipts, which it never evicts: the claim
+    /// is refused and the call fails closed (nothing ran). See
+    /// [`MemoryStore::with_capacity`](crate::MemoryStore::with_capacity).
+    #[error("store full: its {capacity} records are calls in flight or UNKNOWN, which are never evicted; nothing ran")]
+    Full {
+        /// The records the store holds at most.
+        capacity: u64,
+    },
     /// The receipt state machine refused the change.
     #[error("receipt cannot move from {from} to {to}")]
     InvalidTransition {

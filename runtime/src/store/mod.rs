@@ -36,6 +36,7 @@
 //!   least the `keep_ms` of the latest append.
 //! * **Failing closed.** An unreachable store answers [`StoreError::Unavailable`]; callers run nothing.
 
+mod local;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -48,6 +49,7 @@ mod sqlite;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{CachedStore, RedisStore, DEFAULT_INDEX_TTL};
+pub use local::{LocalCache, DEFAULT_LOCAL_MAX_AGE};
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;

@@ -1,6 +1,5 @@
 //! [`MemoryStore`] and what it needs; its documentation is on the type, where users read it.
 
-use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::pin::Pin;
@@ -19,6 +18,10 @@ use crate::error::StoreError;
 use crate::journal::{Event, JOURNAL_LIMIT};
 use crate::key::Key;
 use crate::receipt::{Fence, Receipt, ReceiptState, Transition};
+
+mod finished;
+
+use finished::Lanes;
 
 const SHARDS: usize = 64;
 /// Expired records a claim evicts from its shard, at most.
@@ -72,7 +75,17 @@ struct Shard {
     /// Entries are boxed: a probe then touches small buckets, and a growing table moves pointers, not
     /// receipts.
     records: FastMap<Digest, Box<Entry>>,
-    expiry: BinaryHeap<Reverse<(u64, Digest)>>,
+    /// The finished records, in the order they may go.
+    finished: Lanes,
+}
+
+impl Shard {
+    /// Whether `digest`'s record is still the finished one that expires at `at`.
+    fn finished_at(&self, digest: &Digest, at: u64) -> bool {
+        self.records
+            .get(digest)
+            .is_some_and(|e| e.receipt.state.is_terminal() && e.receipt.expires_at_ms == Some(at))
+    }
 }
 
 /// The in-memory [`Store`]. Cheap to create; everything lives as long as the store.
@@ -80,16 +93,30 @@ struct Shard {
 /// The embedded in-memory store: the default, needing no server.
 ///
 /// Keys are spread over 64 mutex-guarded shards by their digest (already uniform, so it is used as its own
-/// hash). Each shard keeps a min-heap of expiry times: every claim evicts a few expired records of its
-/// shard, and [`Store::purge_expired`] evicts all of them, so memory stays bounded by the keys claimed
-/// within one `ttl`. Claims and `UNKNOWN` records never expire. Waiters on a busy key park on a
-/// per-key [`Notify`] that every change of the record wakes: no polling.
+/// hash). Each shard keeps its finished records in the order they finished, one queue per `ttl`: every
+/// claim evicts a few expired records of its shard, and [`Store::purge_expired`] evicts all of them,
+/// so memory stays bounded by the keys claimed within one `ttl`. Claims and `UNKNOWN` records never
+/// expire. Waiters on a busy key park on a per-key [`Notify`] that every change of the record wakes:
+/// no polling.
+///
+/// # Capacity
+///
+/// [`MemoryStore::with_capacity`] bounds the records the store holds, whatever the `ttl`s (the
+/// default store, [`MemoryStore::new`], is bounded by them alone). When a new key finds its shard
+/// full, the store makes room by evicting **finished** receipts (`SUCCESS`, `FAILED`), the one that
+/// finished first going first, expired or not: a duplicate that comes after its receipt was evicted
+/// runs again, as after its `ttl`. Calls in flight (`PROCESSING`) and `UNKNOWN` receipts are never
+/// evicted: a shard full of them refuses new claims with [`StoreError::Full`], and the call fails
+/// closed (nothing runs) instead of losing a claim. Size it above the calls in flight at peak plus the
+/// duplicates' window: at 1 000 calls a second, 10⁶ records keep every receipt about 17 minutes.
 ///
 /// Listing receipts ([`Store::list_receipts`]) scans the records once per page (no index is kept up
 /// on the claim path): a page costs about 40 ms at 10⁶ records (`BENCHMARKS.md`). The durable stores
 /// index receipts by creation time.
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
+    /// The records a shard holds at most (`usize::MAX`: unbounded).
+    shard_capacity: usize,
     calls: Box<[Mutex<FastMap<CallId, Digest>>]>,
     fences: AtomicU64,
     queue: Mutex<HashMap<CallId, CompensationEntry>>,
@@ -117,10 +144,21 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl MemoryStore {
-    /// An empty store.
+    /// An empty store, bounded by the records' `ttl`s alone.
     pub fn new() -> MemoryStore {
+        MemoryStore::bounded(usize::MAX)
+    }
+
+    /// An empty store that holds about `records` records at most (see [Capacity](#capacity)); rounded
+    /// up to a multiple of its 64 shards, each holding an equal share.
+    pub fn with_capacity(records: usize) -> MemoryStore {
+        MemoryStore::bounded(records.div_ceil(SHARDS).max(1))
+    }
+
+    fn bounded(shard_capacity: usize) -> MemoryStore {
         MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            shard_capacity,
             calls: (0..SHARDS).map(|_| Mutex::default()).collect(),
             fences: AtomicU64::new(1),
             queue: Mutex::default(),
@@ -131,6 +169,11 @@ impl MemoryStore {
     /// How many records the store holds (expired ones not yet evicted included).
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| lock(s).records.len()).sum()
+    }
+
+    /// The records the store holds at most (`None`: bounded by their `ttl`s alone).
+    pub fn capacity(&self) -> Option<usize> {
+        (self.shard_capacity != usize::MAX).then(|| self.shard_capacity * SHARDS)
     }
 
     /// Whether the store holds no record.
@@ -167,23 +210,27 @@ impl MemoryStore {
     fn evict(&self, shard: &mut Shard, now_ms: u64, limit: usize) -> usize {
         let mut evicted = 0;
         while evicted < limit {
-            match shard.expiry.peek() {
-                Some(Reverse((at, _))) if *at <= now_ms => {}
-                _ => break,
-            }
-            let Some(Reverse((_, digest))) = shard.expiry.pop() else {
+            let Some((at, digest)) = shard.finished.pop_expired(now_ms) else {
                 break;
             };
-            let expired = shard
-                .records
-                .get(&digest)
-                .is_some_and(|e| e.receipt.expired(now_ms));
-            if expired {
+            if shard.finished_at(&digest, at) {
                 self.remove(shard, &digest);
                 evicted += 1;
             }
         }
         evicted
+    }
+
+    /// Makes room in a full shard: evicts the finished record that finished first. `false` if every
+    /// record is in flight or `UNKNOWN`.
+    fn make_room(&self, shard: &mut Shard) -> bool {
+        while let Some((at, digest)) = shard.finished.pop_oldest() {
+            if shard.finished_at(&digest, at) {
+                self.remove(shard, &digest);
+                return true;
+            }
+        }
+        false
     }
 
     fn owned<'a>(
@@ -240,6 +287,11 @@ impl MemoryStore {
             }
             self.remove(&mut shard, &digest);
         }
+        if shard.records.len() >= self.shard_capacity && !self.make_room(&mut shard) {
+            return Err(StoreError::Full {
+                capacity: self.shard_capacity.saturating_mul(SHARDS) as u64,
+            });
+        }
         let fence = self.next_fence();
         self.calls_of(&claim.call_id)
             .insert(claim.call_id.clone(), digest);
@@ -284,7 +336,9 @@ impl MemoryStore {
             r.expires_at_ms = Some(expires_at_ms);
             r.updated_ms = now_ms;
             entry.wake();
-            shard.expiry.push(Reverse((expires_at_ms, *key.digest())));
+            shard
+                .finished
+                .push(completion.ttl_ms, expires_at_ms, *key.digest());
         }
         Ok(transition)
     }
@@ -833,6 +887,113 @@ mod tests {
         );
         assert!(store.purge_expired(u64::MAX).await.unwrap() > 0);
         assert!(store.is_empty());
+    }
+
+    /// `n` keys of `scope` that fall into one shard.
+    fn same_shard(scope: &'static str, n: usize) -> Vec<Key> {
+        let first = Key::build(scope, &0u64);
+        let shard = first.digest()[31] as usize % SHARDS;
+        (0u64..)
+            .map(|i| Key::build(scope, &i))
+            .filter(|k| k.digest()[31] as usize % SHARDS == shard)
+            .take(n)
+            .collect()
+    }
+
+    fn claim(store: &MemoryStore, key: &Key, now_ms: u64) -> Result<Claimed, StoreError> {
+        store.claim_now(Claim {
+            key: key.clone(),
+            call_id: CallId::generate_at(
+                Label::from_static("cap"),
+                Label::from_static("test"),
+                now_ms,
+            ),
+            fingerprint: None,
+            lease_ms: 60_000,
+            now_ms,
+        })
+    }
+
+    fn finish(store: &MemoryStore, key: &Key, fence: Fence, now_ms: u64, ttl_ms: u64) {
+        let completion = Completion {
+            state: ReceiptState::Success,
+            outcome: None,
+            ttl_ms,
+        };
+        store.complete_now(key, fence, completion, now_ms).unwrap();
+    }
+
+    /// A full shard evicts its finished receipts, the first finished first, expired or not; it never
+    /// evicts a call in flight or an `UNKNOWN`, and refuses a claim instead.
+    #[tokio::test]
+    async fn a_full_store_evicts_finished_receipts_oldest_first_and_never_a_call_in_flight() {
+        let store = MemoryStore::with_capacity(3 * SHARDS);
+        assert_eq!(store.capacity(), Some(3 * SHARDS));
+        let keys = same_shard("cap", 7);
+        let fence = |c: Result<Claimed, StoreError>| match c {
+            Ok(Claimed::Acquired(fence)) => fence,
+            other => panic!("a fresh key: {other:?}"),
+        };
+        // Three finished receipts, a day's ttl, finished at t = 10, 20, 30 (the second with the
+        // shorter ttl: the order is by when they finished).
+        for (i, key) in keys[..3].iter().enumerate() {
+            let t = 10 * (i as u64 + 1);
+            let f = fence(claim(&store, key, t));
+            finish(
+                &store,
+                key,
+                f,
+                t,
+                if i == 1 { 3_600_000 } else { 86_400_000 },
+            );
+        }
+        // The fourth key makes room by evicting the first to finish.
+        let f3 = fence(claim(&store, &keys[3], 40));
+        assert_eq!(store.get(&keys[0], 40).await.unwrap(), None, "evicted");
+        assert!(store.get(&keys[1], 40).await.unwrap().is_some());
+        // A claim in flight and an UNKNOWN are never evicted.
+        let f4 = fence(claim(&store, &keys[4], 50));
+        store.mark_unknown(&keys[4], f4, 50).await.unwrap();
+        assert_eq!(store.get(&keys[1], 50).await.unwrap(), None, "evicted next");
+        fence(claim(&store, &keys[5], 60));
+        assert_eq!(store.get(&keys[2], 60).await.unwrap(), None);
+        // Now the shard holds only calls in flight and an UNKNOWN: the claim is refused, and
+        // nothing held is lost.
+        assert_eq!(
+            claim(&store, &keys[6], 70),
+            Err(StoreError::Full {
+                capacity: 3 * SHARDS as u64
+            })
+        );
+        for key in &keys[3..6] {
+            assert!(store.get(key, 70).await.unwrap().is_some());
+        }
+        // A duplicate of a held key still gets its record.
+        assert!(matches!(
+            claim(&store, &keys[3], 70),
+            Ok(Claimed::Existing(_))
+        ));
+        // Once one finishes, the next claim has room.
+        finish(&store, &keys[3], f3, 80, 86_400_000);
+        fence(claim(&store, &keys[6], 90));
+        assert_eq!(store.get(&keys[3], 90).await.unwrap(), None);
+    }
+
+    /// At steady state a bounded store holds its capacity, whatever the ttl.
+    #[test]
+    fn a_bounded_store_stays_within_its_capacity() {
+        let store = MemoryStore::with_capacity(1_000);
+        for i in 0..50_000u64 {
+            let key = Key::build("steady", &i);
+            let Ok(Claimed::Acquired(fence)) = claim(&store, &key, i) else {
+                panic!("fresh key")
+            };
+            finish(&store, &key, fence, i, 86_400_000);
+        }
+        assert!(store.len() <= store.capacity().unwrap(), "{}", store.len());
+        assert!(store.len() > 900, "{}", store.len());
+        let lanes: usize = store.shards.iter().map(|s| lock(s).finished.len()).sum();
+        assert_eq!(lanes, store.len(), "every evicted receipt left its lane");
     }
 
     /// A waiter registered on a claim is woken by whatever happens to the key next, even when the

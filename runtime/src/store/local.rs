@@ -1,0 +1,475 @@
+//! [`LocalCache`]: finished receipts kept in process, in front of any store.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{Claim, Claimed, Completion, ReceiptPage, ReceiptQuery, Store, StoreClock};
+use crate::call_id::CallId;
+use crate::compensation::CompensationEntry;
+use crate::error::StoreError;
+use crate::journal::Event;
+use crate::key::Key;
+use crate::receipt::{Fence, Receipt, Transition};
+
+const SHARDS: usize = 16;
+
+/// How long a receipt is answered from the process at most, by default.
+pub const DEFAULT_LOCAL_MAX_AGE: Duration = Duration::from_secs(60);
+
+/// Finished receipts kept in process, in front of any store: a repeat of a finished call is answered
+/// in nanoseconds, without the store's round trip (PostgreSQL ~170 µs, Redis ~65 µs here).
+///
+/// ```no_run
+/// # #[cfg(feature = "postgres")]
+/// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+/// use samekey::store::{LocalCache, PgStore};
+///
+/// let durable = PgStore::connect("postgres://app@db/app").await?;
+/// let store = LocalCache::new(durable, 100_000); // up to 10⁵ finished receipts
+/// let rt = samekey::Runtime::builder().store(store).build()?;
+/// # let _ = rt; Ok(()) }
+/// ```
+///
+/// Only finished receipts (`SUCCESS`, `FAILED`) are kept: transitions only move forward, so a
+/// finished receipt does not change until it expires. What the wrapped store still does:
+///
+/// - **every claim of a key this process holds no finished receipt for**: a new call, a duplicate
+///   of a call in flight, the first duplicate of a call finished (which the process then keeps);
+/// - every write, every query by callId, listing, the compensation queue and the journal.
+///
+/// A receipt is answered from the process until the earlier of its expiry, judged by the clock of
+/// the store that keeps it (a store with a clock of its own is asked for its time when a receipt is
+/// kept), and `max_age` after it was kept (default [`DEFAULT_LOCAL_MAX_AGE`], 60 s). That bound is
+/// what a key [forgotten](Store::forget) by another process costs: this one replays it up to
+/// `max_age` longer (forgotten through this store, it goes at once). The cache holds `capacity`
+/// receipts at most, the first kept going first.
+pub struct LocalCache<S> {
+    inner: S,
+    shards: Box<[Mutex<Shard>]>,
+    shard_capacity: usize,
+    max_age_ms: u64,
+}
+
+#[derive(Default)]
+struct Shard {
+    receipts: HashMap<[u8; 32], Kept>,
+    order: VecDeque<[u8; 32]>,
+}
+
+struct Kept {
+    receipt: Receipt,
+    /// Answered from the process until this time, by the caller's clock.
+    until_ms: u64,
+}
+
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // Every update is a plain insert or remove: a poisoned shard is still consistent.
+    shard
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl<S: Store> LocalCache<S> {
+    /// `inner` behind a cache of at most `capacity` finished receipts (rounded up to a multiple of 16).
+    pub fn new(inner: S, capacity: usize) -> LocalCache<S> {
+        LocalCache {
+            inner,
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            shard_capacity: capacity.div_ceil(SHARDS).max(1),
+            max_age_ms: DEFAULT_LOCAL_MAX_AGE.as_millis() as u64,
+        }
+    }
+
+    /// How long a receipt is answered from the process at most (see the type's documentation).
+    pub fn max_age(mut self, max_age: Duration) -> LocalCache<S> {
+        self.max_age_ms = u64::try_from(max_age.as_millis()).unwrap_or(u64::MAX);
+        self
+    }
+
+    /// The wrapped store.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    /// How many receipts the process keeps now (some may be past their time, until touched).
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).receipts.len()).sum()
+    }
+
+    /// Whether the process keeps no receipt.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn shard(&self, key: &Key) -> MutexGuard<'_, Shard> {
+        lock(&self.shards[usize::from(key.digest()[30]) % SHARDS])
+    }
+
+    /// The kept receipt of `key`, if its time has not run out at `now_ms`.
+    fn hit(&self, key: &Key, now_ms: u64) -> Option<Receipt> {
+        let mut shard = self.shard(key);
+        let kept = shard.receipts.get(key.digest())?;
+        if kept.until_ms > now_ms {
+            return Some(kept.receipt.clone());
+        }
+        shard.receipts.remove(key.digest());
+        None
+    }
+
+    /// Keeps `receipt` if it is finished, until it expires (by its store's clock) or for `max_age`.
+    async fn keep(&self, receipt: &Receipt, now_ms: u64) {
+        let Some(expires_at_ms) = receipt.expires_at_ms else {
+            return;
+        };
+        if !receipt.state.is_terminal() {
+            return;
+        }
+        let store_now_ms = match self.inner.clock() {
+            StoreClock::Caller => now_ms,
+            // A read answered just now: the store's time, to turn its expiry into this clock's.
+            StoreClock::Own => match self.inner.now_ms(now_ms).await {
+                Ok(t) => t,
+                Err(_) => return,
+            },
+        };
+        let left = expires_at_ms.saturating_sub(store_now_ms);
+        let until_ms = now_ms.saturating_add(left.min(self.max_age_ms));
+        if until_ms <= now_ms {
+            return;
+        }
+        let digest = *receipt.key.digest();
+        let mut shard = self.shard(&receipt.key);
+        let kept = Kept {
+            receipt: receipt.clone(),
+            until_ms,
+        };
+        if shard.receipts.insert(digest, kept).is_some() {
+            return;
+        }
+        shard.order.push_back(digest);
+        while shard.receipts.len() > self.shard_capacity {
+            let Some(oldest) = shard.order.pop_front() else {
+                break;
+            };
+            shard.receipts.remove(&oldest);
+        }
+        // Entries of receipts dropped at their time leave the order queue when they reach its front.
+        if shard.order.len() > 2 * self.shard_capacity {
+            let Shard { receipts, order } = &mut *shard;
+            order.retain(|d| receipts.contains_key(d));
+        }
+    }
+
+    fn drop_kept(&self, key: &Key) {
+        self.shard(key).receipts.remove(key.digest());
+    }
+}
+
+#[async_trait]
+impl<S: Store> Store for LocalCache<S> {
+    async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError> {
+        if let Some(receipt) = self.hit(&claim.key, claim.now_ms) {
+            return Ok(Claimed::Existing(receipt));
+        }
+        let now_ms = claim.now_ms;
+        let claimed = self.inner.claim(claim).await?;
+        if let Claimed::Existing(receipt) = &claimed {
+            self.keep(receipt, now_ms).await;
+        }
+        Ok(claimed)
+    }
+
+    async fn take_over(
+        &self,
+        key: &Key,
+        expected: Fence,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Result<Claimed, StoreError> {
+        self.inner.take_over(key, expected, lease_ms, now_ms).await
+    }
+
+    async fn extend_lease(
+        &self,
+        key: &Key,
+        fence: Fence,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.inner.extend_lease(key, fence, lease_ms, now_ms).await
+    }
+
+    async fn complete(
+        &self,
+        key: &Key,
+        fence: Fence,
+        completion: Completion,
+        now_ms: u64,
+    ) -> Result<Transition, StoreError> {
+        self.inner.complete(key, fence, completion, now_ms).await
+    }
+
+    async fn mark_unknown(
+        &self,
+        key: &Key,
+        fence: Fence,
+        now_ms: u64,
+    ) -> Result<Transition, StoreError> {
+        self.inner.mark_unknown(key, fence, now_ms).await
+    }
+
+    async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
+        self.inner.release(key, fence).await
+    }
+
+    async fn forget(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
+        self.drop_kept(key);
+        let forgotten = self.inner.forget(key, fence).await;
+        // A read that kept the receipt meanwhile.
+        self.drop_kept(key);
+        forgotten
+    }
+
+    async fn get(&self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, StoreError> {
+        if let Some(receipt) = self.hit(key, now_ms) {
+            return Ok(Some(receipt));
+        }
+        let found = self.inner.get(key, now_ms).await?;
+        if let Some(receipt) = &found {
+            self.keep(receipt, now_ms).await;
+        }
+        Ok(found)
+    }
+
+    async fn get_by_call_id(&self, call_id: &CallId) -> Result<Option<Receipt>, StoreError> {
+        self.inner.get_by_call_id(call_id).await
+    }
+
+    async fn get_by_call_ids(&self, call_ids: &[CallId]) -> Result<Vec<Receipt>, StoreError> {
+        self.inner.get_by_call_ids(call_ids).await
+    }
+
+    async fn wait_settled(
+        &self,
+        key: &Key,
+        timeout: Duration,
+        now_ms: u64,
+    ) -> Result<Option<Receipt>, StoreError> {
+        self.inner.wait_settled(key, timeout, now_ms).await
+    }
+
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+
+    fn clock(&self) -> StoreClock {
+        self.inner.clock()
+    }
+
+    async fn now_ms(&self, caller_now_ms: u64) -> Result<u64, StoreError> {
+        self.inner.now_ms(caller_now_ms).await
+    }
+
+    async fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
+        for shard in self.shards.iter() {
+            let mut shard = lock(shard);
+            let Shard { receipts, order } = &mut *shard;
+            receipts.retain(|_, kept| kept.until_ms > now_ms);
+            order.retain(|d| receipts.contains_key(d));
+        }
+        self.inner.purge_expired(now_ms).await
+    }
+
+    async fn count_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
+        self.inner.count_expired(now_ms).await
+    }
+
+    async fn list_receipts(
+        &self,
+        query: &ReceiptQuery,
+        now_ms: u64,
+    ) -> Result<ReceiptPage, StoreError> {
+        self.inner.list_receipts(query, now_ms).await
+    }
+
+    async fn list_orphans(&self, now_ms: u64, limit: usize) -> Result<Vec<Receipt>, StoreError> {
+        self.inner.list_orphans(now_ms, limit).await
+    }
+
+    async fn enqueue_compensation(&self, entry: CompensationEntry) -> Result<(), StoreError> {
+        self.inner.enqueue_compensation(entry).await
+    }
+
+    async fn take_due_compensations(
+        &self,
+        now_ms: u64,
+        limit: usize,
+        lease_ms: u64,
+    ) -> Result<Vec<CompensationEntry>, StoreError> {
+        self.inner
+            .take_due_compensations(now_ms, limit, lease_ms)
+            .await
+    }
+
+    async fn reschedule_compensation(
+        &self,
+        call_id: &CallId,
+        fence: Fence,
+        round: u32,
+        delay_ms: u64,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.inner
+            .reschedule_compensation(call_id, fence, round, delay_ms, now_ms)
+            .await
+    }
+
+    async fn finish_compensation(
+        &self,
+        call_id: &CallId,
+        fence: Option<Fence>,
+    ) -> Result<(), StoreError> {
+        self.inner.finish_compensation(call_id, fence).await
+    }
+
+    async fn escalate_compensation(
+        &self,
+        call_id: &CallId,
+        fence: Fence,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.inner
+            .escalate_compensation(call_id, fence, now_ms)
+            .await
+    }
+
+    async fn list_compensations(&self) -> Result<Vec<CompensationEntry>, StoreError> {
+        self.inner.list_compensations().await
+    }
+
+    async fn append_journal(
+        &self,
+        key: &Key,
+        events: &[Event],
+        keep_ms: u64,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.inner
+            .append_journal(key, events, keep_ms, now_ms)
+            .await
+    }
+
+    async fn journal(&self, key: &Key, now_ms: u64) -> Result<Vec<Event>, StoreError> {
+        self.inner.journal(key, now_ms).await
+    }
+
+    async fn journaled_keys(
+        &self,
+        after: Option<[u8; 32]>,
+        limit: usize,
+    ) -> Result<Vec<Key>, StoreError> {
+        self.inner.journaled_keys(after, limit).await
+    }
+
+    async fn journal_of_call(
+        &self,
+        call_id: &CallId,
+        now_ms: u64,
+    ) -> Result<Vec<Event>, StoreError> {
+        self.inner.journal_of_call(call_id, now_ms).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::receipt::ReceiptState;
+    use crate::MemoryStore;
+
+    fn claim(key: &Key, now_ms: u64) -> Claim {
+        Claim {
+            key: key.clone(),
+            call_id: CallId::new("loc", "test").unwrap(),
+            fingerprint: None,
+            lease_ms: 10_000,
+            now_ms,
+        }
+    }
+
+    async fn finished(store: &LocalCache<MemoryStore>, key: &Key, ttl_ms: u64) -> Fence {
+        let Ok(Claimed::Acquired(fence)) = store.claim(claim(key, 1_000)).await else {
+            panic!("a fresh key")
+        };
+        let completion = Completion {
+            state: ReceiptState::Success,
+            outcome: Some(b"42".as_slice().into()),
+            ttl_ms,
+        };
+        store.complete(key, fence, completion, 1_000).await.unwrap();
+        fence
+    }
+
+    /// From the first duplicate on, a finished call is answered without the store: shown by taking
+    /// the receipt out of the store behind the cache's back, which the cache does not see until its
+    /// `max_age` runs out.
+    #[tokio::test]
+    async fn repeats_are_answered_in_process_until_max_age() {
+        let store = LocalCache::new(MemoryStore::new(), 100).max_age(Duration::from_secs(5));
+        let key = Key::build("local", &1u64);
+        let fence = finished(&store, &key, 60_000).await;
+        assert!(
+            store.is_empty(),
+            "a completion is not kept: the first duplicate reads it"
+        );
+        let Ok(Claimed::Existing(first)) = store.claim(claim(&key, 2_000)).await else {
+            panic!("a duplicate")
+        };
+        assert_eq!(store.len(), 1);
+        store.inner().forget(&key, fence).await.unwrap();
+        let Ok(Claimed::Existing(again)) = store.claim(claim(&key, 3_000)).await else {
+            panic!("answered in process")
+        };
+        assert_eq!(again, first);
+        assert_eq!(store.get(&key, 6_999).await.unwrap(), Some(first));
+        // Kept at 2 000 for 5 s: at 7 000 the store is asked again, and it forgot the key.
+        assert!(matches!(
+            store.claim(claim(&key, 7_000)).await,
+            Ok(Claimed::Acquired(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_receipt_goes_at_its_expiry_and_when_forgotten_through_the_cache() {
+        let store = LocalCache::new(MemoryStore::new(), 100);
+        let key = Key::build("local", &2u64);
+        finished(&store, &key, 3_000).await;
+        assert!(store.get(&key, 2_000).await.unwrap().is_some());
+        assert_eq!(store.len(), 1);
+        // The receipt expires at 4 000: the cache does not answer it after.
+        assert!(matches!(
+            store.claim(claim(&key, 4_000)).await,
+            Ok(Claimed::Acquired(_))
+        ));
+        let other = Key::build("local", &3u64);
+        let fence_other = finished(&store, &other, 60_000).await;
+        assert!(store.get(&other, 2_000).await.unwrap().is_some());
+        store.forget(&other, fence_other).await.unwrap();
+        assert_eq!(store.get(&other, 2_000).await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn the_cache_holds_its_capacity() {
+        let store = LocalCache::new(MemoryStore::new(), 32);
+        for i in 0..1_000u64 {
+            let key = Key::build("local", &i);
+            finished(&store, &key, 60_000).await;
+            assert!(store.get(&key, 2_000).await.unwrap().is_some());
+        }
+        assert!(store.len() <= 32, "{}", store.len());
+        let order: usize = store.shards.iter().map(|s| lock(s).order.len()).sum();
+        assert_eq!(order, store.len());
+    }
+}
