@@ -569,13 +569,13 @@ impl<T, E> Run<T, E> {
 
     fn done(&mut self, out: Result<T, E>) -> Step<T, E> {
         self.fence = None;
-        let took = self.rt.now_ms().saturating_sub(self.began_ms);
         let spec = self.spec;
+        let (rt, began_ms) = (&self.rt, self.began_ms);
         spec.metrics.call(
             spec.scope,
             spec.budget_name(),
             out.is_ok(),
-            took,
+            || rt.now_ms().saturating_sub(began_ms),
             self.attempts,
         );
         if let Some(observer) = self.observer.take() {

@@ -25,11 +25,11 @@ pub const DEFAULT_LOCAL_MAX_AGE: Duration = Duration::from_secs(60);
 /// ```no_run
 /// # #[cfg(feature = "postgres")]
 /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
-/// use samekey::store::{LocalCache, PgStore};
+/// use samekey_runtime::store::{LocalCache, PgStore};
 ///
 /// let durable = PgStore::connect("postgres://app@db/app").await?;
 /// let store = LocalCache::new(durable, 100_000); // up to 10⁵ finished receipts
-/// let rt = samekey::Runtime::builder().store(store).build()?;
+/// let rt = samekey_runtime::Runtime::builder().store(store).build()?;
 /// # let _ = rt; Ok(()) }
 /// ```
 ///

@@ -19,9 +19,13 @@ use crate::journal::{Event, JOURNAL_LIMIT};
 use crate::key::Key;
 use crate::receipt::{Fence, Receipt, ReceiptState, Transition};
 
+mod calls;
 mod finished;
+mod records;
 
+use calls::CallIndex;
 use finished::Lanes;
+use records::Records;
 
 const SHARDS: usize = 64;
 /// Expired records a claim evicts from its shard, at most.
@@ -73,8 +77,8 @@ impl Entry {
 #[derive(Default)]
 struct Shard {
     /// Entries are boxed: a probe then touches small buckets, and a growing table moves pointers, not
-    /// receipts.
-    records: FastMap<Digest, Box<Entry>>,
+    /// receipts. Found by the digest each holds.
+    records: Records,
     /// The finished records, in the order they may go.
     finished: Lanes,
 }
@@ -117,7 +121,7 @@ pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     /// The records a shard holds at most (`usize::MAX`: unbounded).
     shard_capacity: usize,
-    calls: Box<[Mutex<FastMap<CallId, Digest>>]>,
+    calls: Box<[Mutex<CallIndex>]>,
     fences: AtomicU64,
     queue: Mutex<HashMap<CallId, CompensationEntry>>,
     journals: Mutex<Journals>,
@@ -187,7 +191,7 @@ impl MemoryStore {
         lock(&self.shards[usize::from(digest[31]) % SHARDS])
     }
 
-    fn calls_of(&self, call_id: &CallId) -> MutexGuard<'_, FastMap<CallId, Digest>> {
+    fn calls_of(&self, call_id: &CallId) -> MutexGuard<'_, CallIndex> {
         lock(&self.calls[((call_id.entropy() >> 40) % SHARDS as u64) as usize])
     }
 
@@ -199,10 +203,8 @@ impl MemoryStore {
     fn remove(&self, shard: &mut Shard, digest: &Digest) {
         if let Some(entry) = shard.records.remove(digest) {
             entry.wake();
-            let mut calls = self.calls_of(&entry.receipt.call_id);
-            if calls.get(&entry.receipt.call_id) == Some(digest) {
-                calls.remove(&entry.receipt.call_id);
-            }
+            self.calls_of(&entry.receipt.call_id)
+                .remove(&entry.receipt.call_id, digest);
         }
     }
 
@@ -293,26 +295,22 @@ impl MemoryStore {
             });
         }
         let fence = self.next_fence();
-        self.calls_of(&claim.call_id)
-            .insert(claim.call_id.clone(), digest);
-        shard.records.insert(
-            digest,
-            Box::new(Entry {
-                receipt: Receipt {
-                    key: claim.key,
-                    call_id: claim.call_id,
-                    state: ReceiptState::Processing,
-                    fence,
-                    lease_until_ms: Some(claim.now_ms.saturating_add(claim.lease_ms)),
-                    expires_at_ms: None,
-                    fingerprint: claim.fingerprint,
-                    outcome: None,
-                    created_ms: claim.now_ms,
-                    updated_ms: claim.now_ms,
-                },
-                waiters: None,
-            }),
-        );
+        self.calls_of(&claim.call_id).insert(&claim.call_id, digest);
+        shard.records.insert_new(Box::new(Entry {
+            receipt: Receipt {
+                key: claim.key,
+                call_id: claim.call_id,
+                state: ReceiptState::Processing,
+                fence,
+                lease_until_ms: Some(claim.now_ms.saturating_add(claim.lease_ms)),
+                expires_at_ms: None,
+                fingerprint: claim.fingerprint,
+                outcome: None,
+                created_ms: claim.now_ms,
+                updated_ms: claim.now_ms,
+            },
+            waiters: None,
+        }));
         Ok(Claimed::Acquired(fence))
     }
 
@@ -480,7 +478,7 @@ impl Store for MemoryStore {
     }
 
     async fn get_by_call_id(&self, call_id: &CallId) -> Result<Option<Receipt>, StoreError> {
-        let Some(digest) = self.calls_of(call_id).get(call_id).copied() else {
+        let Some(digest) = self.calls_of(call_id).get(call_id) else {
             return Ok(None);
         };
         let shard = self.shard(&digest);

@@ -1,0 +1,53 @@
+//! A shard's records, each found by its key's digest, which the record itself holds: the table stores
+//! one pointer per record (8 bytes, not the 40 of a map from digest to pointer), and a probe compares
+//! a digest only where the table's own hash bits already match.
+
+use hashbrown::HashTable;
+
+use super::{Digest, Entry};
+
+/// The table's hash of a digest: its first 8 bytes (SHA-256 output: already uniform).
+fn hash(digest: &Digest) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&digest[..8]);
+    u64::from_le_bytes(word)
+}
+
+#[derive(Default)]
+pub(super) struct Records(HashTable<Box<Entry>>);
+
+impl Records {
+    pub(super) fn get(&self, digest: &Digest) -> Option<&Entry> {
+        self.0
+            .find(hash(digest), |e| e.receipt.key.digest() == digest)
+            .map(|e| &**e)
+    }
+
+    pub(super) fn get_mut(&mut self, digest: &Digest) -> Option<&mut Entry> {
+        self.0
+            .find_mut(hash(digest), |e| e.receipt.key.digest() == digest)
+            .map(|e| &mut **e)
+    }
+
+    /// Adds a record whose key the table does not hold (the caller looked).
+    pub(super) fn insert_new(&mut self, entry: Box<Entry>) {
+        let digest_hash = hash(entry.receipt.key.digest());
+        self.0
+            .insert_unique(digest_hash, entry, |e| hash(e.receipt.key.digest()));
+    }
+
+    pub(super) fn remove(&mut self, digest: &Digest) -> Option<Box<Entry>> {
+        self.0
+            .find_entry(hash(digest), |e| e.receipt.key.digest() == digest)
+            .ok()
+            .map(|found| found.remove().0)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub(super) fn values(&self) -> impl Iterator<Item = &Entry> {
+        self.0.iter().map(|e| &**e)
+    }
+}
