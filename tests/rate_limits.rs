@@ -238,3 +238,61 @@ async fn one_dependency_limit_does_not_slow_another() {
         "all at once: search was never limited"
     );
 }
+
+/// Every `.await` is a place the caller can vanish: a call dropped while it waits for a place holds
+/// nothing (no place, no claim), and a call dropped while its attempt runs gives its place back (its
+/// claim is the drop guard's, as for any call).
+#[tokio::test(start_paused = true)]
+async fn a_dropped_call_gives_its_place_back() {
+    let svc = Svc::new(
+        ConcurrencyLimit::adaptive().max_wait(Duration::from_millis(10)),
+        1,
+    );
+    // Two at once against a capacity of 1: one is rate limited, and the limit drops.
+    let (a, b) = tokio::join!(svc.charge(1), svc.charge(2));
+    assert_eq!((a.unwrap(), b.unwrap()), (1, 2));
+    let limit = svc.rt.concurrency_limit(None).expect("limited") as u64;
+    svc.payments.capacity.store(1_000, Ordering::SeqCst);
+    // Every place taken by a call in flight (50 ms each); one more waits, and is dropped waiting.
+    let holders = spawn_charges(&svc, 10, limit);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let waiting = tokio::time::timeout(Duration::from_millis(5), svc.charge(100)).await;
+    assert!(waiting.is_err(), "still waiting for a place when dropped");
+    let key = samekey::Key::build("limits.charge", &100u64);
+    assert_eq!(
+        svc.rt.store().get(&key, 0).await.unwrap(),
+        None,
+        "nothing claimed"
+    );
+    for done in holders.join_all().await {
+        assert!(done.is_ok());
+    }
+    // A call dropped during its attempt.
+    let dropped = tokio::time::timeout(Duration::from_millis(10), svc.charge(101)).await;
+    assert!(dropped.is_err(), "dropped mid-attempt");
+    // As many calls at once as the limit allows all find a place (a leaked place would leave one
+    // waiting past its 10 ms, then refused, while the others take 50 ms).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let limit = svc.rt.concurrency_limit(None).map_or(16, u64::from);
+    for done in spawn_charges(&svc, 200, limit).join_all().await {
+        assert!(done.is_ok(), "{done:?}");
+    }
+    assert_eq!(svc.rt.stats().overloaded, 0);
+    // The key of the call dropped mid-attempt was claimed and its attempt ran: it is not run twice.
+    let _ = svc.charge(101).await;
+    svc.no_double_effect();
+}
+
+/// `n` charges from `first` on, each in a task of its own.
+fn spawn_charges(
+    svc: &Arc<Svc>,
+    first: u64,
+    n: u64,
+) -> tokio::task::JoinSet<Result<u64, TestError>> {
+    let mut set = tokio::task::JoinSet::new();
+    for order in first..first + n {
+        let svc = svc.clone();
+        set.spawn(async move { svc.charge(order).await });
+    }
+    set
+}
