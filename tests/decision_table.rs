@@ -778,6 +778,35 @@ async fn inbound_call_id_is_adopted_once() {
     assert_ne!(attempts[1].0, inbound);
 }
 
+// A replay first in an inbound scope adopts the inbound callId, as any first call does (a replay the
+// in-process store answers at once takes the same way while the callId waits to be adopted), and the
+// next call makes its own; counted as a call and a replay, never a claim.
+#[tokio::test(start_paused = true)]
+async fn a_replay_first_in_an_inbound_scope_adopts_its_call_id() {
+    let p = Payments::new();
+    assert_eq!(p.plain("o-1", 1).await, Ok(1));
+    let before = p.rt.stats();
+    let inbound = CallId::new("gw", "edge").unwrap();
+    let (a, b) = Inbound::new()
+        .call_id(inbound.clone())
+        .scope(async { (p.plain("o-1", 1).await, p.plain("o-2", 2).await) })
+        .await;
+    assert_eq!((a, b), (Ok(1), Ok(2)));
+    let attempts = p.attempts();
+    assert_eq!(attempts.len(), 2, "o-1 ran once, o-2 once");
+    assert_ne!(attempts[1].0, inbound, "the replay took the inbound callId");
+    // Outside any scope, replays are answered at once from the in-memory store: counted as calls
+    // and replays, no claim.
+    for _ in 0..3 {
+        assert_eq!(p.plain("o-1", 1).await, Ok(1));
+    }
+    let after = p.rt.stats();
+    assert_eq!(after.calls - before.calls, 2 + 3);
+    assert_eq!(after.replays - before.replays, 1 + 3);
+    assert_eq!(after.claims - before.claims, 1, "o-2 only");
+    assert_eq!(p.remote.executions("o-1"), 1);
+}
+
 // Time windows: the same key in another day is another operation.
 #[tokio::test(start_paused = true)]
 async fn window_buckets_split_days() {

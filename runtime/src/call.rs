@@ -292,7 +292,20 @@ const LOOKUP_LIMIT: Duration = Duration::from_secs(10);
 const MAX_LOOKS: u32 = 64;
 
 /// One call in progress. Made by [`begin`]; driven by the generated code.
-pub struct Run<T, E> {
+pub struct Run<T, E>(RunState<T, E>);
+
+// Not boxed: a run is made once and lives in its function's future, and a box would cost every call
+// that goes the whole way an allocation.
+#[allow(clippy::large_enum_variant)]
+enum RunState<T, E> {
+    /// Answered in [`begin`] from a finished receipt of the in-process store: nothing else to do.
+    Answered(Option<Result<T, E>>),
+    /// Everything else.
+    Call(Call<T, E>),
+}
+
+/// The state of a call that claims, waits, attempts or resolves.
+struct Call<T, E> {
     rt: Runtime,
     spec: &'static Spec,
     key: Key,
@@ -380,17 +393,20 @@ where
     R::Ok: CallOutput,
     R::Err: CallError,
 {
-    let rt = match rt {
-        Some(rt) => rt.clone(),
-        None => crate::runtime::ambient_runtime(),
+    // Borrowed until the call needs its own (a replay answered in process never does).
+    let ambient = match rt {
+        Some(_) => None,
+        None => Some(crate::runtime::ambient_runtime()),
+    };
+    let given = rt;
+    let rt = match (given, &ambient) {
+        (Some(rt), _) | (None, Some(rt)) => rt,
+        (None, None) => crate::runtime::default_runtime(),
     };
     let now = rt.now_ms();
     if let Some(window) = spec.window {
         key.window(u64::try_from(window.as_millis()).unwrap_or(u64::MAX), now);
     }
-    let (call_id, trace_id) = context::identify(spec.prefix, rt.node_label(), now);
-    let rng = rt.jitter_seed(&call_id);
-    let dependency = rt.dependency(spec.budget);
     rt.count(Counter::Calls);
     spec.metrics
         .count(Counter::Calls, spec.scope, spec.budget_name());
@@ -399,13 +415,27 @@ where
         .or_else(|| verify.as_ref().and_then(KeyBuilder::problem))
         .cloned()
         .map(Box::new);
-    Run {
+    let key = key.finish();
+    let fingerprint = verify.map(KeyBuilder::fingerprint);
+    if problem.is_none() {
+        if let Some(out) = replay_in_process(rt, spec, self_type, &key, fingerprint, now) {
+            return Run(RunState::Answered(Some(out)));
+        }
+    }
+    let (call_id, trace_id) = context::identify(spec.prefix, rt.node_label(), now);
+    let rng = rt.jitter_seed(&call_id);
+    let dependency = rt.dependency(spec.budget);
+    let rt = match given {
+        Some(rt) => rt.clone(),
+        None => ambient.unwrap_or_else(crate::runtime::ambient_runtime),
+    };
+    Run(RunState::Call(Call {
         rt,
         spec,
-        key: key.finish(),
+        key,
         call_id,
         trace_id,
-        fingerprint: verify.map(KeyBuilder::fingerprint),
+        fingerprint,
         fence: None,
         took_over: false,
         attempts: 0,
@@ -437,7 +467,53 @@ where
         dependency,
         admitted: false,
         round: 0,
+    }))
+}
+
+/// Answers a duplicate before anything else is made for it — no callId, no place in a concurrency
+/// limit, no claim — when the runtime's store is the in-process one and holds the key's finished
+/// `SUCCESS` receipt: what [`Call::start`] would answer, counted the same way. Anything else goes
+/// the whole way: no such receipt, a stored failure, a `verify` mismatch, a result that does not
+/// decode, an [`observed`](crate::observed) call, a rate-limited dependency, an inbound callId
+/// waiting to be adopted, a scope clash, and debug tracing on (the whole way logs the replay).
+fn replay_in_process<T: CallOutput, E>(
+    rt: &Runtime,
+    spec: &'static Spec,
+    self_type: &'static str,
+    key: &Key,
+    fingerprint: Option<Fingerprint>,
+    now: u64,
+) -> Option<Result<T, E>> {
+    let memory = rt.memory()?;
+    if tracing::enabled!(target: "samekey", tracing::Level::DEBUG)
+        || Slot::any()
+        || context::inbound_pending()
+        || rt.limited(spec.budget)
+    {
+        return None;
     }
+    if !spec.scope_given {
+        let addr = std::ptr::from_ref(spec) as usize;
+        operation::check(&spec.operation, addr, spec.scope, spec.name, self_type).ok()?;
+    }
+    // Decoded under the shard's lock: the stored bytes are not shared out (no reference count to
+    // move on a hot key).
+    let value: T =
+        memory.read_success(key, now, |stored, outcome| match (fingerprint, stored) {
+            (Some(ours), Some(theirs)) if ours != theirs => None,
+            _ => serde_json::from_slice(outcome).ok(),
+        })?;
+    rt.count(Counter::Replays);
+    spec.metrics
+        .count(Counter::Replays, spec.scope, spec.budget_name());
+    spec.metrics.call(
+        spec.scope,
+        spec.budget_name(),
+        true,
+        || rt.now_ms().saturating_sub(now),
+        0,
+    );
+    Some(Ok(value))
 }
 
 /// The next step after a look at a record held by someone else.
@@ -448,19 +524,64 @@ enum Held<T, E> {
 }
 
 impl<T, E> Run<T, E> {
-    /// The callId of this call.
-    pub fn call_id(&self) -> &CallId {
-        &self.call_id
-    }
-
-    /// The key of this call.
-    pub fn key(&self) -> &Key {
-        &self.key
+    /// The call's state past [`begin`]. The generated code returns at the first [`Step::Done`], and an
+    /// answered run gives nothing else: asking it for more is a bug in the generated code.
+    fn call(&mut self) -> &mut Call<T, E> {
+        match &mut self.0 {
+            RunState::Call(call) => call,
+            RunState::Answered(_) => {
+                unreachable!("samekey: a run answered in `begin` was driven on")
+            }
+        }
     }
 
     /// Keeps the call's inputs (`inputs = …`), encoded, for its compensation entry. An input that
     /// cannot be encoded is left out (logged): the call itself goes on.
     pub fn keep_inputs<I: Serialize>(&mut self, inputs: &I) {
+        if let RunState::Call(call) = &mut self.0 {
+            call.keep_inputs(inputs);
+        }
+    }
+
+    /// Claims the key; answers a duplicate from the record it finds.
+    pub async fn start(&mut self) -> Step<T, E> {
+        match &mut self.0 {
+            RunState::Answered(out) => match out.take() {
+                Some(out) => Step::Done(out),
+                None => unreachable!("samekey: a run answered in `begin` was started twice"),
+            },
+            RunState::Call(call) => call.start().await,
+        }
+    }
+
+    /// Runs one attempt of the body under the per-attempt timeout, in the call's context, and decides
+    /// what comes next from its outcome.
+    pub async fn attempt<F, O>(&mut self, body: F) -> Step<T, E>
+    where
+        F: Future<Output = O>,
+        O: CallResult<Ok = T, Err = E>,
+    {
+        self.call().attempt(body).await
+    }
+
+    /// Asks `lookup(callId)` (under the function's `timeout`, or 10 s, with the lease extended over it)
+    /// and acts on the answer.
+    pub async fn resolve<F>(&mut self, lookup: F) -> Step<T, E>
+    where
+        F: Future,
+        F::Output: LookupAnswer<T, E>,
+    {
+        self.call().resolve(lookup).await
+    }
+
+    /// The arm generated for functions without `lookup` (the runtime never asks for one there).
+    pub async fn no_lookup(&mut self) -> Step<T, E> {
+        self.call().no_lookup().await
+    }
+}
+
+impl<T, E> Call<T, E> {
+    fn keep_inputs<I: Serialize>(&mut self, inputs: &I) {
         match serde_json::to_vec(inputs) {
             Ok(bytes) => self.inputs = Some(Arc::from(bytes)),
             Err(e) => {
@@ -605,8 +726,7 @@ impl<T, E> Run<T, E> {
         self.done(Err(error))
     }
 
-    /// Claims the key; answers a duplicate from the record it finds.
-    pub async fn start(&mut self) -> Step<T, E> {
+    async fn start(&mut self) -> Step<T, E> {
         if !self.spec.scope_given {
             let spec = self.spec;
             let addr = std::ptr::from_ref(spec) as usize;
@@ -847,9 +967,7 @@ impl<T, E> Run<T, E> {
         }
     }
 
-    /// Runs one attempt of the body under the per-attempt timeout, in the call's context, and decides
-    /// what comes next from its outcome.
-    pub async fn attempt<F, O>(&mut self, body: F) -> Step<T, E>
+    async fn attempt<F, O>(&mut self, body: F) -> Step<T, E>
     where
         F: Future<Output = O>,
         O: CallResult<Ok = T, Err = E>,
@@ -1032,9 +1150,7 @@ impl<T, E> Run<T, E> {
         }
     }
 
-    /// Asks `lookup(callId)` (under the function's `timeout`, or 10 s, with the lease extended over it)
-    /// and acts on the answer.
-    pub async fn resolve<F>(&mut self, lookup: F) -> Step<T, E>
+    async fn resolve<F>(&mut self, lookup: F) -> Step<T, E>
     where
         F: Future,
         F::Output: LookupAnswer<T, E>,
@@ -1163,8 +1279,7 @@ impl<T, E> Run<T, E> {
         self.attempts.saturating_add(self.lookups_failed)
     }
 
-    /// The arm generated for functions without `lookup` (the runtime never asks for one there).
-    pub async fn no_lookup(&mut self) -> Step<T, E> {
+    async fn no_lookup(&mut self) -> Step<T, E> {
         let now = self.rt.now_ms();
         self.give_up_unknown("outcome unknown and no lookup to ask", now)
             .await
@@ -1522,7 +1637,7 @@ enum Leftover {
     Unknown,
 }
 
-impl<T, E> Drop for Run<T, E> {
+impl<T, E> Drop for Call<T, E> {
     fn drop(&mut self) {
         if std::mem::take(&mut self.admitted) {
             self.dependency.limiter.leave();

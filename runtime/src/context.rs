@@ -202,6 +202,18 @@ impl Inbound {
 
 /// The callId and traceId of a call that is starting: adopted from an inbound context when one is
 /// waiting, else new; the traceId is inherited from the enclosing call or inbound context.
+/// Whether this task runs in an [`Inbound`] scope whose callId no call has adopted yet.
+pub(crate) fn inbound_pending() -> bool {
+    SCOPE
+        .try_with(|scope| match scope {
+            Scope::Inbound(inbound) => {
+                inbound.call_id.is_some() && !inbound.adopted.load(Ordering::Acquire)
+            }
+            Scope::Call(_) => false,
+        })
+        .unwrap_or(false)
+}
+
 pub(crate) fn identify(prefix: &'static str, node: &Label, now_ms: u64) -> (CallId, TraceId) {
     let found = SCOPE.try_with(|scope| match scope {
         Scope::Call(outer) => (None, outer.trace_id),

@@ -57,6 +57,20 @@ impl Dependencies {
         }
     }
 
+    /// Whether the dependency `name` (or the runtime's own) has a concurrency limit in force; one not
+    /// used yet has none.
+    pub(crate) fn limited(&self, name: Option<&str>) -> bool {
+        match name {
+            None => self.runtime.limiter.limit().is_some(),
+            Some(name) => self
+                .named
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(name)
+                .is_some_and(|d| d.limiter.limit().is_some()),
+        }
+    }
+
     /// The dependency `name` (made on first use, with its own policies or the runtime's), or the
     /// runtime's own.
     pub(crate) fn get(&self, name: Option<&str>) -> Arc<Dependency> {

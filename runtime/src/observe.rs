@@ -30,6 +30,11 @@ struct SlotState {
 }
 
 impl Slot {
+    /// Whether any [`observed`] scope runs in the process (one relaxed load).
+    pub(crate) fn any() -> bool {
+        SCOPES.load(Ordering::Relaxed) != 0
+    }
+
     /// The slot of the enclosing [`observed`] scope, if this is the first call made in it.
     pub(crate) fn take() -> Option<Slot> {
         if SCOPES.load(Ordering::Relaxed) == 0 {

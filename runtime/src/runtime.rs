@@ -129,6 +129,16 @@ impl Runtime {
         self.inner.dependencies.get(name)
     }
 
+    /// The in-process store, when it is the runtime's store (its calls skip the future).
+    pub(crate) fn memory(&self) -> Option<&MemoryStore> {
+        self.inner.memory.as_deref()
+    }
+
+    /// Whether the dependency `name` (or the runtime's own) has a concurrency limit in force.
+    pub(crate) fn limited(&self, name: Option<&str>) -> bool {
+        self.inner.dependencies.limited(name)
+    }
+
     /// The current [concurrency limit](crate::concurrency) of the dependency `name`
     /// (`budget = "…"`; `None`: the runtime's own calls): `None` while it is unlimited, as it is until
     /// the dependency answers `RateLimited`.
@@ -531,7 +541,7 @@ impl Builder {
         self
     }
 
-    /// The budget of `lookup`s (default [`DEFAULT_LOOKUP_BUDGET`]: over 10 s, 20 per second plus one
+    /// The budget of `lookup`s (default [`DEFAULT_LOOKUP_BUDGET`](crate::DEFAULT_LOOKUP_BUDGET): over 10 s, 20 per second plus one
     /// per call): a lookup is a read, not a retry, and draws from this budget only.
     pub fn lookup_budget(mut self, budget: RetryBudget) -> Builder {
         self.policies.lookups = Some(budget);

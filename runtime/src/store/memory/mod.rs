@@ -314,6 +314,23 @@ impl MemoryStore {
         Ok(Claimed::Acquired(fence))
     }
 
+    /// What `read` makes of the fingerprint and the stored result of `key`'s `SUCCESS` receipt, if
+    /// the store holds one live at `now_ms` (a replay answered without a claim). `read` runs under
+    /// the shard's lock: keep it short.
+    pub(crate) fn read_success<R>(
+        &self,
+        key: &Key,
+        now_ms: u64,
+        read: impl FnOnce(Option<crate::key::Fingerprint>, &[u8]) -> Option<R>,
+    ) -> Option<R> {
+        let shard = self.shard(key.digest());
+        let r = &shard.records.get(key.digest())?.receipt;
+        if r.state != ReceiptState::Success || r.expired(now_ms) {
+            return None;
+        }
+        read(r.fingerprint, r.outcome.as_deref()?)
+    }
+
     /// [`Store::complete`], without the future.
     pub(crate) fn complete_now(
         &self,

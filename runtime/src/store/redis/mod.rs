@@ -1077,7 +1077,23 @@ impl Store for RedisStore {
         let from_ms = query
             .after
             .map_or(query.since_ms, |c| c.created_ms.max(query.since_ms));
-        let mut candidates = Vec::new();
+        // This process's claims whose index entries are still on their way, read before the index:
+        // an entry that leaves this set was written to the index first, so the reads below see it
+        // (read after them, an entry written meanwhile would be in neither).
+        let mut candidates: Vec<Cursor> = self
+            .unindexed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(digest, entry)| Cursor {
+                created_ms: entry.created_ms,
+                digest: *digest,
+            })
+            .filter(|c| {
+                (from_ms..query.until_ms).contains(&c.created_ms)
+                    && query.after.is_none_or(|after| *c > after)
+            })
+            .collect();
         if from_ms < query.until_ms {
             // A shard holds about a sixteenth of a page: each is asked for twice that first, and
             // only a shard that had more and whose last asked-for key falls inside the page is asked
@@ -1106,21 +1122,6 @@ impl Store for RedisStore {
             }
             candidates.extend(shards.into_iter().flatten());
         }
-        // This process's claims whose index entries are still on their way.
-        candidates.extend(
-            self.unindexed
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter()
-                .map(|(digest, entry)| Cursor {
-                    created_ms: entry.created_ms,
-                    digest: *digest,
-                })
-                .filter(|c| {
-                    (from_ms..query.until_ms).contains(&c.created_ms)
-                        && query.after.is_none_or(|after| *c > after)
-                }),
-        );
         candidates.sort_unstable();
         candidates.dedup();
         let next = (candidates.len() > limit).then(|| candidates[limit - 1]);
