@@ -34,15 +34,19 @@ pub const DEFAULT_LOCAL_MAX_AGE: Duration = Duration::from_secs(60);
 /// ```
 ///
 /// Only finished receipts (`SUCCESS`, `FAILED`) are kept: transitions only move forward, so a
-/// finished receipt does not change until it expires. What the wrapped store still does:
+/// finished receipt does not change until it expires. A receipt is kept once the wrapped store has
+/// committed it: when a call that claimed its key through this cache completes, and when the store
+/// answers a finished receipt to a claim or a read (a call finished by another process). What the
+/// wrapped store still does:
 ///
 /// - **every claim of a key this process holds no finished receipt for**: a new call, a duplicate
-///   of a call in flight, the first duplicate of a call finished (which the process then keeps);
+///   of a call in flight, a duplicate of a call another process finished (which this one then keeps);
 /// - every write, every query by callId, listing, the compensation queue and the journal.
 ///
-/// A receipt is answered from the process until the earlier of its expiry, judged by the clock of
-/// the store that keeps it (a store with a clock of its own is asked for its time when a receipt is
-/// kept), and `max_age` after it was kept (default [`DEFAULT_LOCAL_MAX_AGE`], 60 s). That bound is
+/// A receipt is answered from the process until the earlier of its expiry and `max_age` after it was
+/// kept. Its expiry is judged by the clock of the store that keeps it: a completion made here keeps
+/// it for the completion's `ttl` from then, and a receipt read from a store with a clock of its own
+/// is kept for what that store's time says is left (the store is asked for it). (default [`DEFAULT_LOCAL_MAX_AGE`], 60 s). That bound is
 /// what a key [forgotten](Store::forget) by another process costs: this one replays it up to
 /// `max_age` longer (forgotten through this store, it goes at once). The cache holds `capacity`
 /// receipts at most, the first kept going first.
@@ -51,6 +55,17 @@ pub struct LocalCache<S> {
     shards: Box<[Mutex<Shard>]>,
     shard_capacity: usize,
     max_age_ms: u64,
+    /// Keys claimed through this cache and not finished yet: what their receipt holds beyond the
+    /// completion, so that it can be kept when they complete.
+    owned: Mutex<HashMap<[u8; 32], Owned>>,
+}
+
+/// What a claim taken through a [`LocalCache`] knows of its receipt.
+struct Owned {
+    fence: Fence,
+    call_id: CallId,
+    fingerprint: Option<crate::key::Fingerprint>,
+    created_ms: u64,
 }
 
 #[derive(Default)]
@@ -80,6 +95,7 @@ impl<S: Store> LocalCache<S> {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             shard_capacity: capacity.div_ceil(SHARDS).max(1),
             max_age_ms: DEFAULT_LOCAL_MAX_AGE.as_millis() as u64,
+            owned: Mutex::default(),
         }
     }
 
@@ -119,8 +135,9 @@ impl<S: Store> LocalCache<S> {
         None
     }
 
-    /// Keeps `receipt` if it is finished, until it expires (by its store's clock) or for `max_age`.
-    async fn keep(&self, receipt: &Receipt, now_ms: u64) {
+    /// Keeps `receipt`, read from the store just now, if it is finished: until it expires (by its
+    /// store's clock) or for `max_age`.
+    async fn keep_read(&self, receipt: &Receipt, now_ms: u64) {
         let Some(expires_at_ms) = receipt.expires_at_ms else {
             return;
         };
@@ -136,16 +153,18 @@ impl<S: Store> LocalCache<S> {
             },
         };
         let left = expires_at_ms.saturating_sub(store_now_ms);
-        let until_ms = now_ms.saturating_add(left.min(self.max_age_ms));
-        if until_ms <= now_ms {
+        self.keep(receipt.clone(), now_ms, left);
+    }
+
+    /// Keeps a finished `receipt` for `left_ms` from `now_ms` (at most `max_age`).
+    fn keep(&self, receipt: Receipt, now_ms: u64, left_ms: u64) {
+        let until_ms = now_ms.saturating_add(left_ms.min(self.max_age_ms));
+        if until_ms <= now_ms || !receipt.state.is_terminal() {
             return;
         }
         let digest = *receipt.key.digest();
         let mut shard = self.shard(&receipt.key);
-        let kept = Kept {
-            receipt: receipt.clone(),
-            until_ms,
-        };
+        let kept = Kept { receipt, until_ms };
         if shard.receipts.insert(digest, kept).is_some() {
             return;
         }
@@ -166,6 +185,19 @@ impl<S: Store> LocalCache<S> {
     fn drop_kept(&self, key: &Key) {
         self.shard(key).receipts.remove(key.digest());
     }
+
+    fn owned(&self) -> MutexGuard<'_, HashMap<[u8; 32], Owned>> {
+        self.owned
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Forgets what a claim of `key` knew, and returns it if it was taken under `fence`.
+    fn disown(&self, key: &Key, fence: Fence) -> Option<Owned> {
+        self.owned()
+            .remove(key.digest())
+            .filter(|o| o.fence == fence)
+    }
 }
 
 #[async_trait]
@@ -174,10 +206,26 @@ impl<S: Store> Store for LocalCache<S> {
         if let Some(receipt) = self.hit(&claim.key, claim.now_ms) {
             return Ok(Claimed::Existing(receipt));
         }
-        let now_ms = claim.now_ms;
+        let (digest, now_ms) = (*claim.key.digest(), claim.now_ms);
+        let (call_id, fingerprint) = (claim.call_id.clone(), claim.fingerprint);
         let claimed = self.inner.claim(claim).await?;
-        if let Claimed::Existing(receipt) = &claimed {
-            self.keep(receipt, now_ms).await;
+        match &claimed {
+            Claimed::Existing(receipt) => self.keep_read(receipt, now_ms).await,
+            Claimed::Acquired(fence) => {
+                let mut owned = self.owned();
+                // Bounded like the receipts: past it, a completion is kept at its first read.
+                if owned.len() < self.shard_capacity.saturating_mul(SHARDS) {
+                    owned.insert(
+                        digest,
+                        Owned {
+                            fence: *fence,
+                            call_id,
+                            fingerprint,
+                            created_ms: now_ms,
+                        },
+                    );
+                }
+            }
         }
         Ok(claimed)
     }
@@ -209,7 +257,31 @@ impl<S: Store> Store for LocalCache<S> {
         completion: Completion,
         now_ms: u64,
     ) -> Result<Transition, StoreError> {
-        self.inner.complete(key, fence, completion, now_ms).await
+        let owned = self.disown(key, fence);
+        let (state, outcome, ttl_ms) = (
+            completion.state,
+            completion.outcome.clone(),
+            completion.ttl_ms,
+        );
+        let transition = self.inner.complete(key, fence, completion, now_ms).await?;
+        if let (Transition::Applied, Some(owned)) = (transition, owned) {
+            // Committed: the receipt the store now holds. Its `ttl` runs from the store's commit,
+            // which this clock measures from its own now as well as the store's clock does.
+            let receipt = Receipt {
+                key: key.clone(),
+                call_id: owned.call_id,
+                state,
+                fence,
+                lease_until_ms: None,
+                expires_at_ms: Some(now_ms.saturating_add(ttl_ms)),
+                fingerprint: owned.fingerprint,
+                outcome,
+                created_ms: owned.created_ms,
+                updated_ms: now_ms,
+            };
+            self.keep(receipt, now_ms, ttl_ms);
+        }
+        Ok(transition)
     }
 
     async fn mark_unknown(
@@ -218,14 +290,17 @@ impl<S: Store> Store for LocalCache<S> {
         fence: Fence,
         now_ms: u64,
     ) -> Result<Transition, StoreError> {
+        self.disown(key, fence);
         self.inner.mark_unknown(key, fence, now_ms).await
     }
 
     async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
+        self.disown(key, fence);
         self.inner.release(key, fence).await
     }
 
     async fn forget(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
+        self.disown(key, fence);
         self.drop_kept(key);
         let forgotten = self.inner.forget(key, fence).await;
         // A read that kept the receipt meanwhile.
@@ -239,7 +314,7 @@ impl<S: Store> Store for LocalCache<S> {
         }
         let found = self.inner.get(key, now_ms).await?;
         if let Some(receipt) = &found {
-            self.keep(receipt, now_ms).await;
+            self.keep_read(receipt, now_ms).await;
         }
         Ok(found)
     }
@@ -412,33 +487,72 @@ mod tests {
         fence
     }
 
-    /// From the first duplicate on, a finished call is answered without the store: shown by taking
-    /// the receipt out of the store behind the cache's back, which the cache does not see until its
-    /// `max_age` runs out.
+    /// A call completed through the cache is answered without the store from its first duplicate on:
+    /// shown by taking the receipt out of the store behind the cache's back, which the cache does not
+    /// see until its `max_age` runs out.
     #[tokio::test]
     async fn repeats_are_answered_in_process_until_max_age() {
         let store = LocalCache::new(MemoryStore::new(), 100).max_age(Duration::from_secs(5));
         let key = Key::build("local", &1u64);
         let fence = finished(&store, &key, 60_000).await;
-        assert!(
-            store.is_empty(),
-            "a completion is not kept: the first duplicate reads it"
-        );
-        let Ok(Claimed::Existing(first)) = store.claim(claim(&key, 2_000)).await else {
-            panic!("a duplicate")
-        };
-        assert_eq!(store.len(), 1);
+        assert_eq!(store.len(), 1, "kept once the store committed it");
+        assert!(store.owned().is_empty());
         store.inner().forget(&key, fence).await.unwrap();
-        let Ok(Claimed::Existing(again)) = store.claim(claim(&key, 3_000)).await else {
+        let Ok(Claimed::Existing(first)) = store.claim(claim(&key, 2_000)).await else {
             panic!("answered in process")
         };
-        assert_eq!(again, first);
-        assert_eq!(store.get(&key, 6_999).await.unwrap(), Some(first));
-        // Kept at 2 000 for 5 s: at 7 000 the store is asked again, and it forgot the key.
+        assert_eq!(first.state, ReceiptState::Success);
+        assert_eq!(first.outcome.as_deref(), Some(b"42".as_slice()));
+        assert_eq!(store.get(&key, 5_999).await.unwrap(), Some(first));
+        // Kept at 1 000 for 5 s: at 6 000 the store is asked again, and it forgot the key.
         assert!(matches!(
-            store.claim(claim(&key, 7_000)).await,
+            store.claim(claim(&key, 6_000)).await,
             Ok(Claimed::Acquired(_))
         ));
+    }
+
+    /// A receipt another process finished is kept from the first read that finds it.
+    #[tokio::test]
+    async fn a_receipt_finished_elsewhere_is_kept_from_its_first_read() {
+        let store = LocalCache::new(MemoryStore::new(), 100);
+        let key = Key::build("local", &4u64);
+        let Ok(Claimed::Acquired(fence)) = store.inner().claim(claim(&key, 1_000)).await else {
+            panic!("a fresh key")
+        };
+        let completion = Completion {
+            state: ReceiptState::Success,
+            outcome: Some(b"7".as_slice().into()),
+            ttl_ms: 60_000,
+        };
+        store
+            .inner()
+            .complete(&key, fence, completion, 1_000)
+            .await
+            .unwrap();
+        assert!(store.is_empty());
+        assert!(matches!(
+            store.claim(claim(&key, 2_000)).await,
+            Ok(Claimed::Existing(_))
+        ));
+        assert_eq!(store.len(), 1);
+    }
+
+    /// A claim given back, or left `UNKNOWN`, keeps nothing.
+    #[tokio::test]
+    async fn a_claim_that_does_not_finish_keeps_nothing() {
+        let store = LocalCache::new(MemoryStore::new(), 100);
+        let (a, b) = (Key::build("local", &5u64), Key::build("local", &6u64));
+        let Ok(Claimed::Acquired(fa)) = store.claim(claim(&a, 1_000)).await else {
+            panic!("a fresh key")
+        };
+        let Ok(Claimed::Acquired(fb)) = store.claim(claim(&b, 1_000)).await else {
+            panic!("a fresh key")
+        };
+        assert_eq!(store.owned().len(), 2);
+        store.release(&a, fa).await.unwrap();
+        store.mark_unknown(&b, fb, 1_000).await.unwrap();
+        assert!(store.owned().is_empty());
+        assert!(store.is_empty());
     }
 
     #[tokio::test]
