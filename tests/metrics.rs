@@ -50,9 +50,17 @@ impl Svc {
 /// The counters by (name, sorted labels), and the histograms' sample counts.
 type Seen = BTreeMap<(String, Vec<(String, String)>), u64>;
 
-fn read(recorder: &DebuggingRecorder) -> Seen {
+/// Everything the recorder holds, read once (a snapshot takes the values).
+type Snapshot = Vec<(
+    metrics_util::CompositeKey,
+    Option<metrics::Unit>,
+    Option<metrics::SharedString>,
+    DebugValue,
+)>;
+
+fn read(snapshot: Snapshot) -> Seen {
     let mut seen = Seen::new();
-    for (key, _, _, value) in recorder.snapshotter().snapshot().into_vec() {
+    for (key, _, _, value) in snapshot {
         let (kind, key) = (key.kind(), key.key().clone());
         let mut labels: Vec<(String, String)> = key
             .labels()
@@ -69,6 +77,20 @@ fn read(recorder: &DebuggingRecorder) -> Seen {
         *seen.entry((key.name().to_owned(), labels)).or_default() += n;
     }
     seen
+}
+
+/// The smallest sample of the histograms named `name`.
+fn smallest_sample(snapshot: &Snapshot, name: &str) -> Option<f64> {
+    snapshot
+        .iter()
+        .filter(|(key, ..)| key.key().name() == name)
+        .filter_map(|(.., value)| match value {
+            DebugValue::Histogram(samples) => {
+                samples.iter().map(|s| s.into_inner()).reduce(f64::min)
+            }
+            _ => None,
+        })
+        .reduce(f64::min)
 }
 
 fn get(seen: &Seen, name: &str, labels: &[(&str, &str)]) -> u64 {
@@ -154,7 +176,12 @@ fn every_metric_reaches_the_recorder() {
         })
     });
 
-    let seen = read(&recorder);
+    // Durations to the nanosecond, by the monotonic clock: a replay takes well under a millisecond,
+    // and is not recorded as 0.
+    let snapshot = recorder.snapshotter().snapshot().into_vec();
+    let fastest = smallest_sample(&snapshot, "samekey_call_seconds").expect("durations");
+    assert!(fastest > 0.0 && fastest < 0.001, "{fastest}");
+    let seen = read(snapshot);
     let charge = [("scope", "shop.charge")];
     let ship = [("scope", "shop.ship")];
     assert_eq!(get(&seen, "samekey_calls_total", &charge), 7 + 1 + 4);

@@ -43,7 +43,7 @@ use crate::dependency::Dependency;
 use crate::error::{Error, StoreError};
 use crate::journal::{AttemptOutcome, Event, LookupOutcome, What};
 use crate::key::{Fingerprint, Key, KeyBuilder, KeyProblem};
-use crate::metrics::RetryClass;
+use crate::metrics::{RetryClass, Stopwatch};
 use crate::observe::{Answer, CallReport, Slot};
 use crate::operation::{self, OperationCell};
 use crate::receipt::{Fence, Receipt, ReceiptState};
@@ -335,6 +335,8 @@ struct Call<T, E> {
     refused: bool,
     /// The runtime's time when the call began, used by its first claim.
     began_ms: u64,
+    /// When the call began, for its duration in the metrics.
+    took: Stopwatch,
     rng: u64,
     /// The type of `Self` of the annotated method (`""` for a function): with a default scope, it tells
     /// the operations of one item apart.
@@ -403,6 +405,7 @@ where
         (Some(rt), _) | (None, Some(rt)) => rt,
         (None, None) => crate::runtime::default_runtime(),
     };
+    let took = Stopwatch::start();
     let now = rt.now_ms();
     if let Some(window) = spec.window {
         key.window(u64::try_from(window.as_millis()).unwrap_or(u64::MAX), now);
@@ -418,7 +421,7 @@ where
     let key = key.finish();
     let fingerprint = verify.map(KeyBuilder::fingerprint);
     if problem.is_none() {
-        if let Some(out) = replay_in_process(rt, spec, self_type, &key, fingerprint, now) {
+        if let Some(out) = replay_in_process(rt, spec, self_type, &key, fingerprint, now, &took) {
             return Run(RunState::Answered(Some(out)));
         }
     }
@@ -448,6 +451,7 @@ where
         waited: Duration::ZERO,
         refused: false,
         began_ms: now,
+        took,
         rng,
         self_type,
         codec: Codec::new(errors),
@@ -483,6 +487,7 @@ fn replay_in_process<T: CallOutput, E>(
     key: &Key,
     fingerprint: Option<Fingerprint>,
     now: u64,
+    took: &Stopwatch,
 ) -> Option<Result<T, E>> {
     let memory = rt.memory()?;
     if tracing::enabled!(target: "samekey", tracing::Level::DEBUG)
@@ -506,13 +511,8 @@ fn replay_in_process<T: CallOutput, E>(
     rt.count(Counter::Replays);
     spec.metrics
         .count(Counter::Replays, spec.scope, spec.budget_name());
-    spec.metrics.call(
-        spec.scope,
-        spec.budget_name(),
-        true,
-        || rt.now_ms().saturating_sub(now),
-        0,
-    );
+    spec.metrics
+        .call(spec.scope, spec.budget_name(), true, took, 0);
     Some(Ok(value))
 }
 
@@ -691,12 +691,11 @@ impl<T, E> Call<T, E> {
     fn done(&mut self, out: Result<T, E>) -> Step<T, E> {
         self.fence = None;
         let spec = self.spec;
-        let (rt, began_ms) = (&self.rt, self.began_ms);
         spec.metrics.call(
             spec.scope,
             spec.budget_name(),
             out.is_ok(),
-            || rt.now_ms().saturating_sub(began_ms),
+            &self.took,
             self.attempts,
         );
         if let Some(observer) = self.observer.take() {

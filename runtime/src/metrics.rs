@@ -26,7 +26,7 @@
 //! | `samekey_budget_spent_total` | counter | `scope`, `budget` | retries (`budget`: the dependency's name, or `runtime`) and lookups (`lookups`) a [budget](crate::budget) refused |
 //! | `samekey_store_errors_total` | counter | `backend` | store failures on the call path (`memory`, `sqlite`, `postgres`, `redis`, `cached`, `custom`) |
 //! | `samekey_compensation_total` | counter | `outcome` | compensation entries worked, by outcome: `succeeded`, `failed`, `released`, `reversed`, `settled_elsewhere`, `rescheduled`, `escalated`, `lost`, `deferred` |
-//! | `samekey_call_seconds` | histogram | `scope`, `outcome` | a call's duration, begin to answer (`outcome`: `ok`, `error`) |
+//! | `samekey_call_seconds` | histogram | `scope`, `outcome` | a call's duration, begin to answer, by the monotonic clock (`outcome`: `ok`, `error`) |
 //! | `samekey_call_attempts` | histogram | `scope` | attempts per call that ran its body |
 
 #[cfg(feature = "metrics")]
@@ -203,33 +203,47 @@ impl MetricsCell {
         let _ = (scope, budget, lookups);
     }
 
-    /// A call answered after `ms()` milliseconds (read only with the feature: a clock read saved on
-    /// every call without it), with `attempts` attempts of its body.
+    /// A call begun when `took` started answered, with `attempts` attempts of its body.
     #[inline]
     pub(crate) fn call(
         &self,
         scope: &'static str,
         budget: &'static str,
         ok: bool,
-        ms: impl FnOnce() -> u64,
+        took: &Stopwatch,
         attempts: u32,
     ) {
         #[cfg(feature = "metrics")]
         {
-            let ms = ms();
             let handles = self.handles(scope, budget);
             let seconds = if ok {
                 &handles.seconds_ok
             } else {
                 &handles.seconds_error
             };
-            seconds.record(ms as f64 / 1_000.0);
+            seconds.record(took.0.elapsed().as_secs_f64());
             if attempts > 0 {
                 handles.attempts.record(f64::from(attempts));
             }
         }
         #[cfg(not(feature = "metrics"))]
-        let _ = (scope, budget, ok, ms, attempts);
+        let _ = (scope, budget, ok, took, attempts);
+    }
+}
+
+/// When a call began, by the monotonic clock, for its duration in `samekey_call_seconds` (to the
+/// nanosecond: a replay takes well under a millisecond). Without the feature it reads nothing and
+/// holds nothing.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Stopwatch(#[cfg(feature = "metrics")] std::time::Instant);
+
+impl Stopwatch {
+    #[inline]
+    pub(crate) fn start() -> Stopwatch {
+        Stopwatch(
+            #[cfg(feature = "metrics")]
+            std::time::Instant::now(),
+        )
     }
 }
 
