@@ -263,7 +263,12 @@ impl Limiter {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, update)
             .ok()
             .and_then(update)?;
-        self.wake_one();
+        if changed == OPEN {
+            // Unlimited again: every waiting call may go.
+            self.places.notify_waiters();
+        } else {
+            self.wake_one();
+        }
         Some((changed != OPEN).then_some(changed))
     }
 }
