@@ -72,6 +72,11 @@ impl Lanes {
         lane.queue.pop_front()
     }
 
+    /// When the receipt that finished first finished (or an entry it outlived: a hint).
+    pub(super) fn oldest(&self) -> Option<u64> {
+        self.lanes.iter().filter_map(Lane::front_finished).min()
+    }
+
     /// Takes the receipt that finished first.
     pub(super) fn pop_oldest(&mut self) -> Option<Finished> {
         self.lanes

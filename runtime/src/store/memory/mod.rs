@@ -3,7 +3,7 @@
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -106,21 +106,27 @@ impl Shard {
 /// # Capacity
 ///
 /// [`MemoryStore::with_capacity`] bounds the records the store holds, whatever the `ttl`s (the
-/// default store, [`MemoryStore::new`], is bounded by them alone). When a new key finds its shard
-/// full, the store makes room by evicting **finished** receipts (`SUCCESS`, `FAILED`), the one that
-/// finished first going first, expired or not: a duplicate that comes after its receipt was evicted
-/// runs again, as after its `ttl`. Calls in flight (`PROCESSING`) and `UNKNOWN` receipts are never
-/// evicted: a shard full of them refuses new claims with [`StoreError::Full`], and the call fails
-/// closed (nothing runs) instead of losing a claim. Size it above the calls in flight at peak plus the
-/// duplicates' window: at 1 000 calls a second, 10⁶ records keep every receipt about 17 minutes.
+/// default store, [`MemoryStore::new`], is bounded by them alone). When a new key finds the store
+/// full, it makes room by evicting a **finished** receipt (`SUCCESS`, `FAILED`), expired or not: the
+/// one that finished first in the new key's shard, or, when that shard holds none, the one that
+/// finished first in the whole store. (Keys spread evenly over the 64 shards, so the first is about the
+/// oldest of the store, and costs no look beyond the shard the claim locks anyway.) A duplicate that
+/// comes after its receipt was evicted runs again, as after its `ttl`. Calls in flight
+/// (`PROCESSING`) and `UNKNOWN` receipts are never evicted: a store full of them refuses new claims
+/// with [`StoreError::Full`], and the call fails closed (nothing runs) instead of losing a claim.
+/// Size it above the calls in flight at peak plus the duplicates' window: at 1 000 calls a second,
+/// 10⁶ records keep every receipt about 17 minutes.
 ///
 /// Listing receipts ([`Store::list_receipts`]) scans the records once per page (no index is kept up
 /// on the claim path): a page costs about 40 ms at 10⁶ records (`BENCHMARKS.md`). The durable stores
 /// index receipts by creation time.
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
-    /// The records a shard holds at most (`usize::MAX`: unbounded).
-    shard_capacity: usize,
+    /// The records the store holds at most (`usize::MAX`: unbounded).
+    capacity: usize,
+    /// The records it holds, while bounded: a claim takes a place before it inserts, an eviction
+    /// gives one back.
+    held: AtomicUsize,
     calls: Box<[Mutex<CallIndex>]>,
     fences: AtomicU64,
     queue: Mutex<HashMap<CallId, CompensationEntry>>,
@@ -153,16 +159,16 @@ impl MemoryStore {
         MemoryStore::bounded(usize::MAX)
     }
 
-    /// An empty store that holds about `records` records at most (see [Capacity](#capacity)); rounded
-    /// up to a multiple of its 64 shards, each holding an equal share.
+    /// An empty store that holds `records` records at most (at least 1; see [Capacity](#capacity)).
     pub fn with_capacity(records: usize) -> MemoryStore {
-        MemoryStore::bounded(records.div_ceil(SHARDS).max(1))
+        MemoryStore::bounded(records.clamp(1, usize::MAX - 1))
     }
 
-    fn bounded(shard_capacity: usize) -> MemoryStore {
+    fn bounded(capacity: usize) -> MemoryStore {
         MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            shard_capacity,
+            capacity,
+            held: AtomicUsize::new(0),
             calls: (0..SHARDS).map(|_| Mutex::default()).collect(),
             fences: AtomicU64::new(1),
             queue: Mutex::default(),
@@ -177,7 +183,11 @@ impl MemoryStore {
 
     /// The records the store holds at most (`None`: bounded by their `ttl`s alone).
     pub fn capacity(&self) -> Option<usize> {
-        (self.shard_capacity != usize::MAX).then(|| self.shard_capacity * SHARDS)
+        (self.capacity != usize::MAX).then_some(self.capacity)
+    }
+
+    fn bounded_store(&self) -> bool {
+        self.capacity != usize::MAX
     }
 
     /// Whether the store holds no record.
@@ -201,11 +211,21 @@ impl MemoryStore {
 
     /// Removes the record of `digest` (and its callId index entry), waking its waiters.
     fn remove(&self, shard: &mut Shard, digest: &Digest) {
-        if let Some(entry) = shard.records.remove(digest) {
+        if self.remove_keeping_place(shard, digest) && self.bounded_store() {
+            self.held.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// [`remove`](MemoryStore::remove), the record's place in a bounded store kept for the caller's
+    /// new record. Whether there was a record.
+    fn remove_keeping_place(&self, shard: &mut Shard, digest: &Digest) -> bool {
+        let removed = shard.records.remove(digest);
+        if let Some(entry) = &removed {
             entry.wake();
             self.calls_of(&entry.receipt.call_id)
                 .remove(&entry.receipt.call_id, digest);
         }
+        removed.is_some()
     }
 
     /// Evicts up to `limit` records of `shard` that expired before `now_ms`; returns how many.
@@ -223,16 +243,63 @@ impl MemoryStore {
         evicted
     }
 
-    /// Makes room in a full shard: evicts the finished record that finished first. `false` if every
-    /// record is in flight or `UNKNOWN`.
-    fn make_room(&self, shard: &mut Shard) -> bool {
+    /// Evicts `shard`'s finished record that finished first; `keep_place`: its place goes to the
+    /// caller's new record (the store's count does not move). `false` if it holds none (every record
+    /// in flight or `UNKNOWN`).
+    fn make_room(&self, shard: &mut Shard, keep_place: bool) -> bool {
         while let Some((at, digest)) = shard.finished.pop_oldest() {
             if shard.finished_at(&digest, at) {
-                self.remove(shard, &digest);
+                if keep_place {
+                    self.remove_keeping_place(shard, &digest);
+                } else {
+                    self.remove(shard, &digest);
+                }
                 return true;
             }
         }
         false
+    }
+
+    /// Takes a place for a new record of `shard`, making room there when the store is full. `false`
+    /// if the store is full and `shard` holds nothing it may evict. At steady state (full) a claim
+    /// takes the place of the receipt it evicts, and the shared count is only read.
+    fn take_place(&self, shard: &mut Shard) -> bool {
+        if !self.bounded_store() {
+            return true;
+        }
+        let mut held = self.held.load(Ordering::Acquire);
+        while held < self.capacity {
+            match self.held.compare_exchange_weak(
+                held,
+                held + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(now) => held = now,
+            }
+        }
+        self.make_room(shard, true)
+    }
+
+    /// Evicts the finished record that finished first in the whole store, one shard locked at a time
+    /// (the caller holds none). `false` if the store holds none.
+    fn make_room_anywhere(&self) -> bool {
+        loop {
+            let oldest = self
+                .shards
+                .iter()
+                .enumerate()
+                .filter_map(|(i, shard)| lock(shard).finished.oldest().map(|at| (at, i)))
+                .min();
+            let Some((_, i)) = oldest else {
+                return false;
+            };
+            if self.make_room(&mut lock(&self.shards[i]), false) {
+                return true;
+            }
+            // That shard's oldest went meanwhile: look again.
+        }
     }
 
     fn owned<'a>(
@@ -281,19 +348,30 @@ impl MemoryStore {
     /// [`Store::claim`], without the future: the runtime calls it directly on its default store.
     pub(crate) fn claim_now(&self, claim: Claim) -> Result<Claimed, StoreError> {
         let digest = *claim.key.digest();
-        let mut shard = self.shard(&digest);
-        self.evict(&mut shard, claim.now_ms, EVICT_PER_CLAIM);
-        if let Some(entry) = shard.records.get(&digest) {
-            if !entry.receipt.expired(claim.now_ms) {
-                return Ok(Claimed::Existing(entry.receipt.clone()));
+        let mut looked_elsewhere = 0;
+        let mut shard = loop {
+            let mut shard = self.shard(&digest);
+            self.evict(&mut shard, claim.now_ms, EVICT_PER_CLAIM);
+            if let Some(entry) = shard.records.get(&digest) {
+                if !entry.receipt.expired(claim.now_ms) {
+                    return Ok(Claimed::Existing(entry.receipt.clone()));
+                }
+                self.remove(&mut shard, &digest);
             }
-            self.remove(&mut shard, &digest);
-        }
-        if shard.records.len() >= self.shard_capacity && !self.make_room(&mut shard) {
-            return Err(StoreError::Full {
-                capacity: self.shard_capacity.saturating_mul(SHARDS) as u64,
-            });
-        }
+            if self.take_place(&mut shard) {
+                break shard;
+            }
+            // Full, and nothing this shard may evict: evict elsewhere (this shard's lock given back
+            // first: one shard locked at a time), then look at the key again. A few rounds lost to
+            // other claims taking the room first end as full.
+            drop(shard);
+            looked_elsewhere += 1;
+            if looked_elsewhere > 3 || !self.make_room_anywhere() {
+                return Err(StoreError::Full {
+                    capacity: self.capacity as u64,
+                });
+            }
+        };
         let fence = self.next_fence();
         self.calls_of(&claim.call_id).insert(&claim.call_id, digest);
         shard.records.insert_new(Box::new(Entry {
@@ -938,22 +1016,25 @@ mod tests {
         store.complete_now(key, fence, completion, now_ms).unwrap();
     }
 
-    /// A full shard evicts its finished receipts, the first finished first, expired or not; it never
-    /// evicts a call in flight or an `UNKNOWN`, and refuses a claim instead.
-    #[tokio::test]
-    async fn a_full_store_evicts_finished_receipts_oldest_first_and_never_a_call_in_flight() {
-        let store = MemoryStore::with_capacity(3 * SHARDS);
-        assert_eq!(store.capacity(), Some(3 * SHARDS));
-        let keys = same_shard("cap", 7);
-        let fence = |c: Result<Claimed, StoreError>| match c {
+    fn acquired(c: Result<Claimed, StoreError>) -> Fence {
+        match c {
             Ok(Claimed::Acquired(fence)) => fence,
             other => panic!("a fresh key: {other:?}"),
-        };
-        // Three finished receipts, a day's ttl, finished at t = 10, 20, 30 (the second with the
-        // shorter ttl: the order is by when they finished).
+        }
+    }
+
+    /// A full store evicts a finished receipt of the new key's shard, the first finished first,
+    /// expired or not; it never evicts a call in flight or an `UNKNOWN`, and refuses a claim instead.
+    #[tokio::test]
+    async fn a_full_store_evicts_finished_receipts_oldest_first_and_never_a_call_in_flight() {
+        let store = MemoryStore::with_capacity(3);
+        assert_eq!(store.capacity(), Some(3));
+        let keys = same_shard("cap", 7);
+        // Three finished receipts, finished at t = 10, 20, 30 (the second with the shorter ttl: the
+        // order is by when they finished).
         for (i, key) in keys[..3].iter().enumerate() {
             let t = 10 * (i as u64 + 1);
-            let f = fence(claim(&store, key, t));
+            let f = acquired(claim(&store, key, t));
             finish(
                 &store,
                 key,
@@ -963,22 +1044,21 @@ mod tests {
             );
         }
         // The fourth key makes room by evicting the first to finish.
-        let f3 = fence(claim(&store, &keys[3], 40));
+        let f3 = acquired(claim(&store, &keys[3], 40));
         assert_eq!(store.get(&keys[0], 40).await.unwrap(), None, "evicted");
         assert!(store.get(&keys[1], 40).await.unwrap().is_some());
+        assert_eq!(store.len(), 3);
         // A claim in flight and an UNKNOWN are never evicted.
-        let f4 = fence(claim(&store, &keys[4], 50));
+        let f4 = acquired(claim(&store, &keys[4], 50));
         store.mark_unknown(&keys[4], f4, 50).await.unwrap();
         assert_eq!(store.get(&keys[1], 50).await.unwrap(), None, "evicted next");
-        fence(claim(&store, &keys[5], 60));
+        acquired(claim(&store, &keys[5], 60));
         assert_eq!(store.get(&keys[2], 60).await.unwrap(), None);
-        // Now the shard holds only calls in flight and an UNKNOWN: the claim is refused, and
+        // Now the store holds only calls in flight and an UNKNOWN: the claim is refused, and
         // nothing held is lost.
         assert_eq!(
             claim(&store, &keys[6], 70),
-            Err(StoreError::Full {
-                capacity: 3 * SHARDS as u64
-            })
+            Err(StoreError::Full { capacity: 3 })
         );
         for key in &keys[3..6] {
             assert!(store.get(key, 70).await.unwrap().is_some());
@@ -990,8 +1070,45 @@ mod tests {
         ));
         // Once one finishes, the next claim has room.
         finish(&store, &keys[3], f3, 80, 86_400_000);
-        fence(claim(&store, &keys[6], 90));
+        acquired(claim(&store, &keys[6], 90));
         assert_eq!(store.get(&keys[3], 90).await.unwrap(), None);
+        assert_eq!(store.len(), 3);
+    }
+
+    /// The bound is the store's, not a shard's: a store of 100 takes 100 calls in flight wherever
+    /// their keys fall, refuses the 101st, and a new key whose shard holds nothing finished evicts
+    /// the store's oldest finished receipt.
+    #[tokio::test]
+    async fn the_bound_is_the_whole_stores() {
+        let store = MemoryStore::with_capacity(100);
+        let fences: Vec<Fence> = (0..100u64)
+            .map(|i| acquired(claim(&store, &Key::build("whole", &i), 10 + i)))
+            .collect();
+        assert_eq!(
+            claim(&store, &Key::build("whole", &100u64), 200),
+            Err(StoreError::Full { capacity: 100 })
+        );
+        // Two finish, the first at 300; a key of a shard holding neither takes the older's place.
+        let (first, second) = (Key::build("whole", &0u64), Key::build("whole", &1u64));
+        finish(&store, &first, fences[0], 300, 86_400_000);
+        finish(&store, &second, fences[1], 310, 86_400_000);
+        let shard = |k: &Key| k.digest()[31] as usize % SHARDS;
+        let (a, b) = (shard(&first), shard(&second));
+        let newcomer = (1_000u64..)
+            .map(|i| Key::build("whole", &i))
+            .find(|k| {
+                let s = shard(k);
+                s != a && s != b && lock(&store.shards[s]).records.len() == 0
+            })
+            .unwrap();
+        acquired(claim(&store, &newcomer, 400));
+        assert_eq!(
+            store.get(&first, 400).await.unwrap(),
+            None,
+            "the oldest went"
+        );
+        assert!(store.get(&second, 400).await.unwrap().is_some());
+        assert_eq!(store.len(), 100);
     }
 
     /// At steady state a bounded store holds its capacity, whatever the ttl.
@@ -1005,8 +1122,7 @@ mod tests {
             };
             finish(&store, &key, fence, i, 86_400_000);
         }
-        assert!(store.len() <= store.capacity().unwrap(), "{}", store.len());
-        assert!(store.len() > 900, "{}", store.len());
+        assert_eq!(store.len(), 1_000);
         let lanes: usize = store.shards.iter().map(|s| lock(s).finished.len()).sum();
         assert_eq!(lanes, store.len(), "every evicted receipt left its lane");
     }
