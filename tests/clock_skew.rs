@@ -133,8 +133,55 @@ async fn slow_node_takes_over_an_ended_lease(store: Arc<dyn Store>) {
     assert_eq!(b.charge(&order).await, Ok(1), "taken over and run");
 }
 
+/// `store` behind an in-process `LocalCache` (its concrete store: the cache wraps one by value).
+fn behind_local_cache(store: &Arc<dyn Store>) -> Arc<dyn Store> {
+    let any: Arc<dyn std::any::Any + Send + Sync> = store.clone();
+    #[cfg(feature = "postgres")]
+    let any = match any.downcast::<samekey::store::PgStore>() {
+        Ok(pg) => return Arc::new(samekey::store::LocalCache::new((*pg).clone(), 100)),
+        Err(other) => other,
+    };
+    #[cfg(feature = "redis")]
+    let any = match any.downcast::<samekey::store::RedisStore>() {
+        Ok(redis) => return Arc::new(samekey::store::LocalCache::new((*redis).clone(), 100)),
+        Err(other) => other,
+    };
+    let _ = any;
+    panic!("a PostgreSQL or Redis store")
+}
+
+/// A node 5 s behind keeps a receipt it read in process (`LocalCache`) only as long as the store's
+/// clock says the receipt lives: after its 3 s ttl a charge runs again there, though by the node's
+/// own clock the receipt expires 5 s later.
+async fn slow_node_s_local_cache_keeps_a_receipt_no_longer_than_the_store(store: Arc<dyn Store>) {
+    let runs = Arc::new(AtomicU32::new(0));
+    let gate = Arc::new(Notify::new());
+    let a = Node::on(store.clone(), Skew::None, runs.clone(), gate.clone());
+    let b = Node::on(
+        behind_local_cache(&store),
+        Skew::Behind(Duration::from_secs(5)),
+        runs,
+        gate,
+    );
+    let order = order();
+    assert_eq!(a.charge(&order).await, Ok(1));
+    assert_eq!(
+        b.charge(&order).await,
+        Ok(1),
+        "replayed, and kept in process"
+    );
+    assert_eq!(b.charge(&order).await, Ok(1));
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    assert_eq!(
+        b.charge(&order).await,
+        Ok(2),
+        "expired by the store's clock: run again"
+    );
+}
+
 support::on_stores!(postgres if "postgres", redis if "redis" => {
     fast_node_does_not_take_over_a_live_lease,
     fast_node_does_not_expire_a_record_early,
     slow_node_takes_over_an_ended_lease,
+    slow_node_s_local_cache_keeps_a_receipt_no_longer_than_the_store,
 });

@@ -24,6 +24,7 @@
 //!   and answers the final outcome recorded there, or the outcome it knows itself; it queues nothing
 //!   for a call that another owner now holds. Ownership is confirmed before every retry is sent.
 
+use std::borrow::Cow;
 use std::fmt::Display;
 use std::future::{poll_fn, Future};
 use std::pin::pin;
@@ -396,14 +397,9 @@ where
     R::Err: CallError,
 {
     // Borrowed until the call needs its own (a replay answered in process never does).
-    let ambient = match rt {
-        Some(_) => None,
-        None => Some(crate::runtime::ambient_runtime()),
-    };
-    let given = rt;
-    let rt = match (given, &ambient) {
-        (Some(rt), _) | (None, Some(rt)) => rt,
-        (None, None) => crate::runtime::default_runtime(),
+    let rt: Cow<'_, Runtime> = match rt {
+        Some(rt) => Cow::Borrowed(rt),
+        None => Cow::Owned(crate::runtime::ambient_runtime()),
     };
     let took = Stopwatch::start();
     let now = rt.now_ms();
@@ -421,19 +417,15 @@ where
     let key = key.finish();
     let fingerprint = verify.map(KeyBuilder::fingerprint);
     if problem.is_none() {
-        if let Some(out) = replay_in_process(rt, spec, self_type, &key, fingerprint, now, &took) {
+        if let Some(out) = replay_in_process(&rt, spec, self_type, &key, fingerprint, now, &took) {
             return Run(RunState::Answered(Some(out)));
         }
     }
     let (call_id, trace_id) = context::identify(spec.prefix, rt.node_label(), now);
     let rng = rt.jitter_seed(&call_id);
     let dependency = rt.dependency(spec.budget);
-    let rt = match given {
-        Some(rt) => rt.clone(),
-        None => ambient.unwrap_or_else(crate::runtime::ambient_runtime),
-    };
     Run(RunState::Call(Call {
-        rt,
+        rt: rt.into_owned(),
         spec,
         key,
         call_id,

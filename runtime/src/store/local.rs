@@ -511,6 +511,41 @@ mod tests {
         ));
     }
 
+    /// An owner that stalled past its lease and was taken over writes with its old fence: the store
+    /// refuses it, the cache keeps nothing of it, and the key answers the new owner's outcome.
+    #[tokio::test]
+    async fn a_stale_owner_s_completion_is_fenced_out_and_not_kept() {
+        let store = LocalCache::new(MemoryStore::new(), 100);
+        let key = Key::build("local", &7u64);
+        let Ok(Claimed::Acquired(stale)) = store.claim(claim(&key, 1_000)).await else {
+            panic!("a fresh key")
+        };
+        // The lease (10 s) ends; another node takes the key over, through the store itself.
+        let Ok(Claimed::Acquired(current)) =
+            store.inner().take_over(&key, stale, 10_000, 20_000).await
+        else {
+            panic!("an ended lease is taken over")
+        };
+        let outcome = |bytes: &'static [u8]| Completion {
+            state: ReceiptState::Success,
+            outcome: Some(bytes.into()),
+            ttl_ms: 60_000,
+        };
+        store
+            .inner()
+            .complete(&key, current, outcome(b"new"), 21_000)
+            .await
+            .unwrap();
+        // The stalled owner comes back.
+        let late = store.complete(&key, stale, outcome(b"old"), 22_000).await;
+        assert!(matches!(late, Err(StoreError::Fenced { .. })), "{late:?}");
+        assert!(store.is_empty(), "nothing kept of the refused write");
+        let Ok(Claimed::Existing(answer)) = store.claim(claim(&key, 23_000)).await else {
+            panic!("a finished key")
+        };
+        assert_eq!(answer.outcome.as_deref(), Some(b"new".as_slice()));
+    }
+
     /// A receipt another process finished is kept from the first read that finds it.
     #[tokio::test]
     async fn a_receipt_finished_elsewhere_is_kept_from_its_first_read() {
