@@ -171,7 +171,8 @@ fn reconcile(c: &mut Criterion) {
                     .await
                     .expect("complete");
                 remote.push(RemoteRecord {
-                    call_id,
+                    call_id: Some(call_id),
+                    reference: None,
                     outcome: RemoteOutcome::Succeeded,
                     amount: Some(500),
                 });

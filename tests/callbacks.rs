@@ -207,9 +207,51 @@ async fn callback_before_the_reply(store: Arc<dyn Store>) {
     assert_eq!(shop.remote.executions(&order), 1);
 }
 
+/// A "paid" callback for a charge this side recorded as declined is refused, journaled, and ships
+/// nothing: the receipt stays FAILED, in this process and after a restart.
+async fn a_late_success_for_a_declined_call_is_refused(store: Arc<dyn Store>) {
+    let shipped = Arc::new(AtomicU32::new(0));
+    let shop = Shop::on(store.clone(), shipped.clone());
+    let order = order("declined");
+    shop.remote.script([Fault::Declined]);
+    let (out, report) = samekey::observed(shop.charge(&order, 500)).await;
+    assert!(matches!(out, Err(TestError::Declined)), "{out:?}");
+    let call_id = report.expect("reported").call_id().clone();
+
+    let restarted = Shop::on(store, shipped.clone());
+    for shop in [&shop, &restarted] {
+        match shop.on_paid(&call_id, &order, 500).await {
+            Err(Error::TransitionRefused { from, to, .. }) => {
+                assert_eq!((from, to), (ReceiptState::Failed, ReceiptState::Success));
+            }
+            other => panic!("{other:?}"),
+        }
+        let receipt = shop.rt.receipt(&call_id).await.unwrap().unwrap();
+        assert_eq!(receipt.state, ReceiptState::Failed);
+    }
+    assert_eq!(shipped.load(Ordering::SeqCst), 0, "nothing shipped");
+    let refused = restarted
+        .rt
+        .history(&call_id)
+        .await
+        .unwrap()
+        .events
+        .into_iter()
+        .filter(|e| {
+            e.what
+                == What::CallbackRefused {
+                    from: ReceiptState::Failed,
+                    to: ReceiptState::Success,
+                }
+        })
+        .count();
+    assert_eq!(refused, 2, "each refusal journaled");
+}
+
 support::on_stores!(memory, sqlite if "sqlite", postgres if "postgres", redis if "redis" => {
     callback_scenarios,
     callback_before_the_reply,
+    a_late_success_for_a_declined_call_is_refused,
 });
 
 /// A delivery that stalls while writing the outcome (its process paused, or its caller gone) past

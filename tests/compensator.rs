@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use samekey::{
-    idempotent, CallId, CompensationState, Compensator, Error, NotReceived, Operation, Resolution,
-    Runtime, TokioClock,
+    idempotent, CallId, CompensationState, Compensator, Error, NotReceived, Operation,
+    RemoteStatus, Resolution, Runtime, TokioClock,
 };
 use support::{Fault, Remote, TestError};
 
@@ -237,6 +237,126 @@ async fn two_workers_never_work_one_entry() {
     assert_eq!(pa.succeeded + pb.succeeded, 10);
     assert_eq!(svc.remote.lookups(), 10, "each call asked about once");
     assert!(svc.queued().await.is_empty());
+}
+
+/// A worker over `svc`'s operation whose lookup answers from `answers`, one per question (the last
+/// repeated), counting the questions.
+fn answering(
+    svc: &Svc,
+    answers: Vec<RemoteStatus<u64, TestError>>,
+    asked: Arc<AtomicU32>,
+) -> Compensator {
+    let answers = Arc::new(answers);
+    Compensator::new(&svc.rt)
+        .operation(
+            "orders.charge",
+            Operation::new(move |_call: CallId| {
+                let (answers, asked) = (answers.clone(), asked.clone());
+                async move {
+                    let n = asked.fetch_add(1, Ordering::SeqCst) as usize;
+                    Ok::<_, TestError>(answers[n.min(answers.len() - 1)].clone())
+                }
+            }),
+        )
+        .rounds([Duration::from_secs(1), Duration::from_secs(2)])
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_charge_the_remote_declined_is_recorded_failed_and_replayed() {
+    let svc = Svc::new();
+    let call_id = svc.unknown("o-declined", Fault::RequestLost).await;
+    let asked = Arc::new(AtomicU32::new(0));
+    let worker = answering(&svc, vec![RemoteStatus::Failed(TestError::Declined)], asked);
+    let pass = worker.run_once().await.unwrap();
+    assert_eq!((pass.taken, pass.failed), (1, 1), "{pass:?}");
+    let receipt = svc.rt.receipt(&call_id).await.unwrap().unwrap();
+    assert_eq!(receipt.state, samekey::ReceiptState::Failed);
+    assert!(svc.queued().await.is_empty());
+    // Recorded by its message (the worker holds the lookup's error, not the function's codec).
+    match svc.charge("o-declined", 500).await {
+        Err(TestError::Samekey(Error::Failed {
+            call_id: replayed,
+            message,
+        })) => {
+            assert_eq!((replayed, message.as_str()), (call_id, "declined"));
+        }
+        other => panic!("a duplicate replays the remote's failure: {other:?}"),
+    }
+    assert_eq!(svc.remote.executions("o-declined"), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_charge_still_processing_there_waits_for_the_next_round() {
+    let svc = Svc::new();
+    let call_id = svc.unknown("o-slow", Fault::ReplyLost).await;
+    let asked = Arc::new(AtomicU32::new(0));
+    let worker = answering(
+        &svc,
+        vec![RemoteStatus::Processing, RemoteStatus::Succeeded(500)],
+        asked.clone(),
+    );
+    let first = worker.run_once().await.unwrap();
+    assert_eq!((first.taken, first.rescheduled), (1, 1), "{first:?}");
+    let entry = &svc.queued().await[0];
+    assert_eq!((entry.state, entry.round), (CompensationState::Pending, 1));
+    assert_eq!(
+        svc.rt.receipt(&call_id).await.unwrap().unwrap().state,
+        samekey::ReceiptState::Unknown
+    );
+    assert_eq!(worker.run_once().await.unwrap().taken, 0, "not due yet");
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let second = worker.run_once().await.unwrap();
+    assert_eq!((second.taken, second.succeeded), (1, 1), "{second:?}");
+    assert_eq!(asked.load(Ordering::SeqCst), 2);
+    assert_eq!(svc.charge("o-slow", 500).await, Ok(500));
+    assert_eq!(svc.remote.executions("o-slow"), 1);
+}
+
+/// A worker whose lookup stalls past its lease on the entry: another worker takes the entry over and
+/// settles it, and the first, back, is fenced out — it records nothing and counts the entry lost.
+#[tokio::test(start_paused = true)]
+async fn a_worker_stalled_past_its_lease_is_fenced_out() {
+    let svc = Svc::new();
+    let call_id = svc.unknown("o-stall", Fault::ReplyLost).await;
+    let (asked, release) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let stalled = {
+        let (asked, release) = (asked.clone(), release.clone());
+        Compensator::new(&svc.rt)
+            .lease(Duration::from_secs(10))
+            .operation(
+                "orders.charge",
+                Operation::new(move |_call: CallId| {
+                    let (asked, release) = (asked.clone(), release.clone());
+                    async move {
+                        asked.notify_one();
+                        release.notified().await;
+                        // What the remote says by now is beside the point: the entry is not
+                        // this worker's any more.
+                        Ok::<_, TestError>(RemoteStatus::<u64, TestError>::NotReceived)
+                    }
+                }),
+            )
+    };
+    let first = tokio::spawn(async move { stalled.run_once().await });
+    asked.notified().await;
+    tokio::time::advance(Duration::from_secs(11)).await;
+    let second = svc.worker().run_once().await.unwrap();
+    assert_eq!((second.taken, second.succeeded), (1, 1), "{second:?}");
+    release.notify_one();
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(
+        (first.taken, first.lost, first.released),
+        (1, 1, 0),
+        "{first:?}"
+    );
+    let receipt = svc.rt.receipt(&call_id).await.unwrap().unwrap();
+    assert_eq!(receipt.state, samekey::ReceiptState::Success);
+    assert!(svc.queued().await.is_empty());
+    assert_eq!(svc.charge("o-stall", 500).await, Ok(500));
+    assert_eq!(svc.remote.executions("o-stall"), 1);
 }
 
 #[tokio::test(start_paused = true)]

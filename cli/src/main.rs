@@ -114,6 +114,7 @@ enum Command {
     /// Examples:
     ///   samekey reconcile --since 2026-11-30T00:00:00Z --until 2026-12-01T00:00:00Z --remote settlement.csv
     ///   samekey reconcile --since 24h --scope payments.charge --remote export.jsonl --amount /amount
+    ///   samekey reconcile --since 24h --remote bank.csv --by-reference orders.charge --part u64:{} --part str:charge
     #[command(verbatim_doc_comment)]
     Reconcile(reconcile::ReconcileArgs),
 

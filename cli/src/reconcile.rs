@@ -1,5 +1,5 @@
 //! `samekey reconcile`: this side's receipts over a range against the counterparty's records, by
-//! callId, through the runtime's own [`Reconciler`].
+//! callId or by business reference, through the runtime's own [`Reconciler`].
 
 use std::io::BufReader;
 use std::path::PathBuf;
@@ -10,6 +10,7 @@ use samekey_runtime::{Receipt, Runtime};
 use serde_json::{json, Value};
 
 use crate::args::RangeArgs;
+use crate::keys;
 use crate::output::{outcome, Format, Out, Progress, Tone};
 use crate::{Failure, Verdict};
 
@@ -23,10 +24,19 @@ enum FileFormat {
 pub struct ReconcileArgs {
     #[command(flatten)]
     range: RangeArgs,
-    /// The counterparty's records: CSV with a header (call_id, status, optionally amount) or JSON
-    /// lines ({"call_id": …, "status": "succeeded"|"failed", "amount": …}).
+    /// The counterparty's records: CSV with a header (call_id or reference, status, optionally
+    /// amount) or JSON lines ({"call_id": …, "status": "succeeded"|"failed", "amount": …}).
     #[arg(long)]
     remote: PathBuf,
+    /// Match the records' `reference` (an order id) instead of their callIds, for a counterparty
+    /// that never kept the callId: this side's key for a reference is the function's scope, SCOPE,
+    /// with the parts given by --part.
+    #[arg(long, value_name = "SCOPE")]
+    by_reference: Option<String>,
+    /// With --by-reference: a key part as TYPE:VALUE, in order, `{}` standing for the record's
+    /// reference (default: one part, str:{}). E.g. --part u64:{} --part str:charge.
+    #[arg(long, requires = "by_reference")]
+    part: Vec<String>,
     /// The file's format (default: by its extension, .csv or .jsonl/.ndjson/.json).
     #[arg(long, value_enum)]
     format: Option<FileFormat>,
@@ -75,6 +85,25 @@ pub async fn reconcile(
         }
         reconciler = reconciler.amount(move |r: &Receipt| outcome(r).pointer(&pointer)?.as_i64());
     }
+    if let Some(scope) = args.by_reference.clone() {
+        let parts = if args.part.is_empty() {
+            vec!["str:{}".to_owned()]
+        } else {
+            args.part.clone()
+        };
+        if !parts.iter().any(|p| p.contains("{}")) {
+            return Err(Failure::usage(
+                "--part: one part must hold the reference, as {} (e.g. --part str:{})",
+            ));
+        }
+        // Checked once up front (with the reference `0`): a wrong type or marker is a usage error,
+        // not one unreadable record per line.
+        keys::from_parts(&scope, &with_reference(&parts, "0")).map_err(Failure::usage)?;
+        reconciler = reconciler.by_reference(move |reference| {
+            keys::from_parts(&scope, &with_reference(&parts, reference)).ok()
+        });
+    }
+    let by_reference = args.by_reference.is_some();
     let mut progress = Progress::new("reconcile: records read");
     let mut read = 0u64;
     let mut counted = |record| {
@@ -94,12 +123,17 @@ pub async fn reconcile(
     }
     .map_err(Failure::store)?;
     drop(progress);
-    print(out, &report);
+    print(out, &report, by_reference);
     Ok(if report.is_clean() {
         Verdict::Done
     } else {
         Verdict::Found
     })
+}
+
+/// The key parts with `{}` standing for `reference`.
+fn with_reference(parts: &[String], reference: &str) -> Vec<String> {
+    parts.iter().map(|p| p.replace("{}", reference)).collect()
 }
 
 fn there(outcome: RemoteOutcome) -> &'static str {
@@ -111,9 +145,11 @@ fn there(outcome: RemoteOutcome) -> &'static str {
 
 fn discrepancy_json(d: &Discrepancy) -> Value {
     match d {
-        Discrepancy::MissingHere { call_id } => {
-            json!({ "kind": "missing_here", "call_id": call_id.to_string() })
-        }
+        Discrepancy::MissingHere { call_id, reference } => json!({
+            "kind": "missing_here",
+            "call_id": call_id.as_ref().map(ToString::to_string),
+            "reference": reference,
+        }),
         Discrepancy::MissingThere { call_id, state } => json!({
             "kind": "missing_there", "call_id": call_id.to_string(), "here": state.to_string(),
         }),
@@ -154,7 +190,7 @@ fn counts_json(r: &Report) -> Value {
     })
 }
 
-fn print(out: &mut Out, report: &Report) {
+fn print(out: &mut Out, report: &Report, by_reference: bool) {
     match out.format() {
         Format::Json => {
             let mut doc = counts_json(report);
@@ -178,7 +214,15 @@ fn print(out: &mut Out, report: &Report) {
                 ("amount mismatches", report.amount_mismatches, Tone::Bad),
                 ("unreadable records", report.unreadable, Tone::Bad),
                 ("outside the range", report.outside_query, Tone::Dim),
-                ("repeated callIds", report.repeated, Tone::Dim),
+                (
+                    if by_reference {
+                        "repeated references"
+                    } else {
+                        "repeated callIds"
+                    },
+                    report.repeated,
+                    Tone::Dim,
+                ),
             ];
             for (what, n, tone) in rows {
                 let tone = if n == 0 { Tone::Dim } else { tone };
@@ -203,8 +247,13 @@ fn print(out: &mut Out, report: &Report) {
 
 fn describe(d: &Discrepancy) -> String {
     match d {
-        Discrepancy::MissingHere { call_id } => {
-            format!("missing here     {call_id}: the counterparty has it, this side has no receipt")
+        Discrepancy::MissingHere { call_id, reference } => {
+            let call = match (call_id, reference) {
+                (Some(call_id), _) => call_id.to_string(),
+                (None, Some(reference)) => format!("reference {reference}"),
+                (None, None) => "a record".to_owned(),
+            };
+            format!("missing here     {call}: the counterparty has it, this side has no receipt")
         }
         Discrepancy::MissingThere { call_id, state } => {
             format!("missing there    {call_id}: {state} here, the counterparty never mentions it")

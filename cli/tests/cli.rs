@@ -313,6 +313,59 @@ async fn purge_counts_then_evicts_the_expired() {
 }
 
 #[tokio::test]
+async fn reconcile_matches_a_file_without_call_ids_by_reference() {
+    let (url, p, _store) = planted().await;
+    let bank = write(
+        "bank.csv",
+        "reference,status,amount\n42,paid,500\n43,paid,300\n99,paid,1\n",
+    );
+    let range = [
+        "reconcile",
+        "--since",
+        "2026-11-30T00:00:00Z",
+        "--until",
+        "2026-12-01T00:00:00Z",
+        "--amount",
+        "/amount",
+        "--by-reference",
+        "orders.charge",
+        "--part",
+        "u64:{}",
+        "--part",
+        "str:charge",
+        "--json",
+        "--remote",
+    ];
+    let (code, out, _) = run(at_now(&url).args(range).arg(&bank));
+    assert_eq!(code, 1, "{out}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["remote_records"], 3);
+    assert_eq!(report["matched"], 1, "order 42, paid 500: {report:#}");
+    assert_eq!(report["state_mismatches"], 1, "order 43 is UNKNOWN here");
+    assert_eq!(report["missing_here"], 1, "order 99");
+    let examples = report["examples"].as_array().unwrap();
+    assert!(examples
+        .iter()
+        .any(|e| e["kind"] == "missing_here" && e["reference"] == "99" && e["call_id"].is_null()));
+    assert!(examples
+        .iter()
+        .any(|e| e["kind"] == "state_mismatch" && e["call_id"] == p.unknown.to_string()));
+
+    let (code, _, err) = run(at_now(&url)
+        .args([
+            "reconcile",
+            "--since",
+            "24h",
+            "--by-reference",
+            "orders.charge",
+        ])
+        .args(["--part", "str:charge", "--remote"])
+        .arg(&bank));
+    assert_eq!(code, 2);
+    assert!(err.contains("one part must hold the reference"), "{err}");
+}
+
+#[tokio::test]
 async fn reconcile_exits_by_what_it_found() {
     let (url, p, _store) = planted().await;
     let range = [

@@ -216,6 +216,74 @@ pub async fn complete_is_fenced_and_reentrant(store: Arc<dyn Store>) {
     ));
 }
 
+/// What a callback delivery asks of a store ([`Runtime::apply_callback`](crate::Runtime::apply_callback)):
+/// of two deliveries racing for an `UNKNOWN` call, one takes it over and moves it forward; the owner
+/// that left it is fenced out; a finished receipt is never taken over again and never moved to
+/// another outcome (`SUCCESS` → `FAILED` and `FAILED` → `SUCCESS` are refused).
+pub async fn callback_transitions(store: Arc<dyn Store>) {
+    let time = Timeline::of(&*store, T0).await;
+    for (to, other) in [
+        (ReceiptState::Success, ReceiptState::Failed),
+        (ReceiptState::Failed, ReceiptState::Success),
+    ] {
+        let key = fresh_key("callback");
+        let owner = acquire(&*store, &key, &call(), time.now).await;
+        store
+            .mark_unknown(&key, owner, time.now)
+            .await
+            .expect("mark unknown");
+        let (a, b) = tokio::join!(
+            store.take_over(&key, owner, 30_000, time.now),
+            store.take_over(&key, owner, 30_000, time.now)
+        );
+        let taken: Vec<Fence> = [a.expect("take over"), b.expect("take over")]
+            .into_iter()
+            .filter_map(|c| match c {
+                Claimed::Acquired(fence) => Some(fence),
+                Claimed::Existing(_) => None,
+            })
+            .collect();
+        let [delivery] = taken[..] else {
+            panic!("exactly one of two deliveries takes an UNKNOWN call over, got {taken:?}");
+        };
+        let completion = |state| Completion {
+            state,
+            outcome: Some(Arc::from(&b"\"paid\""[..])),
+            ttl_ms: 60_000,
+        };
+        assert!(matches!(
+            store.complete(&key, owner, completion(to), time.now).await,
+            Err(StoreError::Fenced { .. })
+        ));
+        assert_eq!(
+            store
+                .complete(&key, delivery, completion(to), time.now)
+                .await,
+            Ok(Transition::Applied)
+        );
+        assert!(matches!(
+            store
+                .complete(&key, delivery, completion(other), time.now)
+                .await,
+            Err(StoreError::InvalidTransition { .. })
+        ));
+        match store
+            .take_over(&key, delivery, 30_000, time.now + 60_000)
+            .await
+            .expect("take over")
+        {
+            Claimed::Existing(r) => assert_eq!(r.state, to),
+            other => panic!("a finished receipt must not be taken over, got {other:?}"),
+        }
+        let record = store
+            .get(&key, time.now)
+            .await
+            .expect("get")
+            .expect("record");
+        assert_eq!((record.state, record.fence), (to, delivery));
+    }
+}
+
 /// `UNKNOWN` is kept without expiry and moves forward to an outcome.
 pub async fn unknown_moves_forward(store: Arc<dyn Store>) {
     let key = fresh_key("unknown");
@@ -1169,7 +1237,7 @@ macro_rules! store_conformance_tests {
     (@all $make:expr;) => {
         $crate::store_conformance_tests!(@tests $make;
             claim_is_exclusive claim_records_processing fences_grow complete_is_fenced_and_reentrant
-            unknown_moves_forward release_frees_the_key forget_frees_a_finished_key receipts_are_found_by_call_ids
+            callback_transitions unknown_moves_forward release_frees_the_key forget_frees_a_finished_key receipts_are_found_by_call_ids
             take_over_rules extend_lease_is_fenced
             ttl_expiry wait_settled_wakes compensation_queue take_over_is_exclusive_and_fences_out
             wait_settled_wakes_on_release orphans_are_listed receipts_are_listed
