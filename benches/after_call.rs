@@ -10,7 +10,8 @@
 //! * `compensation/<store>` — one entry: the worker takes it (in batches of 100), reads the receipt,
 //!   takes the key over, asks the lookup (answers at once), records `SUCCESS`, removes the entry.
 //! * `reconcile/<store>` — one counterparty record and one receipt of a day of 10⁴ (looked up by
-//!   callId, then walked in pages of 1 000).
+//!   callId, a thousand at once, then walked in pages of 1 000); `reconcile/<store>/by_reference`,
+//!   the same day matched by business reference (one read of the store per record).
 //! * `journal/<store>` — the journal of one call retried once: its two writes (before the backoff's
 //!   sleep, with the outcome), five events. The happy path writes none.
 
@@ -186,6 +187,29 @@ fn reconcile(c: &mut Criterion) {
                 tokio.block_on(async {
                     let report = Reconciler::new(&rt, query.clone())
                         .run(remote.iter().cloned().map(Ok))
+                        .await
+                        .expect("reconcile");
+                    assert!(report.is_clean(), "{report:?}");
+                })
+            })
+        });
+        // The same records as a counterparty without callIds sends them: by the reference this
+        // bench's keys are made of.
+        let by_reference: Vec<RemoteRecord> = remote
+            .iter()
+            .map(|r| RemoteRecord {
+                call_id: None,
+                reference: r.call_id.as_ref().map(ToString::to_string),
+                ..r.clone()
+            })
+            .collect();
+        group.bench_function(format!("{name}/by_reference"), |b| {
+            b.iter(|| {
+                tokio.block_on(async {
+                    let scope = scope.clone();
+                    let report = Reconciler::new(&rt, query.clone())
+                        .by_reference(move |reference| Some(Key::build(&scope, reference)))
+                        .run(by_reference.iter().cloned().map(Ok))
                         .await
                         .expect("reconcile");
                     assert!(report.is_clean(), "{report:?}");
