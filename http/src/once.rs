@@ -61,7 +61,8 @@ where
     A: FnMut() -> AFut,
     AFut: Future<Output = Result<T, E>>,
 {
-    let mut run = begin::<Result<T, E>>(runtime, spec, "", key, verify, codec);
+    // Generic here: replays decode the stored response each time (no kept copy).
+    let mut run = begin::<Result<T, E>>(runtime, spec, "", key, verify, codec, None);
     let mut work = Some(work);
     let mut step = run.start().await;
     loop {

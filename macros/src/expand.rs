@@ -440,6 +440,13 @@ fn generate(
         use ::samekey::__private::{ExactErrors as _, MessageErrors as _};
         (&&::samekey::__private::Probe::<<#ret_ty as ::samekey::__private::CallResult>::Err>::new()).codec()
     }};
+    // A `Clone` value is kept decoded by the in-process store for its replays; the choice, by method
+    // resolution on the concrete value type, as for the error codec.
+    let keeper = quote_spanned! {ret_span=> {
+        #[allow(unused_imports)]
+        use ::samekey::__private::{KeptValues as _, DecodedValues as _};
+        (&&::samekey::__private::ValueProbe::<<#ret_ty as ::samekey::__private::CallResult>::Ok>::new()).keeper()
+    }};
     let start = quote_spanned!(ret_span=> #run.start());
     // Each input is checked on its own (`input` names the one that cannot be encoded), at the
     // `inputs` argument.
@@ -524,7 +531,7 @@ fn generate(
             let #key_var = #key_value;
             let #verify_var: ::core::option::Option<::samekey::__private::KeyBuilder> = #verify_value;
             #(#mut_uses)*
-            let mut #run = #begin(#runtime, &#spec, #self_type, #key_var, #verify_var, #codec);
+            let mut #run = #begin(#runtime, &#spec, #self_type, #key_var, #verify_var, #codec, #keeper);
             #keep_inputs
             let mut #step = #start.await;
             loop {
@@ -682,6 +689,10 @@ mod tests {
         assert!(
             out.contains("(&& :: samekey :: __private :: Probe :: << Result < Charge , PayError > as :: samekey :: __private :: CallResult > :: Err > :: new ()) . codec ()"),
             "the error codec is picked on the concrete error type: {out}"
+        );
+        assert!(
+            out.contains("(&& :: samekey :: __private :: ValueProbe :: << Result < Charge , PayError > as :: samekey :: __private :: CallResult > :: Ok > :: new ()) . keeper ()"),
+            "the value keeper is picked on the concrete value type: {out}"
         );
         assert!(out.contains("scope_given : false"), "{out}");
         assert!(

@@ -37,7 +37,7 @@ use serde::Serialize;
 
 use crate::call_id::{CallId, TraceId};
 use crate::classify::{Classify, ErrorClass, RemoteStatus};
-use crate::codec::ErrorCodec;
+use crate::codec::{ErrorCodec, Keeper};
 use crate::compensation::CompensationEntry;
 use crate::context::{self, Context};
 use crate::dependency::Dependency;
@@ -390,6 +390,7 @@ pub fn begin<R>(
     mut key: KeyBuilder,
     verify: Option<KeyBuilder>,
     errors: ErrorCodec<R::Err>,
+    values: Option<Keeper<R::Ok>>,
 ) -> Run<R::Ok, R::Err>
 where
     R: CallResult,
@@ -417,7 +418,9 @@ where
     let key = key.finish();
     let fingerprint = verify.map(KeyBuilder::fingerprint);
     if problem.is_none() {
-        if let Some(out) = replay_in_process(&rt, spec, self_type, &key, fingerprint, now, &took) {
+        let replayed =
+            replay_in_process(&rt, spec, self_type, &key, fingerprint, now, &took, values);
+        if let Some(out) = replayed {
             return Run(RunState::Answered(Some(out)));
         }
     }
@@ -472,6 +475,10 @@ where
 /// the whole way: no such receipt, a stored failure, a `verify` mismatch, a result that does not
 /// decode, an [`observed`](crate::observed) call, a rate-limited dependency, an inbound callId
 /// waiting to be adopted, a scope clash, and debug tracing on (the whole way logs the replay).
+///
+/// With a `keeper` (a `Clone` value type), the first such replay keeps the decoded value beside the
+/// receipt and later ones clone it instead of decoding the JSON again.
+#[allow(clippy::too_many_arguments)]
 fn replay_in_process<T: CallOutput, E>(
     rt: &Runtime,
     spec: &'static Spec,
@@ -480,6 +487,7 @@ fn replay_in_process<T: CallOutput, E>(
     fingerprint: Option<Fingerprint>,
     now: u64,
     took: &Stopwatch,
+    keeper: Option<Keeper<T>>,
 ) -> Option<Result<T, E>> {
     let memory = rt.memory()?;
     if tracing::enabled!(target: "samekey", tracing::Level::DEBUG)
@@ -495,11 +503,23 @@ fn replay_in_process<T: CallOutput, E>(
     }
     // Decoded under the shard's lock: the stored bytes are not shared out (no reference count to
     // move on a hot key).
-    let value: T =
-        memory.read_success(key, now, |stored, outcome| match (fingerprint, stored) {
-            (Some(ours), Some(theirs)) if ours != theirs => None,
-            _ => serde_json::from_slice(outcome).ok(),
-        })?;
+    let value: T = memory.read_success(key, now, |stored, outcome, kept| {
+        if matches!((fingerprint, stored), (Some(ours), Some(theirs)) if ours != theirs) {
+            return None;
+        }
+        let Some(keeper) = keeper else {
+            return serde_json::from_slice(outcome).ok();
+        };
+        // Kept by this function's type (another type under the key reads the JSON).
+        if let Some(value) = kept.as_deref().and_then(keeper.take) {
+            return Some(value);
+        }
+        let value: T = serde_json::from_slice(outcome).ok()?;
+        if kept.is_none() {
+            *kept = Some((keeper.keep)(&value));
+        }
+        Some(value)
+    })?;
     rt.count(Counter::Replays);
     spec.metrics
         .count(Counter::Replays, spec.scope, spec.budget_name());

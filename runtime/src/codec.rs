@@ -8,8 +8,10 @@
 //! already handles. The choice is made per function, at compile time, by the code `#[idempotent]`
 //! generates ([`Probe`]).
 
+use std::any::Any;
 use std::fmt::Display;
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -58,6 +60,55 @@ impl<E> ErrorCodec<E> {
             Some((end, _)) => format!("{}…", &text[..end]),
             None => text,
         }
+    }
+}
+
+/// How the in-process store keeps a function's replayed value decoded, for a value type `T` that is
+/// `Clone` (picked by [`ValueProbe`]): the first replay decodes the stored JSON and keeps a copy
+/// beside the receipt; later replays clone it. The stored bytes stay what every store holds.
+pub struct Keeper<T> {
+    pub(crate) keep: fn(&T) -> Arc<dyn Any + Send + Sync>,
+    pub(crate) take: fn(&(dyn Any + Send + Sync)) -> Option<T>,
+}
+
+/// Picks a function's [`Keeper`] by what its value type `T` implements:
+/// `(&&ValueProbe::<T>::new()).keeper()` is `Some` when `T` is `Clone + Send + Sync + 'static`, else
+/// `None` (replays decode the stored JSON each time). In generic code, where the bounds are not
+/// known, it is `None`.
+pub struct ValueProbe<T>(PhantomData<fn() -> T>);
+
+impl<T> ValueProbe<T> {
+    /// A probe for the value type `T`.
+    #[allow(clippy::new_without_default)]
+    pub const fn new() -> ValueProbe<T> {
+        ValueProbe(PhantomData)
+    }
+}
+
+/// The first choice of [`ValueProbe`]: a `Clone` value is kept decoded.
+pub trait KeptValues<T> {
+    /// The keeper.
+    fn keeper(&self) -> Option<Keeper<T>>;
+}
+
+impl<T: Clone + Send + Sync + 'static> KeptValues<T> for &ValueProbe<T> {
+    fn keeper(&self) -> Option<Keeper<T>> {
+        Some(Keeper {
+            keep: |value| Arc::new(value.clone()),
+            take: |kept| kept.downcast_ref::<T>().cloned(),
+        })
+    }
+}
+
+/// The fallback of [`ValueProbe`]: other values are decoded on every replay.
+pub trait DecodedValues<T> {
+    /// No keeper.
+    fn keeper(&self) -> Option<Keeper<T>>;
+}
+
+impl<T> DecodedValues<T> for ValueProbe<T> {
+    fn keeper(&self) -> Option<Keeper<T>> {
+        None
     }
 }
 

@@ -76,7 +76,10 @@ pub mod __private {
         ask, begin, clone_param, input, CallError, CallOutput, CallResult, LookupAnswer, OnBusy,
         OnMissingKey, OnUnknown, RetryClone, Run, Spec, Step,
     };
-    pub use crate::codec::{ErrorCodec, ExactErrors, MessageErrors, Probe};
+    pub use crate::codec::{
+        DecodedValues, ErrorCodec, ExactErrors, Keeper, KeptValues, MessageErrors, Probe,
+        ValueProbe,
+    };
     pub use crate::key::KeyBuilder;
     pub use crate::metrics::MetricsCell;
     pub use crate::operation::OperationCell;

@@ -1,5 +1,6 @@
 //! [`MemoryStore`] and what it needs; its documentation is on the type, where users read it.
 
+use std::any::Any;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::pin::Pin;
@@ -64,7 +65,13 @@ type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<PreHashed>>;
 struct Entry {
     receipt: Receipt,
     waiters: Option<Arc<Notify>>,
+    /// The `SUCCESS` outcome decoded by a replay, for the next ones (see `Keeper`): lives and dies
+    /// with the record, which never changes once it succeeded.
+    kept: Option<Kept>,
 }
+
+/// A replayed result kept decoded.
+pub(crate) type Kept = Arc<dyn Any + Send + Sync>;
 
 impl Entry {
     fn wake(&self) {
@@ -388,25 +395,27 @@ impl MemoryStore {
                 updated_ms: claim.now_ms,
             },
             waiters: None,
+            kept: None,
         }));
         Ok(Claimed::Acquired(fence))
     }
 
     /// What `read` makes of the fingerprint and the stored result of `key`'s `SUCCESS` receipt, if
-    /// the store holds one live at `now_ms` (a replay answered without a claim). `read` runs under
-    /// the shard's lock: keep it short.
+    /// the store holds one live at `now_ms` (a replay answered without a claim), and of the slot
+    /// where replays keep that result decoded (see `Keeper`). `read` runs under the shard's lock:
+    /// keep it short.
     pub(crate) fn read_success<R>(
         &self,
         key: &Key,
         now_ms: u64,
-        read: impl FnOnce(Option<crate::key::Fingerprint>, &[u8]) -> Option<R>,
+        read: impl FnOnce(Option<crate::key::Fingerprint>, &[u8], &mut Option<Kept>) -> Option<R>,
     ) -> Option<R> {
-        let shard = self.shard(key.digest());
-        let r = &shard.records.get(key.digest())?.receipt;
-        if r.state != ReceiptState::Success || r.expired(now_ms) {
+        let mut shard = self.shard(key.digest());
+        let Entry { receipt, kept, .. } = shard.records.get_mut(key.digest())?;
+        if receipt.state != ReceiptState::Success || receipt.expired(now_ms) {
             return None;
         }
-        read(r.fingerprint, r.outcome.as_deref()?)
+        read(receipt.fingerprint, receipt.outcome.as_deref()?, kept)
     }
 
     /// [`Store::complete`], without the future.
