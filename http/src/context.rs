@@ -10,6 +10,7 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use samekey_runtime::{CallId, Inbound, TraceId};
 use tower_layer::Layer;
 use tower_service::Service;
+use tracing::Instrument as _;
 
 use crate::headers::{X_CALL_ID, X_CALL_ID_SOURCE, X_TRACE_ID};
 use crate::problem::Problem;
@@ -24,6 +25,17 @@ pub enum CallIdSource {
     /// The caller sent none, and this service does not fill it: the handler's first `#[idempotent]`
     /// call makes its own.
     None,
+}
+
+impl CallIdSource {
+    /// Its name in a tracing span's `call_id_source` field: `caller`, `gateway` or `none`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallIdSource::Caller => "caller",
+            CallIdSource::Gateway => "gateway",
+            CallIdSource::None => "none",
+        }
+    }
 }
 
 /// The ids of a request, in its extensions for the handler (`Extension<RequestIds>` in axum).
@@ -46,8 +58,13 @@ pub struct RequestIds {
 /// marked `X-Call-Id-Source: gateway` on the request passed on and on the response, instead of one
 /// invented silently further down. A callId that arrived is passed through untouched.
 ///
+/// The rest of the request (the inner services and the handler) runs in a tracing span named
+/// `samekey` with the fields `call_id` (when there is one), `trace_id` and `call_id_source`
+/// (`caller`, `gateway` or `none`, see [`CallIdSource`]), so that every event the handler logs
+/// carries the ids. Under tower-http's `TraceLayer` it is a child of the request's span.
+///
 /// Compose it outside the [`IdempotencyLayer`](crate::IdempotencyLayer), so that the Idempotency-Key
-/// layer's call adopts the request's callId, and beside tower-http's request-id and trace layers (it
+/// layer's call adopts the request's callId, and inside tower-http's request-id and trace layers (it
 /// reads and writes only its own headers).
 #[derive(Debug, Clone)]
 pub struct CallContextLayer {
@@ -174,9 +191,15 @@ where
             inbound = inbound.call_id(id);
         }
         request.extensions_mut().insert(ids.clone());
-        let handled = self.inner.call(request);
+        let span = tracing::info_span!(
+            "samekey",
+            call_id = ids.call_id.as_deref(),
+            trace_id = %ids.trace_id,
+            call_id_source = ids.source.as_str(),
+        );
+        let handled = span.in_scope(|| self.inner.call(request));
         Box::pin(async move {
-            let mut response = inbound.scope(handled).await?;
+            let mut response = inbound.scope(handled).instrument(span).await?;
             ids.stamp(response.headers_mut());
             Ok(response)
         })

@@ -17,6 +17,7 @@ use samekey_runtime::{observed, Answer, Classify, Error, ErrorClass, Inbound, Ke
 use serde::{Deserialize, Serialize};
 use tower_layer::Layer;
 use tower_service::Service;
+use tracing::Instrument as _;
 
 use crate::headers::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 use crate::once;
@@ -113,6 +114,9 @@ enum Refusal {
     NotStored(StoredResponse),
     /// The inner service failed (its error is handed back as it is); the key is given back.
     ServiceFailed,
+    /// A streamed response of a status the policy does not store: handed to its client as it is; the
+    /// key is given back.
+    Streamed(StatusCode),
     /// samekey's answer: key reused, in progress, unknown, the store failing.
     Samekey(Error),
 }
@@ -122,6 +126,7 @@ impl std::fmt::Display for Refusal {
         match self {
             Refusal::NotStored(r) => write!(f, "a response of status {} is not stored", r.status),
             Refusal::ServiceFailed => f.write_str("the service failed"),
+            Refusal::Streamed(status) => write!(f, "a streamed response of status {status}"),
             Refusal::Samekey(e) => e.fmt(f),
         }
     }
@@ -136,7 +141,9 @@ impl From<Error> for Refusal {
 impl Classify for Refusal {
     fn classify(&self) -> ErrorClass {
         match self {
-            Refusal::NotStored(_) | Refusal::ServiceFailed => ErrorClass::Rejected,
+            Refusal::NotStored(_) | Refusal::ServiceFailed | Refusal::Streamed(_) => {
+                ErrorClass::Rejected
+            }
             Refusal::Samekey(e) => e.classify(),
         }
     }
@@ -213,6 +220,8 @@ pub fn store_2xx_and_4xx(status: StatusCode) -> bool {
 /// | a malformed key (not an sf-string, over 255 characters) | **400** |
 /// | a body over the limit (1 MiB by default) | **413**; nothing runs |
 /// | a response not stored (5xx) | answered as it is; the key is given back, so the client may retry |
+/// | a streamed response (its body's `size_hint` has no upper bound: `Body::from_stream`, SSE) | passed to the first client as it is, not buffered; a **409** (`stream-not-replayable`, the first response's status as `first_status`, no `Retry-After`) is stored for the key at once, so a retry is refused and the handler never runs twice (a streamed 5xx gives the key back, as any 5xx) |
+/// | the key again after a streamed response | that **409**, marked `Idempotent-Replayed: true` |
 ///
 /// Refusals carry an RFC 9457 `application/problem+json` body. A key is scoped by method, route (axum's
 /// `MatchedPath` with feature `axum`, else the path) and, through [`principal`](IdempotencyLayer::principal),
@@ -290,7 +299,8 @@ impl IdempotencyLayer {
 
     /// The largest request (and stored response) body, in bytes (default 1 MiB). A larger request is
     /// a 413; a larger response is not stored whole — a 500 problem is stored in its place, so that a
-    /// retry does not run the handler again.
+    /// retry does not run the handler again. (A streamed response is not buffered at all: see
+    /// [`IdempotencyLayer`].)
     pub fn max_body(self, bytes: usize) -> IdempotencyLayer {
         self.with(|c| c.max_body = bytes)
     }
@@ -547,11 +557,12 @@ where
             let request = Request::from_parts(parts, ReqBody::from(body));
             // Spawned, so that the handler runs to its end (and its response is stored) even if the
             // client goes away.
-            // The request's call context goes with it (task-locals stay behind in a spawn).
+            // The request's call context and tracing span go with it (task-locals stay behind in a
+            // spawn).
             let serving = serve(inner, request, config.clone(), key_parts, verify);
             let served = match Inbound::current() {
-                Some(inbound) => tokio::spawn(inbound.scope(serving)),
-                None => tokio::spawn(serving),
+                Some(inbound) => tokio::spawn(inbound.scope(serving).in_current_span()),
+                None => tokio::spawn(serving.in_current_span()),
             };
             match served.await {
                 Ok(answer) => answer,
@@ -582,8 +593,18 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let failed: Mutex<Option<S::Error>> = Mutex::new(None);
+    let streamed: Mutex<Option<Response<ResBody>>> = Mutex::new(None);
     let handle = async {
         match inner.call(request).await {
+            Ok(response) if response.body().size_hint().upper().is_none() => {
+                let status = response.status();
+                *streamed.lock().unwrap_or_else(|p| p.into_inner()) = Some(response);
+                if (config.store_when)(status) {
+                    Ok(stream_not_replayable(status))
+                } else {
+                    Err(Refusal::Streamed(status))
+                }
+            }
             Ok(response) => keep(response, &config).await,
             Err(e) => {
                 *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
@@ -605,12 +626,16 @@ where
     if let Some(e) = failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
         return Err(e);
     }
+    // The handler ran and answered with a stream: it goes to this client whatever was recorded.
+    if let Some(response) = streamed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Ok(response);
+    }
     let replayed = report.is_some_and(|r| r.answer() == Answer::Replayed);
     let stored = match out {
         Ok(stored) => stored,
         Err(Refusal::NotStored(stored)) => stored,
         Err(Refusal::Samekey(e)) => return Ok(refused(&e, config.retry_after)),
-        Err(Refusal::ServiceFailed) => {
+        Err(Refusal::ServiceFailed | Refusal::Streamed(_)) => {
             return Ok(Problem::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "handler-failed",
@@ -630,6 +655,24 @@ where
             .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     }
     Ok(response)
+}
+
+/// What is stored for a key whose first request was answered with a stream: a 409 that says so, with
+/// the stream's status (`first_status`) and no `Retry-After` (a retry cannot get the stream again).
+fn stream_not_replayable(status: StatusCode) -> StoredResponse {
+    let problem = Problem::new(
+        StatusCode::CONFLICT,
+        "stream-not-replayable",
+        "Streamed response not replayable",
+        format!(
+            "the first request with this Idempotency-Key was answered with a stream (status {}), which is not stored and cannot be replayed; the request is not run again for this key: use a new key to run it again",
+            status.as_u16()
+        ),
+    )
+    .with("first_status", status.as_u16());
+    let response: Response<Bytes> = problem.response();
+    let (parts, body) = response.into_parts();
+    StoredResponse::keep(&parts, &body)
 }
 
 /// Buffers a handler's response (up to the limit) and sorts it by the storage policy.

@@ -1,5 +1,7 @@
 //! Problem details (RFC 9457): the `application/problem+json` bodies of the layers' refusals.
 
+use std::collections::BTreeMap;
+
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use serde::Serialize;
@@ -16,6 +18,9 @@ pub struct Problem {
     pub status: u16,
     /// What happened to this request, and what to do.
     pub detail: String,
+    /// Extension members (RFC 9457 §3.2): more about this kind of problem, beside the standard ones.
+    #[serde(flatten)]
+    pub extensions: BTreeMap<String, serde_json::Value>,
 }
 
 impl Problem {
@@ -26,7 +31,14 @@ impl Problem {
             title: title.to_owned(),
             status: status.as_u16(),
             detail: detail.into(),
+            extensions: BTreeMap::new(),
         }
+    }
+
+    /// With the extension member `name` (RFC 9457 §3.2), e.g. `.with("first_status", 200)`.
+    pub fn with(mut self, name: &str, value: impl Into<serde_json::Value>) -> Problem {
+        self.extensions.insert(name.to_owned(), value.into());
+        self
     }
 
     /// The response carrying it.

@@ -1,21 +1,27 @@
 //! The layers over real HTTP on loopback (axum serving, reqwest asking): every status of the
-//! Idempotency-Key layer, replays with their header, 5xx not stored, the call context adopted,
+//! Idempotency-Key layer, replays with their header, 4xx stored and 5xx not, streamed responses
+//! passed through and refused on retry, keys scoped by method and route, the call context adopted,
 //! refused and filled — on the memory store, and on SQLite, PostgreSQL and Redis when built with
 //! their features (the servers' URLs from `SAMEKEY_PG_URL` and `SAMEKEY_REDIS_URL`).
 
+use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::IntoResponse;
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use samekey::{MemoryStore, Runtime, Store};
+use bytes::Bytes;
+use samekey::{idempotent, Classify, ConcurrencyLimit, ErrorClass, MemoryStore, Runtime, Store};
 use samekey_http::{CallContextLayer, IdempotencyLayer};
 use serde::{Deserialize, Serialize};
-use tokio::sync::Notify;
+use tokio::sync::{mpsc, Notify};
 
 #[derive(Default)]
 struct Counts {
@@ -24,6 +30,8 @@ struct Counts {
     slow: AtomicU32,
     release_slow: Notify,
     panicky: AtomicU32,
+    refused: AtomicU32,
+    streams: AtomicU32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -82,6 +90,82 @@ async fn big() -> String {
     "x".repeat(4096)
 }
 
+/// A 4xx: stored and replayed like a success.
+async fn out_of_stock(State(counts): State<Arc<Counts>>) -> impl IntoResponse {
+    let n = counts.refused.fetch_add(1, Ordering::SeqCst) + 1;
+    (
+        StatusCode::NOT_FOUND,
+        [("x-refusal", n.to_string())],
+        format!("out of stock (refusal {n})"),
+    )
+}
+
+/// A body that is a stream (its size has no upper bound, as `Body::from_stream` and SSE): the chunks
+/// a task sends, until it stops.
+struct Chunks(mpsc::Receiver<Bytes>);
+
+impl http_body::Body for Chunks {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|chunk| Ok(http_body::Frame::data(chunk))))
+    }
+}
+
+/// A streamed response of `status`: `chunks`, then more (`tick 1`, `tick 2`, …) for as long as the
+/// client reads when `endless`.
+fn streamed(counts: &Counts, status: StatusCode, chunks: &[&str], endless: bool) -> Response {
+    counts.streams.fetch_add(1, Ordering::SeqCst);
+    let (tx, rx) = mpsc::channel(1);
+    let chunks: Vec<Bytes> = chunks.iter().map(|c| Bytes::from(c.to_string())).collect();
+    tokio::spawn(async move {
+        for chunk in chunks {
+            if tx.send(chunk).await.is_err() {
+                return;
+            }
+        }
+        if !endless {
+            return;
+        }
+        for n in 1.. {
+            if tx.send(Bytes::from(format!("tick {n}\n"))).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    let headers = [("content-type", "text/event-stream")];
+    (status, headers, Body::new(Chunks(rx))).into_response()
+}
+
+async fn ticks(State(counts): State<Arc<Counts>>) -> Response {
+    streamed(&counts, StatusCode::OK, &[], true)
+}
+
+async fn export(State(counts): State<Arc<Counts>>) -> Response {
+    streamed(
+        &counts,
+        StatusCode::CREATED,
+        &["one\n", "two\n", "three\n"],
+        false,
+    )
+}
+
+async fn export_failing(State(counts): State<Arc<Counts>>) -> Response {
+    streamed(
+        &counts,
+        StatusCode::SERVICE_UNAVAILABLE,
+        &["unavailable"],
+        false,
+    )
+}
+
 async fn ids(headers: HeaderMap) -> Json<(Option<String>, Option<String>, Option<String>)> {
     let header = |name: &str| {
         headers
@@ -113,9 +197,17 @@ async fn serve_with(
         .shared_store(store)
         .build()
         .unwrap();
+    serve_on(&rt, gateway, configure).await
+}
+
+async fn serve_on(
+    rt: &Runtime,
+    gateway: bool,
+    configure: fn(IdempotencyLayer) -> IdempotencyLayer,
+) -> Server {
     let counts = Arc::new(Counts::default());
     let idempotency = configure(IdempotencyLayer::new())
-        .runtime(&rt)
+        .runtime(rt)
         .max_body(1024)
         .principal(|parts| {
             parts
@@ -130,7 +222,12 @@ async fn serve_with(
         CallContextLayer::new()
     };
     let app = Router::new()
-        .route("/orders", post(create_order))
+        .route("/orders", post(create_order).put(create_order))
+        .route("/carts", post(create_order))
+        .route("/out-of-stock", post(out_of_stock))
+        .route("/ticks", post(ticks))
+        .route("/export", post(export))
+        .route("/export-failing", post(export_failing))
         .route("/flaky", post(flaky))
         .route("/slow", post(slow))
         .route("/big", post(big))
@@ -163,7 +260,8 @@ impl Server {
     }
 }
 
-async fn problem_type(response: reqwest::Response) -> String {
+/// The problem+json body of a refusal.
+async fn problem(response: reqwest::Response) -> serde_json::Value {
     assert_eq!(
         response
             .headers()
@@ -171,7 +269,14 @@ async fn problem_type(response: reqwest::Response) -> String {
             .and_then(|v| v.to_str().ok()),
         Some("application/problem+json")
     );
+    let status = response.status().as_u16();
     let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["status"], status, "{body}");
+    body
+}
+
+async fn problem_type(response: reqwest::Response) -> String {
+    let body = problem(response).await;
     body["type"].as_str().unwrap_or_default().to_owned()
 }
 
@@ -275,6 +380,10 @@ async fn idempotency_statuses(store: Arc<dyn Store>) {
         .await
         .unwrap();
     assert_eq!(large.status(), 413);
+    assert_eq!(
+        problem_type(large).await,
+        "urn:samekey:problem:body-too-large"
+    );
     assert_eq!(server.counts.orders.load(Ordering::SeqCst), 2);
 
     // 5xx is not stored: the key is given back and the retry runs; then it is replayed.
@@ -360,6 +469,156 @@ async fn a_client_that_disconnects_gets_the_response_on_retry(store: Arc<dyn Sto
     assert_eq!(server.counts.slow.load(Ordering::SeqCst), 1);
 }
 
+/// A streamed response is passed to its client as it comes, not buffered; the key is settled at once
+/// with a 409 that says so, which a retry gets at once — even while the first stream still runs — and
+/// the handler never runs twice. A streamed 5xx gives the key back, as any 5xx.
+async fn a_streamed_response_goes_to_its_client_and_is_refused_on_retry(store: Arc<dyn Store>) {
+    let server = serve(store, false).await;
+    let not_replayable = |body: &serde_json::Value, first_status: u16| {
+        assert_eq!(
+            body["type"], "urn:samekey:problem:stream-not-replayable",
+            "{body}"
+        );
+        assert_eq!(body["status"], 409, "{body}");
+        assert_eq!(body["first_status"], first_status, "{body}");
+        let detail = body["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains("answered with a stream"), "{detail}");
+    };
+
+    // A stream that never ends: the first client reads it while a retry is refused.
+    let key = fresh_key();
+    let mut first = server.post("/ticks", Some(&key)).send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(first.chunk().await.unwrap().unwrap(), "tick 1\n");
+    let retry = tokio::time::timeout(
+        Duration::from_secs(5),
+        server.post("/ticks", Some(&key)).send(),
+    )
+    .await
+    .expect("the retry is answered at once, while the stream runs")
+    .unwrap();
+    assert_eq!(retry.status(), 409);
+    assert!(
+        retry.headers().get("retry-after").is_none(),
+        "retrying will not help"
+    );
+    assert_eq!(retry.headers().get("idempotent-replayed").unwrap(), "true");
+    not_replayable(&problem(retry).await, 200);
+    assert_eq!(first.chunk().await.unwrap().unwrap(), "tick 2\n");
+    assert_eq!(first.chunk().await.unwrap().unwrap(), "tick 3\n");
+    drop(first);
+    assert_eq!(server.counts.streams.load(Ordering::SeqCst), 1, "ran once");
+
+    // A stream that ends: the first client gets all of it, unchanged; the retry the 409.
+    let key = fresh_key();
+    let first = server.post("/export", Some(&key)).send().await.unwrap();
+    assert_eq!(first.status(), 201);
+    assert_eq!(
+        first.headers().get("content-type").unwrap(),
+        "text/event-stream"
+    );
+    assert_eq!(first.text().await.unwrap(), "one\ntwo\nthree\n");
+    let retry = server.post("/export", Some(&key)).send().await.unwrap();
+    assert_eq!(retry.status(), 409);
+    not_replayable(&problem(retry).await, 201);
+    assert_eq!(server.counts.streams.load(Ordering::SeqCst), 2, "ran once");
+
+    // A streamed 503 is not stored: the retry runs the handler again.
+    let key = fresh_key();
+    for run in 1..=2 {
+        let failed = server
+            .post("/export-failing", Some(&key))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(failed.status(), 503);
+        assert!(failed.headers().get("idempotent-replayed").is_none());
+        assert_eq!(failed.text().await.unwrap(), "unavailable");
+        assert_eq!(server.counts.streams.load(Ordering::SeqCst), 2 + run);
+    }
+}
+
+/// A 4xx is the request's answer too: stored, and replayed with its headers and the replay mark.
+async fn a_4xx_is_stored_and_replayed(store: Arc<dyn Store>) {
+    let server = serve(store, false).await;
+    let key = fresh_key();
+    let first = server
+        .post("/out-of-stock", Some(&key))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 404);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    assert_eq!(first.text().await.unwrap(), "out of stock (refusal 1)");
+    for _ in 0..2 {
+        let again = server
+            .post("/out-of-stock", Some(&key))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(again.status(), 404);
+        assert_eq!(again.headers().get("idempotent-replayed").unwrap(), "true");
+        assert_eq!(again.headers().get("x-refusal").unwrap(), "1");
+        assert_eq!(again.text().await.unwrap(), "out of stock (refusal 1)");
+    }
+    assert_eq!(server.counts.refused.load(Ordering::SeqCst), 1, "ran once");
+}
+
+/// One key on two routes, and on two methods of one route, is three keys: each handler runs, and
+/// each is replayed its own response.
+async fn a_key_is_scoped_by_method_and_route(store: Arc<dyn Store>) {
+    let server = serve_with(store, false, |layer| {
+        layer.methods([Method::POST, Method::PUT])
+    })
+    .await;
+    let key = fresh_key();
+    let order = Order {
+        item: "book".into(),
+        qty: 1,
+    };
+    let url = |path: &str| format!("{}{path}", server.base);
+    let requests = [
+        (Method::POST, "/orders"),
+        (Method::POST, "/carts"),
+        (Method::PUT, "/orders"),
+    ];
+    let mut ids = Vec::new();
+    for (method, path) in &requests {
+        let response = server
+            .client
+            .request(method.clone(), url(path))
+            .header("idempotency-key", &key)
+            .json(&order)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201, "{method} {path}");
+        assert!(
+            response.headers().get("idempotent-replayed").is_none(),
+            "{method} {path} is a key of its own"
+        );
+        ids.push(response.json::<Created>().await.unwrap().id);
+    }
+    assert_eq!(ids, [1, 2, 3]);
+    for ((method, path), id) in requests.iter().zip(ids) {
+        let again = server
+            .client
+            .request(method.clone(), url(path))
+            .header("idempotency-key", &key)
+            .json(&order)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(again.headers().get("idempotent-replayed").unwrap(), "true");
+        assert_eq!(
+            again.json::<Created>().await.unwrap().id,
+            id,
+            "{method} {path}"
+        );
+    }
+    assert_eq!(server.counts.orders.load(Ordering::SeqCst), 3);
+}
+
 macro_rules! on_stores {
     ($($test:ident),+ $(,)?) => {
         mod memory {
@@ -426,6 +685,9 @@ macro_rules! on_stores {
 on_stores!(
     idempotency_statuses,
     a_client_that_disconnects_gets_the_response_on_retry,
+    a_streamed_response_goes_to_its_client_and_is_refused_on_retry,
+    a_4xx_is_stored_and_replayed,
+    a_key_is_scoped_by_method_and_route,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -472,6 +734,18 @@ async fn the_call_context_is_adopted_validated_and_echoed() {
         problem_type(bad).await,
         "urn:samekey:problem:invalid-call-context"
     );
+    let bad_trace = server
+        .post("/ids", Some(&fresh_key()))
+        .header("x-call-id", &call_id)
+        .header("x-trace-id", "not-a-trace-id")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad_trace.status(), 400);
+    let body = problem(bad_trace).await;
+    assert_eq!(body["type"], "urn:samekey:problem:invalid-call-context");
+    let detail = body["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("x-trace-id"), "{detail}");
 
     // Without one, a service fills nothing; the echo carries a traceId all the same.
     let none = server
@@ -649,4 +923,71 @@ async fn the_layers_compose_with_tower_http() {
         assert_eq!(created.call_id.as_deref(), Some(call_id.as_str()));
     }
     assert_eq!(counts.orders.load(Ordering::SeqCst), 1);
+}
+
+#[derive(Debug, thiserror::Error)]
+enum Upstream {
+    #[error("rate limited")]
+    RateLimited,
+    #[error(transparent)]
+    Samekey(#[from] samekey::Error),
+}
+
+impl Classify for Upstream {
+    fn classify(&self) -> ErrorClass {
+        match self {
+            Upstream::RateLimited => ErrorClass::RateLimited { retry_after: None },
+            Upstream::Samekey(e) => e.classify(),
+        }
+    }
+}
+
+struct Neighbour {
+    rt: Runtime,
+}
+
+impl Neighbour {
+    /// A call on the runtime's own dependency that is answered "rate limited".
+    #[idempotent(key = "n", runtime = &self.rt, retries = 0)]
+    async fn refuse(&self, n: u32) -> Result<(), Upstream> {
+        let _ = n;
+        Err(Upstream::RateLimited)
+    }
+}
+
+/// Once the runtime's dependency is rate-limited down to one call at a time, a request with another
+/// key that finds no place in time is a 503 (`overloaded`) with `Retry-After`, and its handler does
+/// not run; the one in flight still gets its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overloaded_runtime_is_a_503() {
+    let rt = Runtime::builder()
+        .node("api-1")
+        .concurrency_limit(ConcurrencyLimit::adaptive().max_wait(Duration::from_millis(50)))
+        .build()
+        .unwrap();
+    let neighbour = Neighbour { rt: rt.clone() };
+    assert!(neighbour.refuse(1).await.is_err());
+    assert_eq!(rt.concurrency_limit(None), Some(1), "one call at a time");
+    let server = serve_on(&rt, false, |layer| layer).await;
+    let first = tokio::spawn(server.post("/slow", Some(&fresh_key())).send());
+    while server.counts.slow.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let order = Order {
+        item: "book".into(),
+        qty: 1,
+    };
+    let refused = server
+        .post("/orders", Some(&fresh_key()))
+        .json(&order)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers().get("retry-after").unwrap(), "1");
+    let body = problem(refused).await;
+    assert_eq!(body["type"], "urn:samekey:problem:overloaded");
+    assert_eq!(server.counts.orders.load(Ordering::SeqCst), 0, "not run");
+    server.counts.release_slow.notify_one();
+    assert_eq!(first.await.unwrap().unwrap().status(), 200);
 }
