@@ -117,10 +117,18 @@ pub fn classify_transport(error: &reqwest::Error) -> ErrorClass {
 }
 
 /// The class of a response's status (`None` for a success): 408, 425, 429, and 503 or 409 with
-/// `Retry-After` (an Idempotency-Key layer's "request in progress"), are `RateLimited` with the wait
-/// they ask for; other 4xx are `Permanent`; other 5xx
+/// `Retry-After`, are `RateLimited` with the wait they ask for; other 4xx are `Permanent`; other 5xx
 /// are `Retryable` for idempotent methods (`GET`, `PUT`, `DELETE`, …: sending it again changes
 /// nothing) and `Unknown` for the others (a `POST` may have taken effect before the error).
+///
+/// A 409 is the Idempotency-Key draft's answer to a request whose key is still in flight. The draft
+/// says nothing of `Retry-After`; the [`IdempotencyLayer`](crate::IdempotencyLayer) adds it to the
+/// 409s a later retry may get past (the first request still running; its outcome unknown, queued for
+/// resolution), so a 409 with `Retry-After` is "come back later" — a retry after the wait gets the
+/// first request's response. A 409 without one (a conflict, a key whose first response was a stream)
+/// is `Permanent`.
+///
+/// The default of [`send`]; pass your own to [`send_with`], falling back on this one.
 pub fn classify_status(
     method: &Method,
     status: StatusCode,
@@ -226,15 +234,43 @@ impl Classify for RemoteError {
 }
 
 /// Sends `request` and turns a response that is not a success into [`RemoteError::Status`] (with its
-/// class and body).
+/// class and body), by [`classify_status`].
 pub async fn send(
     request: reqwest_middleware::RequestBuilder,
+) -> Result<reqwest::Response, RemoteError> {
+    send_with(request, classify_status).await
+}
+
+/// [`send`] with your own classification of a response: `classify` returns `None` for a response to
+/// hand back as a success, else the class of the [`RemoteError::Status`] it becomes. Decide the
+/// statuses that mean something else for this remote and leave the rest to [`classify_status`]:
+///
+/// ```no_run
+/// # use samekey_http::{classify_status, send_with, RemoteError};
+/// # use samekey_runtime::ErrorClass;
+/// # async fn demo(client: reqwest_middleware::ClientWithMiddleware) -> Result<(), RemoteError> {
+/// let request = client.delete("http://127.0.0.1:8081/holds/7");
+/// let response = send_with(request, |method, status, headers| match status.as_u16() {
+///     // Already gone: what the DELETE wanted.
+///     404 => None,
+///     // This remote's "card declined": sending it again will not help.
+///     402 => Some(ErrorClass::Permanent),
+///     _ => classify_status(method, status, headers),
+/// })
+/// .await?;
+/// # let _ = response; Ok(()) }
+/// ```
+///
+/// Failures without a response are classified by [`classify_transport`] either way.
+pub async fn send_with(
+    request: reqwest_middleware::RequestBuilder,
+    classify: impl FnOnce(&Method, StatusCode, &HeaderMap) -> Option<ErrorClass>,
 ) -> Result<reqwest::Response, RemoteError> {
     let (client, built) = request.build_split();
     let request = built?;
     let method = request.method().clone();
     let response = client.execute(request).await?;
-    match classify_status(&method, response.status(), response.headers()) {
+    match classify(&method, response.status(), response.headers()) {
         None => Ok(response),
         Some(class) => {
             let status = response.status();

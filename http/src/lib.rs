@@ -9,7 +9,8 @@
 //!   samekey store.
 //! * [`CallHeaders`] (feature `reqwest`): a reqwest middleware that sends the call's `X-Call-Id`,
 //!   `X-Trace-Id`, `Idempotency-Key` and `X-Attempt` on every attempt; [`RemoteError`] and
-//!   [`send`] classify reqwest's results for the retry loop; [`lookup_receipt`] asks a service's
+//!   [`send`] classify reqwest's results for the retry loop ([`send_with`] with your own
+//!   classification); [`lookup_receipt`] asks a service's
 //!   receipt endpoint.
 //! * [`Envelope`] and [`Inbox`]: the callId and traceId in a message's attributes and body, and a
 //!   consumer that does a redelivered message's work once.
@@ -43,7 +44,7 @@ mod receipt;
 
 #[cfg(feature = "reqwest")]
 pub use client::{
-    classify_status, classify_transport, lookup_receipt, send, CallHeaders, RemoteError,
+    classify_status, classify_transport, lookup_receipt, send, send_with, CallHeaders, RemoteError,
 };
 pub use context::{CallContext, CallContextLayer, CallIdSource, RequestIds};
 pub use idempotency::{
