@@ -1,8 +1,9 @@
 //! Two services over real HTTP on loopback: an order API that charges through a payment API, both axum
 //! behind samekey's layers, the order API calling out through the reqwest middleware. The payment API
 //! loses requests, loses replies after charging, answers slowly, fails with 502 and rate-limits
-//! (seeded); customers double-submit and give up mid-request (then retry with the same key). The table
-//! counts what reached the payment ledger.
+//! (seeded); customers double-submit and give up mid-request (then retry with the same key and
+//! traceId). The table counts what reached the payment ledger, and checks that each order's charges
+//! carried one callId and the order's traceId.
 //!
 //! ```text
 //! cargo run -p samekey-http --example two_services --features axum,reqwest           # seed 7
@@ -21,7 +22,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use reqwest_middleware::ClientWithMiddleware;
-use samekey::{idempotent, Runtime};
+use samekey::{idempotent, Runtime, TraceId};
 use samekey_http::{
     lookup_receipt, receipts, send, CallContextLayer, CallHeaders, IdempotencyLayer, RemoteError,
 };
@@ -48,14 +49,52 @@ struct Charge {
 // ---------------------------------------------------------------------------------------------------
 // The payment API.
 
-/// What the payment side did: charges per order, and the callIds each order's requests carried.
+/// The payment API's bad days, as injected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Fault {
+    /// The request is lost on its way: nothing runs, the client hears nothing.
+    RequestLost,
+    /// The charge happens; its reply is lost.
+    ReplyLost,
+    /// The charge happens after the client gave up waiting.
+    SlowReply,
+    /// A 502 before anything ran.
+    BadGateway,
+    /// A 429 before anything ran.
+    RateLimited,
+}
+
+impl Fault {
+    /// Every kind.
+    pub const ALL: [Fault; 5] = [
+        Fault::RequestLost,
+        Fault::ReplyLost,
+        Fault::SlowReply,
+        Fault::BadGateway,
+        Fault::RateLimited,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Fault::RequestLost => "requests lost",
+            Fault::ReplyLost => "replies lost after the charge",
+            Fault::SlowReply => "slow replies",
+            Fault::BadGateway => "502 before processing",
+            Fault::RateLimited => "429 rate limited",
+        }
+    }
+}
+
+/// What the payment side did: charges per order, and the callIds and traceIds each order's requests
+/// carried.
 #[derive(Default)]
 struct Ledger {
     charges: Mutex<HashMap<u64, u32>>,
     call_ids: Mutex<HashMap<u64, HashSet<String>>>,
+    trace_ids: Mutex<HashMap<u64, HashSet<String>>>,
     next: AtomicU64,
     rng: Mutex<u64>,
-    faults: Mutex<HashMap<&'static str, u64>>,
+    faults: Mutex<HashMap<Fault, u64>>,
 }
 
 impl Ledger {
@@ -68,7 +107,7 @@ impl Ledger {
         (z ^ (z >> 31)) % 100
     }
 
-    fn count(&self, fault: &'static str) {
+    fn count(&self, fault: Fault) {
         *self
             .faults
             .lock()
@@ -83,14 +122,17 @@ async fn charge(
     headers: HeaderMap,
     Json(request): Json<ChargeRequest>,
 ) -> Json<Charge> {
-    if let Some(id) = headers.get("x-call-id").and_then(|v| v.to_str().ok()) {
-        ledger
-            .call_ids
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(request.order_id)
-            .or_default()
-            .insert(id.to_owned());
+    for (header, seen) in [
+        ("x-call-id", &ledger.call_ids),
+        ("x-trace-id", &ledger.trace_ids),
+    ] {
+        if let Some(id) = headers.get(header).and_then(|v| v.to_str().ok()) {
+            seen.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(request.order_id)
+                .or_default()
+                .insert(id.to_owned());
+        }
     }
     *ledger
         .charges
@@ -113,29 +155,29 @@ async fn faults(State(ledger): State<Arc<Ledger>>, request: Request, next: Next)
     match ledger.roll() {
         0..=7 => {
             // The request is lost on its way: nothing runs, the client hears nothing.
-            ledger.count("requests lost");
+            ledger.count(Fault::RequestLost);
             tokio::time::sleep(Duration::from_secs(3)).await;
             StatusCode::GATEWAY_TIMEOUT.into_response()
         }
         8..=15 => {
             // The charge happens; its reply is lost.
-            ledger.count("replies lost after the charge");
+            ledger.count(Fault::ReplyLost);
             let _ = next.run(request).await;
             tokio::time::sleep(Duration::from_secs(3)).await;
             StatusCode::GATEWAY_TIMEOUT.into_response()
         }
         16..=21 => {
             // Slow: the charge happens after the client gave up.
-            ledger.count("slow replies");
+            ledger.count(Fault::SlowReply);
             tokio::time::sleep(PAYMENT_TIMEOUT * 2).await;
             next.run(request).await
         }
         22..=27 => {
-            ledger.count("502 before processing");
+            ledger.count(Fault::BadGateway);
             StatusCode::BAD_GATEWAY.into_response()
         }
         28..=32 => {
-            ledger.count("429 rate limited");
+            ledger.count(Fault::RateLimited);
             (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "0")]).into_response()
         }
         _ => next.run(request).await,
@@ -240,20 +282,33 @@ pub struct Report {
     pub charged_twice: u64,
     /// Orders whose charge requests carried more than one callId.
     pub several_call_ids: u64,
+    /// Orders charged whose charge requests did not all carry the order's traceId.
+    pub other_trace_ids: u64,
     /// Orders a customer was told were paid.
     pub paid: u64,
     /// Customers told "paid" for an order the ledger did not charge.
     pub paid_but_not_charged: u64,
-    /// The payment API's faults, by kind.
-    pub faults: Vec<(&'static str, u64)>,
+    /// The payment API's faults, by kind (every kind, in [`Fault::ALL`]'s order).
+    pub faults: Vec<(Fault, u64)>,
 }
 
-/// A customer paying for an order: the same Idempotency-Key on every try, giving up after a while
-/// and trying again, up to 8 times.
+impl Report {
+    /// How many faults of `kind` were injected.
+    pub fn faults_of(&self, kind: Fault) -> u64 {
+        self.faults
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map_or(0, |(_, n)| *n)
+    }
+}
+
+/// A customer paying for an order: the same Idempotency-Key and traceId on every try, giving up after
+/// a while and trying again, up to 8 times.
 async fn customer(
     client: reqwest::Client,
     orders: String,
     order_id: u64,
+    trace_id: TraceId,
     stats: Arc<Mutex<Report>>,
 ) -> bool {
     let key = format!("\"pay-order-{order_id}\"");
@@ -265,6 +320,7 @@ async fn customer(
         let sent = client
             .post(format!("{orders}/orders/{order_id}/pay"))
             .header("idempotency-key", &key)
+            .header("x-trace-id", trace_id.to_string())
             .timeout(CUSTOMER_TIMEOUT)
             .send()
             .await;
@@ -281,7 +337,8 @@ async fn customer(
     false
 }
 
-/// Runs `orders` orders (every 5th submitted twice at once) against the two services.
+/// Runs `orders` orders (every 5th submitted twice at once, each order under a traceId of its own)
+/// against the two services.
 pub async fn scenario(seed: u64, orders: u64) -> Report {
     let ledger = Arc::new(Ledger::default());
     *ledger.rng.lock().unwrap_or_else(|p| p.into_inner()) = seed;
@@ -293,12 +350,17 @@ pub async fn scenario(seed: u64, orders: u64) -> Report {
     }));
     let client = reqwest::Client::new();
     let mut customers = tokio::task::JoinSet::new();
+    let mut trace_ids = HashMap::new();
     for order_id in 1..=orders {
+        let trace_id = TraceId::new();
+        trace_ids.insert(order_id, trace_id.to_string());
         let submissions = if order_id % 5 == 0 { 2 } else { 1 };
         for _ in 0..submissions {
             let (client, base, stats) = (client.clone(), order_api.clone(), stats.clone());
-            customers
-                .spawn(async move { (order_id, customer(client, base, order_id, stats).await) });
+            customers.spawn(async move {
+                let paid = customer(client, base, order_id, trace_id, stats).await;
+                (order_id, paid)
+            });
         }
     }
     let mut paid = HashSet::new();
@@ -324,15 +386,21 @@ pub async fn scenario(seed: u64, orders: u64) -> Report {
         .values()
         .filter(|ids| ids.len() > 1)
         .count() as u64;
-    let mut faults: Vec<_> = ledger
-        .faults
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+    let seen_trace_ids = ledger.trace_ids.lock().unwrap_or_else(|p| p.into_inner());
+    report.other_trace_ids = charges
+        .keys()
+        .filter(|order_id| {
+            let seen = seen_trace_ids.get(order_id);
+            let expected = trace_ids.get(order_id);
+            // Exactly the order's traceId, on every charge request that arrived.
+            !seen.is_some_and(|seen| seen.len() == 1 && expected.is_some_and(|t| seen.contains(t)))
+        })
+        .count() as u64;
+    let faults = ledger.faults.lock().unwrap_or_else(|p| p.into_inner());
+    report.faults = Fault::ALL
         .iter()
-        .map(|(k, v)| (*k, *v))
+        .map(|kind| (*kind, faults.get(kind).copied().unwrap_or(0)))
         .collect();
-    faults.sort();
-    report.faults = faults;
     report
 }
 
@@ -349,7 +417,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let report = scenario(seed, 60).await;
     println!("two_services — an order API charging through a payment API over HTTP, seed {seed}");
     for (fault, n) in &report.faults {
-        println!("  payment API fault: {fault:<32} {n}");
+        println!("  payment API fault: {:<32} {n}", fault.name());
     }
     println!();
     let rows = [
@@ -366,15 +434,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "orders whose charges carried 2+ callIds",
             report.several_call_ids,
         ),
+        (
+            "orders whose charges carried another traceId",
+            report.other_trace_ids,
+        ),
         ("told paid, but not charged", report.paid_but_not_charged),
     ];
     for (name, value) in rows {
         println!("{name:<44}{value:>8}");
     }
     println!("\ntook {:.1} s", started.elapsed().as_secs_f64());
-    if report.charged_twice != 0 || report.several_call_ids != 0 || report.paid_but_not_charged != 0
+    if report.charged_twice != 0
+        || report.several_call_ids != 0
+        || report.other_trace_ids != 0
+        || report.paid_but_not_charged != 0
     {
-        return Err("a duplicate charge, a second callId, or a false \"paid\"".into());
+        return Err(
+            "a duplicate charge, a second callId or another traceId, or a false \"paid\"".into(),
+        );
     }
     Ok(())
 }
