@@ -287,6 +287,13 @@ impl Compensator {
         self
     }
 
+    /// How many due entries a pass takes at once (default 100; at least 1). Smaller batches spread a
+    /// queue over more workers; each take is one store round trip.
+    pub fn batch(mut self, batch: usize) -> Compensator {
+        self.batch = batch.max(1);
+        self
+    }
+
     /// How often [`Compensator::run`] sweeps the store for orphans (default 10 min): a sweep reads
     /// through the records (an index on PostgreSQL and SQLite, a `SCAN` of every key on Redis).
     pub fn sweep_every(mut self, every: Duration) -> Compensator {
