@@ -858,6 +858,17 @@ pub async fn receipts_are_listed(store: Arc<dyn Store>) {
         .expect("list");
     assert_eq!(succeeded.receipts.len(), 2);
     assert!(succeeded.next.is_none());
+    // The widest range lists the same: bounds past what a store can hold mean "no bound".
+    let everything = store
+        .list_receipts(
+            &ReceiptQuery::created_between(0, u64::MAX)
+                .scope(scope.clone())
+                .limit(1_000),
+            time.now,
+        )
+        .await
+        .expect("list the widest range");
+    assert_eq!(everything.receipts.len(), expected.len());
     let other_scope = store
         .list_receipts(&query.clone().scope("samekey.nothing.here"), time.now)
         .await

@@ -26,6 +26,16 @@ pub(crate) fn int(v: u64) -> Result<i64, StoreError> {
     i64::try_from(v).map_err(|_| StoreError::Corrupt(format!("{v} does not fit a BIGINT")))
 }
 
+/// The latest time a query bound is taken as: 9999-12-31T23:59:59.999Z, within PostgreSQL's
+/// `timestamptz` and SQLite's `BIGINT` (no stored time is later).
+const LATEST_MS: u64 = 253_402_300_799_999;
+
+/// A time bound of a query as a `BIGINT`: past the latest time, the latest, so that
+/// `created_between(0, u64::MAX)` lists everything, as on the other stores.
+pub(crate) fn bound(v: u64) -> i64 {
+    i64::try_from(v.min(LATEST_MS)).unwrap_or(i64::MAX)
+}
+
 fn uint(v: i64, what: &str) -> Result<u64, StoreError> {
     u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("negative {what}: {v}")))
 }
@@ -1005,7 +1015,7 @@ ORDER BY j.seq"
                 query: &$crate::store::ReceiptQuery,
                 now_ms: u64,
             ) -> Result<$crate::store::ReceiptPage, $crate::error::StoreError> {
-                use $crate::store::sql::{driver, int, receipt};
+                use $crate::store::sql::{bound, driver, int, receipt};
                 let limit = query.limit.max(1);
                 // The position to start after, as one row value the index range starts at: the
                 // cursor, or just before the range (no 32-byte digest is above all-ones).
@@ -1013,14 +1023,14 @@ ORDER BY j.seq"
                     Some(c) if c.created_ms >= query.since_ms => {
                         (int(c.created_ms)?, c.digest.to_vec())
                     }
-                    _ => (int(query.since_ms)? - 1, vec![0xff; 32]),
+                    _ => (bound(query.since_ms) - 1, vec![0xff; 32]),
                 };
                 let statement = match query.scope {
                     Some(_) => Self::LIST_SCOPE_SQL,
                     None => Self::LIST_SQL,
                 };
                 let mut listing = sqlx::query(statement)
-                    .bind(int(query.until_ms)?)
+                    .bind(bound(query.until_ms))
                     .bind(int(now_ms)?)
                     .bind(after_ms)
                     .bind(after_key)
