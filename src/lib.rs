@@ -170,6 +170,12 @@ pub use samekey_runtime::conformance;
 /// Generates one test per conformance check for a store: see [`samekey_runtime::conformance`].
 pub use samekey_runtime::store_conformance_tests;
 
+#[cfg(feature = "testing")]
+pub mod testing {
+    #![doc = include_str!("testing.md")]
+    pub use samekey_runtime::testing::*;
+}
+
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

@@ -33,6 +33,8 @@ mod retry;
 mod runtime;
 mod stats;
 pub mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use budget::{RetryBudget, DEFAULT_LOOKUP_BUDGET, DEFAULT_RETRY_BUDGET};
 pub use call_id::{validate_label, validate_node, CallId, Label, ParseCallIdError, TraceId};

@@ -1,0 +1,15 @@
+//! A test kit for your own `#[idempotent]` functions: a deterministic runtime, a fault-injecting
+//! remote side, and assertions that read like the guarantee. Feature `testing`; see the `samekey`
+//! crate's `testing` module for the guide and a complete test.
+
+mod fault;
+mod kit;
+mod remote;
+
+pub use fault::{faults, schedules, Fault, FaultMix, Schedule};
+pub use kit::{TestKit, Told, ToldOutcome};
+pub use remote::{Delivery, Remote, RemoteError};
+
+/// The store conformance suite, for a store of your own: see [`crate::conformance`] and
+/// [`store_conformance_tests!`](crate::store_conformance_tests).
+pub use crate::conformance;
