@@ -1,9 +1,10 @@
 //! Property, through the test kit: under generated fault schedules (every `Fault`: lost requests,
-//! lost replies, slow replies past the timeout, 503s, 429s, 4xx, callers that crash mid-call), with
-//! duplicate and concurrent calls, for each way of handling an unknown outcome (`lookup`, `hold`,
-//! `rerun` against a remote that deduplicates by callId), no key takes effect twice, no caller is told
-//! "failed" for a call that took effect, every attempt of a call carries its callId, and every call
-//! left `UNKNOWN` is queued or resolved — then the compensation worker settles them.
+//! lost replies, slow replies past the timeout, 503s, 429s, 4xx, hangs, callers that crash
+//! mid-call), failing lookups, duplicate and concurrent calls, and callers that give up, for each way
+//! of handling an unknown outcome (`lookup`, `hold`, `rerun` against a remote that deduplicates by
+//! callId): no key takes effect twice, no caller is told "failed" for a call that took effect (nor
+//! "succeeded" for one that did not), every attempt of a call carries its callId, and every call left
+//! `UNKNOWN` is queued or resolved — then the compensation worker settles them.
 //!
 //! ```text
 //! cargo test --release --test kit_properties                       # 10 000 schedules, memory store
@@ -94,34 +95,47 @@ fn policy() -> impl Strategy<Value = Policy> {
     ]
 }
 
-/// One step: the order (of 3), and whether a duplicate of it is sent at the same time.
-type Step = (u8, bool);
+/// One step: the order (of 3), whether a duplicate of it is sent at the same time, and whether its
+/// caller gives up after that many ×100 ms.
+type Step = (u8, bool, Option<u8>);
 
 /// The scenario on `kit`: the steps' calls, the worker, then every guarantee checked.
 async fn scenario(
     kit: Arc<TestKit>,
     policy: Policy,
     schedule: Schedule,
+    failing_lookups: Vec<bool>,
     steps: Vec<Step>,
 ) -> Result<(), String> {
     let gateway = match policy {
         // `rerun` is only correct against a remote that deduplicates by callId: its contract.
         Policy::Rerun => Remote::new(schedule).deduplicating(),
         Policy::Lookup | Policy::Hold => Remote::new(schedule),
-    };
+    }
+    .failing_lookups(failing_lookups);
     let payments = Payments {
         rt: kit.runtime().clone(),
         gateway: gateway.clone(),
     };
-    for (order, concurrent) in steps {
+    let call = |order: String, give_up: Option<u8>| {
+        let (kit, payments) = (&kit, &payments);
+        async move {
+            let charge = payments.charge(policy, &order);
+            match give_up {
+                Some(n) => {
+                    let patience = std::time::Duration::from_millis(u64::from(n) * 100);
+                    kit.call_giving_up_after(patience, charge).await
+                }
+                None => kit.call(charge).await,
+            }
+        }
+    };
+    for (order, concurrent, give_up) in steps {
         let order = format!("o-{}", order % 3);
         if concurrent {
-            tokio::join!(
-                kit.call(payments.charge(policy, &order)),
-                kit.call(payments.charge(policy, &order))
-            );
+            tokio::join!(call(order.clone(), give_up), call(order, None));
         } else {
-            kit.call(payments.charge(policy, &order)).await;
+            call(order, give_up).await;
         }
     }
     kit.check(&gateway).await?;
@@ -149,7 +163,11 @@ proptest! {
     fn under_any_schedule_nothing_runs_twice_and_nothing_is_lost(
         policy in policy(),
         schedule in schedules(12),
-        steps in proptest::collection::vec((0u8..3, proptest::bool::weighted(0.3)), 1..8),
+        failing_lookups in proptest::collection::vec(proptest::bool::weighted(0.2), 0..6),
+        steps in proptest::collection::vec(
+            (0u8..3, proptest::bool::weighted(0.3), proptest::option::weighted(0.2, 0u8..40)),
+            1..8,
+        ),
     ) {
         let tokio = tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -157,7 +175,7 @@ proptest! {
             .build()
             .unwrap();
         let kit = Arc::new(TestKit::new());
-        let checked = tokio.block_on(scenario(kit, policy, schedule, steps));
+        let checked = tokio.block_on(scenario(kit, policy, schedule, failing_lookups, steps));
         prop_assert!(checked.is_ok(), "{}", checked.unwrap_err());
     }
 }
@@ -217,9 +235,17 @@ fn on_sqlite_under_a_thousand_schedules_nothing_runs_twice() {
                 };
                 let policy = [Policy::Lookup, Policy::Hold, Policy::Rerun][(seed % 3) as usize];
                 let steps: Vec<Step> = (0..6)
-                    .map(|i| ((seed + i) as u8 % 3, (seed + i) % 4 == 0))
+                    .map(|i| ((seed + i) as u8 % 3, (seed + i) % 4 == 0, None))
                     .collect();
-                let out = scenario(kit, policy, Schedule::seeded(seed, mix), steps).await;
+                let failing_lookups = vec![seed % 5 == 0];
+                let out = scenario(
+                    kit,
+                    policy,
+                    Schedule::seeded(seed, mix),
+                    failing_lookups,
+                    steps,
+                )
+                .await;
                 let _ = std::fs::remove_file(&path);
                 out.map_err(|e| format!("seed {seed}, {policy:?}:\n{e}"))
             });

@@ -30,6 +30,9 @@ pub enum Fault {
     /// before the reply comes ([`TestKit::call`](super::TestKit::call) answers `None`). Outside
     /// `TestKit::call` the reply never comes.
     Crash,
+    /// Nothing comes back and nothing takes effect: the caller waits until its own `timeout` (or
+    /// forever, without one).
+    Hang,
 }
 
 /// The faults of the requests a [`Remote`](super::Remote) receives, in order.
@@ -229,6 +232,7 @@ pub fn faults() -> impl proptest::strategy::Strategy<Value = Fault> {
         1 => (1u64..5_000).prop_map(|ms| Fault::RateLimited(Duration::from_millis(ms))),
         1 => Just(Fault::Reject),
         1 => Just(Fault::Crash),
+        1 => Just(Fault::Hang),
     ]
 }
 

@@ -74,6 +74,8 @@ pub enum ToldOutcome {
     Undecided(String),
     /// The caller crashed mid-call ([`Fault::Crash`](super::Fault::Crash)).
     Crashed,
+    /// The caller gave up waiting ([`TestKit::call_giving_up_after`]) and dropped the call.
+    GaveUp,
 }
 
 /// A runtime for tests, and the record of the calls made through it.
@@ -148,6 +150,28 @@ impl TestKit {
         F: Future<Output = Result<T, E>>,
         E: Classify + std::fmt::Display,
     {
+        self.make(call, None).await
+    }
+
+    /// [`call`](TestKit::call) by a caller who gives up after `patience` and drops the call (a
+    /// client's own deadline, a user who closes the tab): `None` then, as for a crash.
+    pub async fn call_giving_up_after<T, E, F>(
+        &self,
+        patience: Duration,
+        call: F,
+    ) -> Option<Result<T, E>>
+    where
+        F: Future<Output = Result<T, E>>,
+        E: Classify + std::fmt::Display,
+    {
+        self.make(call, Some(patience)).await
+    }
+
+    async fn make<T, E, F>(&self, call: F, patience: Option<Duration>) -> Option<Result<T, E>>
+    where
+        F: Future<Output = Result<T, E>>,
+        E: Classify + std::fmt::Display,
+    {
         let number = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
         let scope = CallScope {
             number,
@@ -155,22 +179,29 @@ impl TestKit {
         };
         let crashed = scope.crashed.clone();
         let ran = CALLER.scope(scope, async move {
+            let deadline = async {
+                match patience {
+                    Some(patience) => tokio::time::sleep(patience).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 biased;
-                (out, report) = observed(call) => Some((out, report)),
-                () = crashed.notified() => None,
+                (out, report) = observed(call) => Ok((out, report)),
+                () = crashed.notified() => Err(ToldOutcome::Crashed),
+                () = deadline => Err(ToldOutcome::GaveUp),
             }
         });
         let (told, out) = match ran.await {
-            None => (
+            Err(dropped) => (
                 Told {
                     number,
                     call_id: None,
-                    outcome: ToldOutcome::Crashed,
+                    outcome: dropped,
                 },
                 None,
             ),
-            Some((out, report)) => {
+            Ok((out, report)) => {
                 let call_id = report.as_ref().map(|r| r.call_id().to_string());
                 let refused = report.as_ref().map(|r| r.answer()) == Some(Answer::Refused);
                 let outcome = match &out {
@@ -294,8 +325,10 @@ impl TestKit {
         }
     }
 
-    /// Every check below, at once: `Err` lists each broken guarantee with the calls, attempts and
-    /// callIds involved, and the remote's schedule to replay it (for a property test to report).
+    /// Every check below, at once — and that no caller was told "succeeded" for a call whose
+    /// requests reached `remote` without taking effect: `Err` lists each broken guarantee with the
+    /// calls, attempts and callIds involved, and the remote's schedule to replay it (for a property
+    /// test to report).
     pub async fn check<T, E>(&self, remote: &Remote<T, E>) -> Result<(), String>
     where
         T: Clone + Send + 'static,
@@ -305,6 +338,7 @@ impl TestKit {
         for problem in [
             effects_at_most_once(remote),
             self.no_failed_call_took_effect(remote),
+            self.no_success_without_effect(remote),
             self.one_call_id_per_call(remote),
             self.unknowns_resolved_or_queued().await,
         ]
@@ -415,6 +449,32 @@ impl TestKit {
         (!found.is_empty()).then(|| format!("calls told they failed took effect:{found}"))
     }
 
+    /// Calls told they succeeded whose requests reached `remote` without any taking effect (calls
+    /// that never sent it anything are not its business).
+    fn no_success_without_effect<T, E>(&self, remote: &Remote<T, E>) -> Option<String>
+    where
+        T: Clone + Send + 'static,
+        E: From<super::RemoteError>,
+    {
+        let deliveries = remote.deliveries();
+        let mut found = String::new();
+        for told in self.told() {
+            let (ToldOutcome::Succeeded, Some(call_id)) = (&told.outcome, &told.call_id) else {
+                continue;
+            };
+            let sent = deliveries.iter().any(|d| d.call_id == *call_id);
+            if sent && !remote.took_effect(call_id) {
+                let _ = write!(
+                    found,
+                    "\n  call #{} was told it succeeded, but no request of {call_id} took effect{}",
+                    told.number,
+                    attempts_of(remote, |d| d.call_id == *call_id)
+                );
+            }
+        }
+        (!found.is_empty()).then(|| format!("calls told they succeeded took no effect:{found}"))
+    }
+
     fn one_call_id_per_call<T, E>(&self, remote: &Remote<T, E>) -> Option<String>
     where
         T: Clone + Send + 'static,
@@ -439,39 +499,55 @@ impl TestKit {
             .then(|| format!("attempts of one call carried different callIds:{found}"))
     }
 
+    /// The calls `UNKNOWN` with no compensation entry. A call being handed over right now (a
+    /// cancelled call's guard writes the receipt, then the entry, in a task of its own) is given up
+    /// to a second to finish before it counts.
     async fn unknowns_resolved_or_queued(&self) -> Option<String> {
+        let mut looks = 0;
+        loop {
+            let missing = match self.unqueued_unknowns().await {
+                Ok(missing) => missing,
+                Err(e) => return Some(e),
+            };
+            if missing.is_empty() {
+                return None;
+            }
+            looks += 1;
+            if looks == 20 {
+                return Some(format!(
+                    "calls left UNKNOWN with nothing to resolve them:{}",
+                    missing.concat()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn unqueued_unknowns(&self) -> Result<Vec<String>, String> {
         let queued: BTreeSet<String> = match self.rt.compensations().await {
             Ok(entries) => entries.iter().map(|e| e.call_id.to_string()).collect(),
-            Err(e) => return Some(format!("the compensation queue cannot be read: {e}")),
+            Err(e) => return Err(format!("the compensation queue cannot be read: {e}")),
         };
-        let mut query = ReceiptQuery::created_between(0, u64::MAX).states([ReceiptState::Unknown]);
-        let mut found = String::new();
+        let all = || ReceiptQuery::created_between(0, u64::MAX).states([ReceiptState::Unknown]);
+        let mut query = all();
+        let mut missing = Vec::new();
         loop {
-            let page = match self
+            let page = self
                 .rt
                 .store()
                 .list_receipts(&query, self.rt.now_ms())
                 .await
-            {
-                Ok(page) => page,
-                Err(e) => return Some(format!("the receipts cannot be listed: {e}")),
-            };
+                .map_err(|e| format!("the receipts cannot be listed: {e}"))?;
             for r in page.receipts {
                 if !queued.contains(r.call_id.as_str()) {
-                    let _ = write!(found, "\n  call {} (key {})", r.call_id, r.key.short());
+                    missing.push(format!("\n  call {} (key {})", r.call_id, r.key.short()));
                 }
             }
             match page.next {
-                Some(next) => {
-                    query = ReceiptQuery::created_between(0, u64::MAX)
-                        .states([ReceiptState::Unknown])
-                        .after(next);
-                }
-                None => break,
+                Some(next) => query = all().after(next),
+                None => return Ok(missing),
             }
         }
-        (!found.is_empty())
-            .then(|| format!("calls left UNKNOWN with nothing to resolve them:{found}"))
     }
 }
 

@@ -102,12 +102,16 @@ enum Reply<T> {
     Now(Result<T, RemoteError>),
     /// The caller crashes before the reply.
     Crash,
+    /// No reply, ever.
+    Never,
     /// A slow request: it takes effect after the delay, and the reply comes then.
     After(Duration, String, T),
 }
 
 struct State<T> {
     schedule: Schedule,
+    /// Whether each next lookup fails (`true`), in order; then every lookup answers.
+    failing_lookups: std::collections::VecDeque<bool>,
     deliveries: Vec<Delivery>,
     outcomes: HashMap<String, Outcome<T>>,
     lookups: u64,
@@ -151,6 +155,7 @@ where
         Remote {
             state: Arc::new(Mutex::new(State {
                 schedule: schedule.into(),
+                failing_lookups: std::collections::VecDeque::new(),
                 deliveries: Vec::new(),
                 outcomes: HashMap::new(),
                 lookups: 0,
@@ -165,6 +170,14 @@ where
     /// effect. What `on_unknown = "rerun"` relies on.
     pub fn deduplicating(mut self) -> Remote<T, E> {
         self.dedup = true;
+        self
+    }
+
+    /// The next lookups fail (`true`) or answer (`false`), in order; after them, every lookup
+    /// answers. A failed lookup is the lookup's own error ([`RemoteError::Unavailable`]): the call
+    /// stays undecided and asks again while it may.
+    pub fn failing_lookups(self, pattern: impl IntoIterator<Item = bool>) -> Remote<T, E> {
+        self.state().failing_lookups.extend(pattern);
         self
     }
 
@@ -201,6 +214,7 @@ where
                 }
                 std::future::pending().await
             }
+            Reply::Never => std::future::pending().await,
             Reply::After(delay, call_id, value) => {
                 let state = self.state.clone();
                 // The server finishes its work whatever the caller does meanwhile.
@@ -265,6 +279,7 @@ where
                 retry_after_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
             })),
             (Fault::Reject, _) => Reply::Now(Err(RemoteError::Rejected)),
+            (Fault::Hang, _) => Reply::Never,
             // Lost on the way there or back.
             _ => Reply::Now(Err(RemoteError::TimedOut)),
         }
@@ -279,6 +294,9 @@ where
     pub async fn status(&self, call_id: &CallId) -> Result<RemoteStatus<T, E>, RemoteError> {
         let mut state = self.state();
         state.lookups += 1;
+        if state.failing_lookups.pop_front() == Some(true) {
+            return Err(RemoteError::Unavailable);
+        }
         Ok(match state.outcomes.get(call_id.as_str()) {
             Some(Outcome::Done(value)) => RemoteStatus::Succeeded(value.clone()),
             Some(Outcome::Refused(e)) => RemoteStatus::Failed(E::from(e.clone())),
