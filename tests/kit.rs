@@ -275,3 +275,22 @@ async fn a_seeded_schedule_replays_the_same_run() {
     assert_eq!(run(11).await, run(11).await);
     assert_ne!(run(11).await, run(12).await);
 }
+
+#[tokio::test(start_paused = true)]
+async fn several_scopes_are_settled_by_one_worker() {
+    let kit = TestKit::new();
+    // The held call asks nothing; the other's lookups all fail: both end UNKNOWN, queued.
+    let gateway = Remote::new([Fault::LoseReply, Fault::LoseReply]).failing_lookups([true; 8]);
+    let payments = Payments::on(&kit, gateway.clone());
+    kit.call(payments.charge_held("o-1", 500)).await;
+    kit.call(payments.charge("o-2", 500)).await;
+    assert_eq!(kit.runtime().compensations().await.unwrap().len(), 2);
+    let worker = kit
+        .compensator()
+        .operation("pay", gateway.operation())
+        .operation("pay.held", gateway.operation());
+    let pass = kit.settle_with(&worker).await.unwrap();
+    assert_eq!(pass.succeeded, 2, "{pass:?}");
+    assert!(kit.runtime().compensations().await.unwrap().is_empty());
+    kit.assert_safe(&gateway).await;
+}

@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 use super::remote::Remote;
 use crate::call_id::CallId;
 use crate::classify::{Classify, ErrorClass};
-use crate::compensator::{Compensator, Operation, Pass};
+use crate::compensator::{Compensator, Pass};
 use crate::error::Error;
 use crate::journal::History;
 use crate::observe::{observed, Answer};
@@ -279,21 +279,26 @@ impl TestKit {
     /// what a service's [`Compensator`] does over hours, at once under paused time. It first waits
     /// out the runtime's lease and sweeps, so that a call whose caller crashed while it was
     /// `PROCESSING` is queued too. Answers the passes' totals.
+    ///
+    /// The worker takes every due entry: one of another scope, with no operation here, goes through
+    /// its rounds and ends `MANUAL`. With several scopes, register each on
+    /// [`compensator`](TestKit::compensator) and use [`settle_with`](TestKit::settle_with).
     pub async fn settle<T, E>(&self, scope: &str, remote: &Remote<T, E>) -> Result<Pass, Error>
     where
-        T: Clone + Send + Sync + serde::Serialize + 'static,
-        E: From<super::RemoteError> + std::fmt::Display + Send + Sync + 'static,
+        T: Clone + Send + serde::Serialize + 'static,
+        E: From<super::RemoteError> + std::fmt::Display + 'static,
     {
-        let lookup = remote.clone();
-        let worker = Compensator::new(&self.rt)
-            .rounds(self.rounds.iter().copied())
-            .operation(
-                scope,
-                Operation::new(move |call: CallId| {
-                    let lookup = lookup.clone();
-                    async move { lookup.status(&call).await }
-                }),
-            );
+        let worker = self.compensator().operation(scope, remote.operation());
+        self.settle_with(&worker).await
+    }
+
+    /// A compensation worker on the kit's runtime, with the kit's [`rounds`](TestKit::rounds).
+    pub fn compensator(&self) -> Compensator {
+        Compensator::new(&self.rt).rounds(self.rounds.iter().copied())
+    }
+
+    /// [`settle`](TestKit::settle) with a worker of yours (every scope's operation registered).
+    pub async fn settle_with(&self, worker: &Compensator) -> Result<Pass, Error> {
         tokio::time::sleep(self.rt.lease()).await;
         worker.sweep().await?;
         let mut total = Pass::default();

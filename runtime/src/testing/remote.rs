@@ -305,6 +305,21 @@ where
         })
     }
 
+    /// A compensation [`Operation`](crate::Operation) whose lookup is [`status`](Remote::status),
+    /// to register on a [`Compensator`](crate::Compensator) (see
+    /// [`TestKit::settle_with`](super::TestKit::settle_with)).
+    pub fn operation(&self) -> crate::Operation
+    where
+        T: serde::Serialize,
+        E: std::fmt::Display + 'static,
+    {
+        let remote = self.clone();
+        crate::Operation::new(move |call: CallId| {
+            let remote = remote.clone();
+            async move { remote.status(&call).await }
+        })
+    }
+
     /// Every request received (and every lost one), in order.
     pub fn deliveries(&self) -> Vec<Delivery> {
         self.state().deliveries.clone()
