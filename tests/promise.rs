@@ -100,8 +100,8 @@ impl Svc {
             .collect()
     }
 
-    /// Waits (up to 10 s) until `call_id` is queued for compensation: the drop guard's task marks the
-    /// receipt first and queues it next, so the mark alone does not say the entry is there yet.
+    /// Waits (up to 10 s) until `call_id` is queued for compensation: the drop guard's task does its
+    /// writes after the caller is gone.
     async fn until_queued(&self, call_id: &CallId) {
         for _ in 0..1000 {
             if self.queued().await.contains(call_id) {
@@ -329,7 +329,57 @@ async fn a_refused_release_answers_the_charge(store: Arc<dyn Store>) {
     assert!(svc.queued().await.is_empty());
 }
 
+/// A call is never `UNKNOWN` without its compensation entry, whichever of the two writes fails (or
+/// is the last a dying process makes): the entry is written first. Without it the record stays
+/// `PROCESSING`, an orphan the sweep finds once the lease ends; with it and no mark, the entry is
+/// there. Either way the next duplicate takes the call over and resolves it, once.
+async fn an_unknown_is_never_without_its_entry(store: Arc<dyn Store>) {
+    for failing in ["enqueue_compensation", "mark_unknown"] {
+        let svc = Svc::on(store.clone());
+        svc.remote.script([Fault::ReplyLost]);
+        svc.store.plan(failing, [Act::Fail(unavailable())]);
+        assert!(
+            matches!(
+                svc.hold(&svc.order, 500).await,
+                Err(TestError::Samekey(Error::Unknown { .. }))
+            ),
+            "{failing}"
+        );
+        let call_id = svc.first_call_id();
+        assert_eq!(
+            svc.state(&call_id).await,
+            Some(ReceiptState::Processing),
+            "{failing}: not UNKNOWN"
+        );
+        let queued = svc.queued().await;
+        match failing {
+            "enqueue_compensation" => {
+                assert!(queued.is_empty(), "{queued:?}");
+                svc.pass_lease().await;
+                let orphans = svc
+                    .store
+                    .list_orphans(svc.rt.now_ms(), 10_000)
+                    .await
+                    .unwrap();
+                assert!(
+                    orphans.iter().any(|r| r.call_id == call_id),
+                    "the sweep finds it"
+                );
+            }
+            _ => {
+                assert_eq!(queued, std::slice::from_ref(&call_id));
+                svc.pass_lease().await;
+            }
+        }
+        assert_eq!(svc.with_lookup(&svc.order, 500).await, Ok(500), "{failing}");
+        assert_eq!(svc.state(&call_id).await, Some(ReceiptState::Success));
+        assert!(svc.queued().await.is_empty(), "{failing}: entry cleared");
+        assert_eq!(svc.remote.executions(&svc.order), 1);
+    }
+}
+
 support::on_stores!(memory, sqlite if "sqlite", postgres if "postgres", redis if "redis" => {
+    an_unknown_is_never_without_its_entry,
     cancelled_while_recording_a_success,
     cancelled_while_recording_a_failure,
     cancelled_and_the_write_fails,

@@ -1426,10 +1426,18 @@ impl<T, E> Call<T, E> {
         }
     }
 
-    /// Records `UNKNOWN`, queues the call for compensation and answers [`Error::Unknown`]. If the mark is
-    /// refused (another owner holds the key), the call answers what that owner recorded instead.
+    /// Queues the call for compensation, records `UNKNOWN` and answers [`Error::Unknown`]. The entry
+    /// comes first: a call is never `UNKNOWN` without its entry, whenever the process dies. If the
+    /// entry cannot be written, the record stays `PROCESSING` and the orphan sweep queues it once
+    /// its lease ends. If the mark is refused (another owner holds the key), the call answers what
+    /// that owner recorded instead (the entry is removed by that owner, or by the worker as settled).
     async fn give_up_unknown(&mut self, reason: &str, now: u64) -> Step<T, E> {
-        if let Some(fence) = self.fence {
+        let Some(fence) = self.fence else {
+            return self.hand_to_compensation(reason, now).await;
+        };
+        tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+            attempt = self.attempts, reason, "outcome unknown; handed to compensation");
+        if self.enqueue(reason, now).await {
             match self.rt.store().mark_unknown(&self.key, fence, now).await {
                 Ok(_) => {}
                 Err(e) if lost(&e) => {
@@ -1439,18 +1447,23 @@ impl<T, E> Call<T, E> {
                 }
                 Err(e) => {
                     tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                        attempt = self.attempts, error = %e, "could not mark the call unknown");
+                        attempt = self.attempts, error = %e, "could not mark the call unknown; its entry is queued");
                 }
             }
         }
-        self.hand_to_compensation(reason, now).await
+        self.answer_unknown(reason).await
     }
 
-    /// Queues the call for compensation and answers [`Error::Unknown`].
+    /// Queues the call for compensation and answers [`Error::Unknown`] (a call that holds no key).
     async fn hand_to_compensation(&mut self, reason: &str, now: u64) -> Step<T, E> {
         tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = self.attempts, reason, "outcome unknown; handed to compensation");
         self.enqueue(reason, now).await;
+        self.answer_unknown(reason).await
+    }
+
+    /// Journals the hand-over and answers [`Error::Unknown`].
+    async fn answer_unknown(&mut self, reason: &str) -> Step<T, E> {
         self.note(What::Unknown {
             reason: reason.to_owned(),
         });
@@ -1505,12 +1518,18 @@ impl<T, E> Call<T, E> {
         self.plain_failure()
     }
 
-    async fn enqueue(&self, reason: &str, now: u64) {
+    /// Queues the call for compensation; whether the entry was written.
+    async fn enqueue(&self, reason: &str, now: u64) -> bool {
         self.count(Counter::Unknown);
         let entry = self.entry(reason, now);
-        if let Err(e) = self.rt.store().enqueue_compensation(entry).await {
-            tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                attempt = self.attempts, error = %e, "could not queue the call for compensation; its UNKNOWN receipt remains");
+        match self.rt.store().enqueue_compensation(entry).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                    attempt = self.attempts, error = %e,
+                    "could not queue the call for compensation; its record stays PROCESSING until the orphan sweep finds it");
+                false
+            }
         }
     }
 
@@ -1613,22 +1632,20 @@ fn lost(e: &StoreError) -> bool {
     )
 }
 
-/// Marks an owner's call `UNKNOWN` and queues it for compensation. A mark refused because the key is no
-/// longer the owner's (taken over, or settled meanwhile) queues nothing: whoever holds it resolves it.
+/// Queues an owner's call for compensation, then marks it `UNKNOWN`.
 async fn leave_unknown(
     store: &dyn Store,
     fence: Fence,
     entry: CompensationEntry,
     now: u64,
 ) -> Result<(), StoreError> {
-    let marked = store.mark_unknown(&entry.key, fence, now).await;
-    if let Err(e) = &marked {
-        if lost(e) {
-            return marked.map(drop);
-        }
-    }
-    let queued = store.enqueue_compensation(entry).await;
-    marked.map(drop).and(queued)
+    // The entry first: a record is never UNKNOWN without one, whenever the process dies. Without
+    // it, the record stays PROCESSING and the orphan sweep queues it once the lease ends; with a
+    // mark refused because another owner holds the key, that owner (or the worker, finding the call
+    // settled) removes it.
+    let key = entry.key.clone();
+    store.enqueue_compensation(entry).await?;
+    store.mark_unknown(&key, fence, now).await.map(drop)
 }
 
 async fn finish_compensation(rt: &Runtime, key: &Key, call_id: &CallId) {

@@ -504,27 +504,16 @@ impl TestKit {
             .then(|| format!("attempts of one call carried different callIds:{found}"))
     }
 
-    /// The calls `UNKNOWN` with no compensation entry. A call being handed over right now (a
-    /// cancelled call's guard writes the receipt, then the entry, in a task of its own) is given up
-    /// to a second to finish before it counts.
+    /// The calls `UNKNOWN` with no compensation entry (the runtime writes the entry first, so none
+    /// is ever in between).
     async fn unknowns_resolved_or_queued(&self) -> Option<String> {
-        let mut looks = 0;
-        loop {
-            let missing = match self.unqueued_unknowns().await {
-                Ok(missing) => missing,
-                Err(e) => return Some(e),
-            };
-            if missing.is_empty() {
-                return None;
-            }
-            looks += 1;
-            if looks == 20 {
-                return Some(format!(
-                    "calls left UNKNOWN with nothing to resolve them:{}",
-                    missing.concat()
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        match self.unqueued_unknowns().await {
+            Ok(missing) if missing.is_empty() => None,
+            Ok(missing) => Some(format!(
+                "calls left UNKNOWN with nothing to resolve them:{}",
+                missing.concat()
+            )),
+            Err(e) => Some(e),
         }
     }
 
