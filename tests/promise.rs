@@ -378,8 +378,57 @@ async fn an_unknown_is_never_without_its_entry(store: Arc<dyn Store>) {
     }
 }
 
+/// The caller goes away while its uncertain call is being queued (before the mark): the drop guard
+/// finishes the hand-over — queued, then `UNKNOWN` — and the key is never released.
+async fn dropped_while_being_queued(store: Arc<dyn Store>) {
+    let svc = Svc::on(store);
+    svc.remote.script([Fault::ReplyLost]);
+    let gate = Gate::new();
+    svc.store
+        .plan("enqueue_compensation", [Act::Before(gate.clone())]);
+    let first = tokio::spawn({
+        let svc = svc.clone();
+        async move { svc.hold(&svc.order, 500).await }
+    });
+    gate.reached().await;
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    let call_id = svc.first_call_id();
+    svc.until_state(&call_id, ReceiptState::Unknown).await;
+    svc.until_queued(&call_id).await;
+    assert_eq!(svc.queued().await, [call_id]);
+    assert_eq!(svc.remote.executions(&svc.order), 1);
+}
+
+/// The owner stalls while queueing its uncertain call, past its lease; a duplicate takes the call
+/// over, finds through `lookup` that it succeeded and records it. Back, the owner's mark is fenced
+/// out: it answers the recorded success, and the entry it wrote late is removed (a settled call
+/// needs none).
+async fn owner_back_from_queueing_answers_the_outcome(store: Arc<dyn Store>) {
+    let svc = Svc::on(store);
+    svc.remote.script([Fault::ReplyLost]);
+    let stall = Gate::new();
+    svc.store
+        .plan("enqueue_compensation", [Act::Before(stall.clone())]);
+    let owner = tokio::spawn({
+        let svc = svc.clone();
+        async move { svc.hold(&svc.order, 500).await }
+    });
+    stall.reached().await;
+    svc.pass_lease().await;
+    assert_eq!(svc.with_lookup(&svc.order, 500).await, Ok(500));
+    stall.open();
+    assert_eq!(owner.await.unwrap(), Ok(500));
+    let call_id = svc.first_call_id();
+    assert_eq!(svc.state(&call_id).await, Some(ReceiptState::Success));
+    assert!(svc.queued().await.is_empty(), "no entry beside SUCCESS");
+    assert_eq!(svc.remote.executions(&svc.order), 1);
+}
+
 support::on_stores!(memory, sqlite if "sqlite", postgres if "postgres", redis if "redis" => {
     an_unknown_is_never_without_its_entry,
+    dropped_while_being_queued,
+    owner_back_from_queueing_answers_the_outcome,
     cancelled_while_recording_a_success,
     cancelled_while_recording_a_failure,
     cancelled_and_the_write_fails,

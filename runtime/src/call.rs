@@ -1489,6 +1489,9 @@ impl<T, E> Call<T, E> {
                     tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                         attempt = self.attempts, state = %r.state, "another owner recorded the outcome; answering it");
                     let r = r.clone();
+                    // An entry this run queued before it was fenced out is not needed by a settled
+                    // call.
+                    finish_compensation(&self.rt, &self.key, &self.call_id).await;
                     return self.replay(&r);
                 }
                 true
