@@ -581,23 +581,8 @@ async fn compare(seed: u64) -> Result<(), Box<dyn std::error::Error>> {
     // sweep first queues any call a crashed owner left PROCESSING (a service's `run` sweeps every
     // 10 min).
     worker.sweep().await?;
-    loop {
-        let pass = worker.run_once().await?;
-        samekey_col.settled_by_worker += (pass.succeeded + pass.failed + pass.released) as u64;
-        let now = service.samekey.now_ms();
-        let Some(next) = service
-            .samekey
-            .compensations()
-            .await?
-            .iter()
-            .filter(|e| e.state != samekey::CompensationState::Manual)
-            .map(|e| e.next_at_ms)
-            .min()
-        else {
-            break;
-        };
-        tokio::time::sleep(Duration::from_millis(next.saturating_sub(now).max(1_000))).await;
-    }
+    let settled = worker.settle().await?;
+    samekey_col.settled_by_worker = (settled.succeeded + settled.failed + settled.released) as u64;
     samekey_col.unknown_queued = service
         .samekey
         .compensations()

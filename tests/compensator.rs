@@ -253,9 +253,7 @@ async fn two_workers_never_work_one_entry() {
             if pass.taken == 0 {
                 return total;
             }
-            total.taken += pass.taken;
-            total.succeeded += pass.succeeded;
-            total.lost += pass.lost;
+            total += pass;
         }
     };
     let (pa, pb) = tokio::join!(drain(a), drain(b));

@@ -210,6 +210,22 @@ pub struct Pass {
     pub deferred: usize,
 }
 
+/// The counts of several passes added up.
+impl std::ops::AddAssign for Pass {
+    fn add_assign(&mut self, pass: Pass) {
+        self.taken += pass.taken;
+        self.succeeded += pass.succeeded;
+        self.failed += pass.failed;
+        self.released += pass.released;
+        self.reversed += pass.reversed;
+        self.settled_elsewhere += pass.settled_elsewhere;
+        self.rescheduled += pass.rescheduled;
+        self.escalated += pass.escalated;
+        self.lost += pass.lost;
+        self.deferred += pass.deferred;
+    }
+}
+
 /// Which count of a [`Pass`] an entry adds to.
 type Counter = fn(&mut Pass) -> &mut usize;
 
@@ -402,6 +418,30 @@ impl Compensator {
                 () = &mut stop => return,
                 () = tokio::time::sleep(every) => {}
             }
+        }
+    }
+
+    /// Passes until the queue holds nothing but `MANUAL` entries, sleeping until each next due
+    /// entry (every round of every entry, so up to the last round's delay: instant under tokio's
+    /// paused time, as in a simulation or a test). Answers the passes' totals. A store that fails
+    /// ends it with the error.
+    pub async fn settle(&self) -> Result<Pass, Error> {
+        let mut total = Pass::default();
+        loop {
+            total += self.run_once().await?;
+            let now = self.rt.now_ms();
+            let next = self
+                .rt
+                .compensations()
+                .await?
+                .iter()
+                .filter(|e| e.state != CompensationState::Manual)
+                .map(|e| e.next_at_ms)
+                .min();
+            let Some(next) = next else {
+                return Ok(total);
+            };
+            tokio::time::sleep(Duration::from_millis(next.saturating_sub(now).max(1))).await;
         }
     }
 

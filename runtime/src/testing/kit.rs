@@ -301,33 +301,7 @@ impl TestKit {
     pub async fn settle_with(&self, worker: &Compensator) -> Result<Pass, Error> {
         tokio::time::sleep(self.rt.lease()).await;
         worker.sweep().await?;
-        let mut total = Pass::default();
-        loop {
-            let pass = worker.run_once().await?;
-            total.taken += pass.taken;
-            total.succeeded += pass.succeeded;
-            total.failed += pass.failed;
-            total.released += pass.released;
-            total.reversed += pass.reversed;
-            total.settled_elsewhere += pass.settled_elsewhere;
-            total.rescheduled += pass.rescheduled;
-            total.escalated += pass.escalated;
-            total.lost += pass.lost;
-            total.deferred += pass.deferred;
-            let now = self.rt.now_ms();
-            let next = self
-                .rt
-                .compensations()
-                .await?
-                .iter()
-                .filter(|e| e.state != crate::CompensationState::Manual)
-                .map(|e| e.next_at_ms)
-                .min();
-            let Some(next) = next else {
-                return Ok(total);
-            };
-            tokio::time::sleep(Duration::from_millis(next.saturating_sub(now).max(1))).await;
-        }
+        worker.settle().await
     }
 
     /// Every check below, at once — and that no caller was told "succeeded" for a call whose
