@@ -5,7 +5,7 @@ mod support;
 
 use std::sync::Arc;
 
-use samekey::reconcile::{read_csv, read_jsonl, Discrepancy, Reconciler, RemoteOutcome};
+use samekey::reconcile::{read_csv, read_jsonl, Discrepancy, Reconciler, RemoteOutcome, Report};
 use samekey::store::ReceiptQuery;
 use samekey::{idempotent, observed, CallId, Error, ReceiptState, Runtime, Store};
 use support::stores::*;
@@ -48,25 +48,93 @@ impl Day {
     }
 }
 
+/// This side's day: five orders paid (order 1 as the counterparty has it, 2 for another amount, 3
+/// declined here, 4 left `UNKNOWN`, 5 never mentioned there), and when it started by the store's clock.
+struct Planted {
+    day: Day,
+    start: u64,
+    run: String,
+    matched: CallId,
+    other_amount: CallId,
+    declined_here: CallId,
+    unknown_here: CallId,
+    not_there: CallId,
+}
+
+impl Planted {
+    async fn on(store: Arc<dyn Store>, by_reference: bool) -> Planted {
+        let rt = Runtime::builder()
+            .node("day")
+            .shared_store(store.clone())
+            .build()
+            .unwrap();
+        let start = store.now_ms(rt.now_ms()).await.unwrap();
+        let day = Day {
+            rt,
+            remote: Remote::new(),
+            by_reference,
+        };
+        let run = format!("{:x}", samekey::TraceId::new().as_u128());
+        let order = |n: u8| format!("{run}-{n}");
+        Planted {
+            matched: day.paid(&order(1), 500, Fault::None).await,
+            other_amount: day.paid(&order(2), 700, Fault::None).await,
+            declined_here: day.paid(&order(3), 900, Fault::Declined).await,
+            unknown_here: day.paid(&order(4), 300, Fault::ReplyLost).await,
+            not_there: day.paid(&order(5), 100, Fault::None).await,
+            day,
+            start,
+            run,
+        }
+    }
+
+    fn order(&self, n: u8) -> String {
+        format!("{}-{n}", self.run)
+    }
+
+    /// The receipts of the day in `scope`, two a page.
+    fn query(&self, scope: &str) -> ReceiptQuery {
+        ReceiptQuery::created_between(self.start.saturating_sub(1_000), self.start + 3_600_000)
+            .scope(scope)
+            .limit(2)
+    }
+
+    /// What both ways of matching find on this day: one match, the other amount, the two states
+    /// that differ, the receipt never mentioned there, and one record missing here.
+    fn assert_found(&self, report: &Report) {
+        assert_eq!(report.receipts, 5);
+        assert_eq!(report.matched, 1);
+        assert_eq!(report.amount_mismatches, 1);
+        assert_eq!(report.state_mismatches, 2);
+        assert_eq!(report.missing_here, 1);
+        assert_eq!(report.missing_there, 1);
+        assert!(!report.is_clean());
+        let has = |d: &Discrepancy| report.examples.contains(d);
+        assert!(has(&Discrepancy::AmountMismatch {
+            call_id: self.other_amount.clone(),
+            here: 700,
+            there: 750
+        }));
+        assert!(has(&Discrepancy::StateMismatch {
+            call_id: self.declined_here.clone(),
+            here: ReceiptState::Failed,
+            there: RemoteOutcome::Succeeded
+        }));
+        assert!(has(&Discrepancy::StateMismatch {
+            call_id: self.unknown_here.clone(),
+            here: ReceiptState::Unknown,
+            there: RemoteOutcome::Succeeded
+        }));
+        assert!(has(&Discrepancy::MissingThere {
+            call_id: self.not_there.clone(),
+            state: ReceiptState::Success
+        }));
+    }
+}
+
 async fn a_day_is_reconciled(store: Arc<dyn Store>) {
-    let rt = Runtime::builder()
-        .node("day")
-        .shared_store(store.clone())
-        .build()
-        .unwrap();
-    let start = store.now_ms(rt.now_ms()).await.unwrap();
-    let day = Day {
-        rt: rt.clone(),
-        remote: Remote::new(),
-        by_reference: false,
-    };
-    let run = format!("{:x}", samekey::TraceId::new().as_u128());
-    let order = |n: u8| format!("{run}-{n}");
-    let matched = day.paid(&order(1), 500, Fault::None).await;
-    let other_amount = day.paid(&order(2), 700, Fault::None).await;
-    let declined_here = day.paid(&order(3), 900, Fault::Declined).await;
-    let unknown_here = day.paid(&order(4), 300, Fault::ReplyLost).await;
-    let not_there = day.paid(&order(5), 100, Fault::None).await;
+    let p = Planted::on(store, false).await;
+    let (day, order) = (&p.day, |n| p.order(n));
     let never_here = CallId::new("pay", "elsewhere").unwrap();
     let (_, refund) = observed(day.refund(&order(6))).await;
     let other_scope = refund.unwrap().call_id().clone();
@@ -79,21 +147,18 @@ async fn a_day_is_reconciled(store: Arc<dyn Store>) {
         format!("{{\"call_id\": \"{id}\", \"status\": \"{status}\", \"amount\": {amount}}}\n")
     };
     let file = [
-        line(&matched, "succeeded", 500),
-        line(&other_amount, "succeeded", 750),
-        line(&declined_here, "succeeded", 900),
-        line(&unknown_here, "succeeded", 300),
+        line(&p.matched, "succeeded", 500),
+        line(&p.other_amount, "succeeded", 750),
+        line(&p.declined_here, "succeeded", 900),
+        line(&p.unknown_here, "succeeded", 300),
         line(&never_here, "succeeded", 50),
-        line(&matched, "succeeded", 500),
+        line(&p.matched, "succeeded", 500),
         line(&other_scope, "succeeded", 1),
         "{\"call_id\": \"garbled\"}\n".to_owned(),
     ]
     .concat();
 
-    let query = ReceiptQuery::created_between(start.saturating_sub(1_000), start + 3_600_000)
-        .scope("reconcile.pay")
-        .limit(2);
-    let report = Reconciler::new(&rt, query)
+    let report = Reconciler::new(&day.rt, p.query("reconcile.pay"))
         .amount(|r| serde_json::from_slice::<i64>(r.outcome.as_deref()?).ok())
         .run(read_jsonl(file.as_bytes()))
         .await
@@ -102,61 +167,19 @@ async fn a_day_is_reconciled(store: Arc<dyn Store>) {
     assert_eq!(report.remote_records, 7);
     assert_eq!(report.repeated, 1, "a line repeating a callId");
     assert_eq!(report.outside_query, 1, "another scope's call");
-    assert_eq!(report.receipts, 5);
-    assert_eq!(report.matched, 1);
-    assert_eq!(report.amount_mismatches, 1);
-    assert_eq!(report.state_mismatches, 2);
-    assert_eq!(report.missing_here, 1);
-    assert_eq!(report.missing_there, 1);
     assert_eq!(report.unreadable, 1);
-    assert!(!report.is_clean());
-    let has = |d: &Discrepancy| report.examples.contains(d);
-    assert!(has(&Discrepancy::AmountMismatch {
-        call_id: other_amount,
-        here: 700,
-        there: 750
-    }));
-    assert!(has(&Discrepancy::StateMismatch {
-        call_id: declined_here,
-        here: ReceiptState::Failed,
-        there: RemoteOutcome::Succeeded
-    }));
-    assert!(has(&Discrepancy::StateMismatch {
-        call_id: unknown_here,
-        here: ReceiptState::Unknown,
-        there: RemoteOutcome::Succeeded
-    }));
-    assert!(has(&Discrepancy::MissingHere {
+    p.assert_found(&report);
+    assert!(report.examples.contains(&Discrepancy::MissingHere {
         call_id: Some(never_here),
         reference: None,
-    }));
-    assert!(has(&Discrepancy::MissingThere {
-        call_id: not_there,
-        state: ReceiptState::Success
     }));
 }
 
 /// The same day, from a counterparty that never kept the callId: its records name the order, and
 /// this side's key is rebuilt from it. An `UNKNOWN` call is found as well as a finished one.
 async fn a_day_is_reconciled_by_reference(store: Arc<dyn Store>) {
-    let rt = Runtime::builder()
-        .node("day")
-        .shared_store(store.clone())
-        .build()
-        .unwrap();
-    let start = store.now_ms(rt.now_ms()).await.unwrap();
-    let day = Day {
-        rt: rt.clone(),
-        remote: Remote::new(),
-        by_reference: true,
-    };
-    let run = format!("{:x}", samekey::TraceId::new().as_u128());
-    let order = |n: u8| format!("{run}-{n}");
-    day.paid(&order(1), 500, Fault::None).await;
-    let other_amount = day.paid(&order(2), 700, Fault::None).await;
-    let declined_here = day.paid(&order(3), 900, Fault::Declined).await;
-    let unknown_here = day.paid(&order(4), 300, Fault::ReplyLost).await;
-    let not_there = day.paid(&order(5), 100, Fault::None).await;
+    let p = Planted::on(store, true).await;
+    let order = |n| p.order(n);
 
     let file = format!(
         "reference,status,amount\n{},paid,500\n{},paid,750\n{},paid,900\n{},paid,300\n{},paid,50\n{},paid,500\n,paid,1\n",
@@ -167,10 +190,7 @@ async fn a_day_is_reconciled_by_reference(store: Arc<dyn Store>) {
         order(7),
         order(1),
     );
-    let query = ReceiptQuery::created_between(start.saturating_sub(1_000), start + 3_600_000)
-        .scope("reconcile.by_reference")
-        .limit(2);
-    let report = Reconciler::new(&rt, query)
+    let report = Reconciler::new(&p.day.rt, p.query("reconcile.by_reference"))
         .amount(|r| serde_json::from_slice::<i64>(r.outcome.as_deref()?).ok())
         .by_reference(|order| Some(samekey::Key::build("reconcile.by_reference", order)))
         .run(read_csv(file.as_bytes()))
@@ -180,35 +200,10 @@ async fn a_day_is_reconciled_by_reference(store: Arc<dyn Store>) {
     assert_eq!(report.remote_records, 6);
     assert_eq!(report.repeated, 1, "a line repeating a reference");
     assert_eq!(report.unreadable, 1, "a line without a reference");
-    assert_eq!(report.receipts, 5);
-    assert_eq!(report.matched, 1);
-    assert_eq!(report.amount_mismatches, 1);
-    assert_eq!(report.state_mismatches, 2);
-    assert_eq!(report.missing_here, 1);
-    assert_eq!(report.missing_there, 1);
-    let has = |d: &Discrepancy| report.examples.contains(d);
-    assert!(has(&Discrepancy::AmountMismatch {
-        call_id: other_amount,
-        here: 700,
-        there: 750
-    }));
-    assert!(has(&Discrepancy::StateMismatch {
-        call_id: declined_here,
-        here: ReceiptState::Failed,
-        there: RemoteOutcome::Succeeded
-    }));
-    assert!(has(&Discrepancy::StateMismatch {
-        call_id: unknown_here,
-        here: ReceiptState::Unknown,
-        there: RemoteOutcome::Succeeded
-    }));
-    assert!(has(&Discrepancy::MissingHere {
+    p.assert_found(&report);
+    assert!(report.examples.contains(&Discrepancy::MissingHere {
         call_id: None,
         reference: Some(order(7)),
-    }));
-    assert!(has(&Discrepancy::MissingThere {
-        call_id: not_there,
-        state: ReceiptState::Success
     }));
 }
 
