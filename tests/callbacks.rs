@@ -24,22 +24,20 @@ impl Shop {
                 .shared_store(store)
                 .build()
                 .unwrap(),
-            remote: Remote::new(),
+            remote: Remote::default(),
             shipped,
         }
     }
 
     #[idempotent(key = "order", scope = "callbacks.charge", runtime = &self.rt, timeout = "1s", on_unknown = "hold")]
     async fn charge(&self, order: &str, amount: u64) -> Result<u64, TestError> {
-        let cx = samekey::current();
-        self.remote.charge(cx.call_id(), order, amount).await
+        self.remote.call(order, || amount).await
     }
 
     /// A charge that takes a while (no timeout: its owner holds the key while it runs).
     #[idempotent(key = "order", scope = "callbacks.slow", runtime = &self.rt)]
     async fn charge_slowly(&self, order: &str, amount: u64) -> Result<u64, TestError> {
-        let cx = samekey::current();
-        self.remote.charge(cx.call_id(), order, amount).await
+        self.remote.call(order, || amount).await
     }
 
     /// The downstream work: idempotent by the order, so it runs once however often it is asked.
@@ -68,7 +66,7 @@ async fn callback_scenarios(store: Arc<dyn Store>) {
     let shop = Arc::new(Shop::on(store.clone(), shipped.clone()));
     let order = order("cb");
     // The charge's reply is lost: UNKNOWN, queued; the provider charged and will call back.
-    shop.remote.script([Fault::ReplyLost]);
+    shop.remote.script([Fault::LoseReply]);
     let call_id = match shop.charge(&order, 500).await {
         Err(TestError::Samekey(Error::Unknown { call_id })) => call_id,
         other => panic!("{other:?}"),
@@ -188,7 +186,7 @@ async fn callback_before_the_reply(store: Arc<dyn Store>) {
         async move { shop.charge_slowly(&order, 500).await }
     });
     let call_id: CallId = loop {
-        if let Some(seen) = shop.remote.seen().first() {
+        if let Some(seen) = shop.remote.call_ids().first() {
             break seen.parse().unwrap();
         }
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
@@ -204,7 +202,7 @@ async fn callback_before_the_reply(store: Arc<dyn Store>) {
         "the owner recorded it first"
     );
     assert_eq!(owner.await.unwrap(), Ok(500));
-    assert_eq!(shop.remote.executions(&order), 1);
+    assert_eq!(shop.remote.effects(&order), 1);
 }
 
 /// A "paid" callback for a charge this side recorded as declined is refused, journaled, and ships
@@ -213,9 +211,9 @@ async fn a_late_success_for_a_declined_call_is_refused(store: Arc<dyn Store>) {
     let shipped = Arc::new(AtomicU32::new(0));
     let shop = Shop::on(store.clone(), shipped.clone());
     let order = order("declined");
-    shop.remote.script([Fault::Declined]);
+    shop.remote.script([Fault::Reject]);
     let (out, report) = samekey::observed(shop.charge(&order, 500)).await;
-    assert!(matches!(out, Err(TestError::Declined)), "{out:?}");
+    assert!(matches!(out, Err(TestError::Rejected)), "{out:?}");
     let call_id = report.expect("reported").call_id().clone();
 
     let restarted = Shop::on(store, shipped.clone());
@@ -270,11 +268,11 @@ async fn a_delivery_stalled_at_its_write_is_fenced_out_and_the_next_applies() {
             .shared_store(faulty.clone())
             .build()
             .unwrap(),
-        remote: Remote::new(),
+        remote: Remote::default(),
         shipped: shipped.clone(),
     });
     let first = order("stall");
-    shop.remote.script([Fault::ReplyLost]);
+    shop.remote.script([Fault::LoseReply]);
     let call_id = match shop.charge(&first, 500).await {
         Err(TestError::Samekey(Error::Unknown { call_id })) => call_id,
         other => panic!("{other:?}"),
@@ -305,7 +303,7 @@ async fn a_delivery_stalled_at_its_write_is_fenced_out_and_the_next_applies() {
 
     // Dropped at the same step: the key stays with the dropped delivery until its lease ends.
     let second = order("dropped");
-    shop.remote.script([Fault::ReplyLost]);
+    shop.remote.script([Fault::LoseReply]);
     let call_id = match shop.charge(&second, 500).await {
         Err(TestError::Samekey(Error::Unknown { call_id })) => call_id,
         other => panic!("{other:?}"),

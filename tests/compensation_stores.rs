@@ -29,14 +29,13 @@ impl Svc {
                 .shared_store(store)
                 .build()
                 .unwrap(),
-            remote: Remote::new(),
+            remote: Remote::default(),
         }
     }
 
     #[idempotent(key = "order", scope = "compensation_stores.charge", runtime = &self.rt, timeout = "1s", on_unknown = "hold")]
     async fn charge(&self, order: &str, amount: u64) -> Result<u64, TestError> {
-        let cx = samekey::current();
-        self.remote.charge(cx.call_id(), order, amount).await
+        self.remote.call(order, || amount).await
     }
 
     fn worker(&self) -> Compensator {
@@ -102,20 +101,20 @@ async fn worker_scenarios(store: Arc<dyn Store>) {
 
 async fn lost_reply_is_recorded(svc: Svc) {
     let order = order("lost");
-    let call_id = svc.unknown(&order, Fault::ReplyLost).await;
+    let call_id = svc.unknown(&order, Fault::LoseReply).await;
     let worker = svc.worker();
     svc.until(&worker, async || svc.entry_state(&call_id).await.is_none())
         .await;
     assert_eq!(svc.state(&call_id).await, Some(ReceiptState::Success));
     assert_eq!(svc.charge(&order, 500).await, Ok(500));
-    assert_eq!(svc.remote.executions(&order), 1);
+    assert_eq!(svc.remote.effects(&order), 1);
 }
 
 async fn two_workers_race(svc: Svc) {
     let mut calls = Vec::new();
     for i in 0..6 {
         calls.push(
-            svc.unknown(&order(&format!("race{i}")), Fault::ReplyLost)
+            svc.unknown(&order(&format!("race{i}")), Fault::LoseReply)
                 .await,
         );
     }
@@ -132,7 +131,7 @@ async fn two_workers_race(svc: Svc) {
 
 async fn dead_worker_is_taken_over(svc: Svc) {
     let order = order("dead");
-    let call_id = svc.unknown(&order, Fault::ReplyLost).await;
+    let call_id = svc.unknown(&order, Fault::LoseReply).await;
     // A worker takes everything due and dies.
     let now = svc.rt.now_ms();
     svc.rt
@@ -148,7 +147,7 @@ async fn dead_worker_is_taken_over(svc: Svc) {
     svc.until(&worker, async || svc.entry_state(&call_id).await.is_none())
         .await;
     assert_eq!(svc.state(&call_id).await, Some(ReceiptState::Success));
-    assert_eq!(svc.remote.executions(&order), 1);
+    assert_eq!(svc.remote.effects(&order), 1);
 }
 
 async fn orphan_is_swept(svc: Svc) {
@@ -170,7 +169,7 @@ async fn orphan_is_swept(svc: Svc) {
         .await
         .unwrap();
     assert!(matches!(claimed, Claimed::Acquired(_)));
-    svc.remote.charge(&call_id, &order, 500).await.unwrap();
+    svc.remote.call_as(&call_id, &order, || 500).await.unwrap();
     tokio::time::sleep(Duration::from_millis(400)).await;
     let worker = svc.worker();
     svc.until(&worker, async || {
@@ -180,13 +179,12 @@ async fn orphan_is_swept(svc: Svc) {
     .await;
     assert_eq!(svc.entry_state(&call_id).await, None);
     assert_eq!(svc.charge(&order, 500).await, Ok(500));
-    assert_eq!(svc.remote.executions(&order), 1);
+    assert_eq!(svc.remote.effects(&order), 1);
 }
 
 async fn rounds_end_with_a_person(svc: Svc) {
-    let call_id = svc.unknown(&order("rounds"), Fault::ReplyLost).await;
-    svc.remote
-        .script_lookups(std::iter::repeat_n(Err("receipts down".to_owned()), 100));
+    let call_id = svc.unknown(&order("rounds"), Fault::LoseReply).await;
+    svc.remote.script_lookups(std::iter::repeat_n(true, 100));
     let escalated = Arc::new(AtomicU32::new(0));
     let worker = svc.worker().on_escalate({
         let (escalated, call_id) = (escalated.clone(), call_id.clone());

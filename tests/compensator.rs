@@ -26,22 +26,20 @@ impl Svc {
                 .clock(TokioClock::new())
                 .build()
                 .unwrap(),
-            remote: Remote::new(),
+            remote: Remote::default(),
         }
     }
 
     /// The same operation, for a caller that may ask the receipt.
     #[idempotent(key = "order", scope = "orders.charge", runtime = &self.rt, timeout = "1s", lookup = |c| self.remote.status(c))]
     async fn charge_checked(&self, order: &str, amount: u64) -> Result<u64, TestError> {
-        let cx = samekey::current();
-        self.remote.charge(cx.call_id(), order, amount).await
+        self.remote.call(order, || amount).await
     }
 
     /// Without `lookup`: an unknown outcome is left to compensation at once.
     #[idempotent(key = "order", scope = "orders.charge", runtime = &self.rt, timeout = "1s", on_unknown = "hold")]
     async fn charge(&self, order: &str, amount: u64) -> Result<u64, TestError> {
-        let cx = samekey::current();
-        self.remote.charge(cx.call_id(), order, amount).await
+        self.remote.call(order, || amount).await
     }
 
     fn operation(&self) -> Operation {
@@ -71,8 +69,7 @@ impl Svc {
     #[idempotent(key = "order", scope = "orders.charge", runtime = &self.rt, timeout = "1s",
                  on_unknown = "hold", inputs = "order, amount")]
     async fn charge_keeping_inputs(&self, order: &str, amount: u64) -> Result<u64, TestError> {
-        let cx = samekey::current();
-        self.remote.charge(cx.call_id(), order, amount).await
+        self.remote.call(order, || amount).await
     }
 
     async fn queued(&self) -> Vec<samekey::CompensationEntry> {
@@ -83,7 +80,7 @@ impl Svc {
 #[tokio::test(start_paused = true)]
 async fn a_charge_whose_reply_was_lost_is_recorded_as_it_happened() {
     let svc = Svc::new();
-    let call_id = svc.unknown("o-1", Fault::ReplyLost).await;
+    let call_id = svc.unknown("o-1", Fault::LoseReply).await;
     assert_eq!(svc.queued().await.len(), 1);
     let pass = svc.worker().run_once().await.unwrap();
     assert_eq!((pass.taken, pass.succeeded), (1, 1));
@@ -92,24 +89,24 @@ async fn a_charge_whose_reply_was_lost_is_recorded_as_it_happened() {
     assert_eq!(receipt.state, samekey::ReceiptState::Success);
     // A duplicate now replays the outcome the worker recorded; nothing is charged again.
     assert_eq!(svc.charge("o-1", 500).await, Ok(500));
-    assert_eq!(svc.remote.executions("o-1"), 1);
+    assert_eq!(svc.remote.effects("o-1"), 1);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_charge_never_received_gives_its_key_back() {
     let svc = Svc::new();
-    svc.unknown("o-2", Fault::RequestLost).await;
+    svc.unknown("o-2", Fault::LoseRequest).await;
     let pass = svc.worker().run_once().await.unwrap();
     assert_eq!(pass.released, 1);
     assert!(svc.queued().await.is_empty());
     assert_eq!(svc.charge("o-2", 500).await, Ok(500), "the next call runs");
-    assert_eq!(svc.remote.executions("o-2"), 1);
+    assert_eq!(svc.remote.effects("o-2"), 1);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_charge_never_received_may_be_failed_instead() {
     let svc = Svc::new();
-    let call_id = svc.unknown("o-3", Fault::RequestLost).await;
+    let call_id = svc.unknown("o-3", Fault::LoseRequest).await;
     let worker = Compensator::new(&svc.rt).operation(
         "orders.charge",
         svc.operation().not_received(NotReceived::Fail),
@@ -125,15 +122,14 @@ async fn a_charge_never_received_may_be_failed_instead() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(svc.remote.executions("o-3"), 0);
+    assert_eq!(svc.remote.effects("o-3"), 0);
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_undecided_call_waits_for_later_rounds_then_asks_a_person_once() {
     let svc = Svc::new();
-    let call_id = svc.unknown("o-4", Fault::ReplyLost).await;
-    svc.remote
-        .script_lookups(std::iter::repeat_n(Err("receipts down".to_owned()), 3));
+    let call_id = svc.unknown("o-4", Fault::LoseReply).await;
+    svc.remote.script_lookups(std::iter::repeat_n(true, 3));
     let escalated = Arc::new(AtomicU32::new(0));
     let worker = svc.worker().on_escalate({
         let escalated = escalated.clone();
@@ -176,13 +172,13 @@ async fn an_undecided_call_waits_for_later_rounds_then_asks_a_person_once() {
         .unwrap();
     assert!(svc.queued().await.is_empty());
     assert_eq!(svc.charge("o-4", 500).await, Ok(500));
-    assert_eq!(svc.remote.executions("o-4"), 1);
+    assert_eq!(svc.remote.effects("o-4"), 1);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_resolution_that_disagrees_with_a_settled_call_is_refused() {
     let svc = Svc::new();
-    let call_id = svc.unknown("o-9", Fault::ReplyLost).await;
+    let call_id = svc.unknown("o-9", Fault::LoseReply).await;
     // A duplicate that may ask settles the call: it was charged.
     assert_eq!(svc.charge_checked("o-9", 500).await, Ok(500));
     let key = svc.rt.receipt(&call_id).await.unwrap().unwrap().key;
@@ -230,7 +226,7 @@ async fn a_resolution_that_disagrees_with_a_settled_call_is_refused() {
 async fn two_workers_never_work_one_entry() {
     let svc = Svc::new();
     for i in 0..10 {
-        svc.unknown(&format!("o-race-{i}"), Fault::ReplyLost).await;
+        svc.unknown(&format!("o-race-{i}"), Fault::LoseReply).await;
     }
     let worker = || {
         let remote = svc.remote.clone();
@@ -290,9 +286,9 @@ fn answering(
 #[tokio::test(start_paused = true)]
 async fn a_charge_the_remote_declined_is_recorded_failed_and_replayed() {
     let svc = Svc::new();
-    let call_id = svc.unknown("o-declined", Fault::RequestLost).await;
+    let call_id = svc.unknown("o-declined", Fault::LoseRequest).await;
     let asked = Arc::new(AtomicU32::new(0));
-    let worker = answering(&svc, vec![RemoteStatus::Failed(TestError::Declined)], asked);
+    let worker = answering(&svc, vec![RemoteStatus::Failed(TestError::Rejected)], asked);
     let pass = worker.run_once().await.unwrap();
     assert_eq!((pass.taken, pass.failed), (1, 1), "{pass:?}");
     let receipt = svc.rt.receipt(&call_id).await.unwrap().unwrap();
@@ -304,17 +300,17 @@ async fn a_charge_the_remote_declined_is_recorded_failed_and_replayed() {
             call_id: replayed,
             message,
         })) => {
-            assert_eq!((replayed, message.as_str()), (call_id, "declined"));
+            assert_eq!((replayed, message.as_str()), (call_id, "rejected for good"));
         }
         other => panic!("a duplicate replays the remote's failure: {other:?}"),
     }
-    assert_eq!(svc.remote.executions("o-declined"), 0);
+    assert_eq!(svc.remote.effects("o-declined"), 0);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_charge_still_processing_there_waits_for_the_next_round() {
     let svc = Svc::new();
-    let call_id = svc.unknown("o-slow", Fault::ReplyLost).await;
+    let call_id = svc.unknown("o-slow", Fault::LoseReply).await;
     let asked = Arc::new(AtomicU32::new(0));
     let worker = answering(
         &svc,
@@ -335,7 +331,7 @@ async fn a_charge_still_processing_there_waits_for_the_next_round() {
     assert_eq!((second.taken, second.succeeded), (1, 1), "{second:?}");
     assert_eq!(asked.load(Ordering::SeqCst), 2);
     assert_eq!(svc.charge("o-slow", 500).await, Ok(500));
-    assert_eq!(svc.remote.executions("o-slow"), 1);
+    assert_eq!(svc.remote.effects("o-slow"), 1);
 }
 
 /// A worker whose lookup stalls past its lease on the entry: another worker takes the entry over and
@@ -343,7 +339,7 @@ async fn a_charge_still_processing_there_waits_for_the_next_round() {
 #[tokio::test(start_paused = true)]
 async fn a_worker_stalled_past_its_lease_is_fenced_out() {
     let svc = Svc::new();
-    let call_id = svc.unknown("o-stall", Fault::ReplyLost).await;
+    let call_id = svc.unknown("o-stall", Fault::LoseReply).await;
     let (asked, release) = (
         Arc::new(tokio::sync::Notify::new()),
         Arc::new(tokio::sync::Notify::new()),
@@ -382,13 +378,13 @@ async fn a_worker_stalled_past_its_lease_is_fenced_out() {
     assert_eq!(receipt.state, samekey::ReceiptState::Success);
     assert!(svc.queued().await.is_empty());
     assert_eq!(svc.charge("o-stall", 500).await, Ok(500));
-    assert_eq!(svc.remote.executions("o-stall"), 1);
+    assert_eq!(svc.remote.effects("o-stall"), 1);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_worker_that_crashed_holding_entries_is_taken_over_after_its_lease() {
     let svc = Svc::new();
-    svc.unknown("o-5", Fault::ReplyLost).await;
+    svc.unknown("o-5", Fault::LoseReply).await;
     // A worker takes the entry and dies before doing anything with it.
     let now = svc.rt.now_ms();
     let taken = svc
@@ -415,13 +411,13 @@ async fn a_worker_that_crashed_holding_entries_is_taken_over_after_its_lease() {
         .await
         .is_ok());
     assert_eq!(svc.charge("o-5", 500).await, Ok(500));
-    assert_eq!(svc.remote.executions("o-5"), 1);
+    assert_eq!(svc.remote.effects("o-5"), 1);
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_entry_settled_by_a_duplicate_is_removed_without_asking() {
     let svc = Svc::new();
-    let call_id = svc.unknown("o-7", Fault::ReplyLost).await;
+    let call_id = svc.unknown("o-7", Fault::LoseReply).await;
     // A duplicate that may ask (`lookup`) takes the call over and records it; it removes the entry.
     assert_eq!(svc.charge_checked("o-7", 500).await, Ok(500));
     assert!(svc.queued().await.is_empty());
@@ -443,7 +439,7 @@ async fn an_entry_settled_by_a_duplicate_is_removed_without_asking() {
 #[tokio::test(start_paused = true)]
 async fn an_entry_of_a_scope_without_an_operation_ends_with_a_person() {
     let svc = Svc::new();
-    svc.unknown("o-6", Fault::ReplyLost).await;
+    svc.unknown("o-6", Fault::LoseReply).await;
     // No operation registered: the entry waits; a person resolves it later. Meanwhile nothing breaks.
     let blind = Compensator::new(&svc.rt).rounds([Duration::from_secs(1)]);
     assert_eq!(blind.run_once().await.unwrap().rescheduled, 1);
@@ -477,7 +473,7 @@ async fn an_orphan_of_a_crashed_owner_is_swept_into_the_queue_and_resolved() {
         .await
         .unwrap();
     assert!(matches!(claimed, Claimed::Acquired(_)));
-    svc.remote.charge(&call_id, "o-8", 500).await.unwrap();
+    svc.remote.call_as(&call_id, "o-8", || 500).await.unwrap();
     let worker = svc.worker();
     assert_eq!(
         worker.sweep().await.unwrap(),
@@ -497,7 +493,7 @@ async fn an_orphan_of_a_crashed_owner_is_swept_into_the_queue_and_resolved() {
     assert!(svc.queued().await.is_empty());
     assert_eq!(worker.sweep().await.unwrap(), 0, "no orphan left");
     assert_eq!(svc.charge("o-8", 500).await, Ok(500));
-    assert_eq!(svc.remote.executions("o-8"), 1);
+    assert_eq!(svc.remote.effects("o-8"), 1);
 }
 
 /// The entry carries what the worker needs: the attempts, how the last one ended, and the inputs the
@@ -505,7 +501,7 @@ async fn an_orphan_of_a_crashed_owner_is_swept_into_the_queue_and_resolved() {
 #[tokio::test(start_paused = true)]
 async fn an_entry_carries_its_attempts_last_error_and_inputs() {
     let svc = Svc::new();
-    svc.remote.script([Fault::ReplyLost]);
+    svc.remote.script([Fault::LoseReply]);
     assert!(svc.charge_keeping_inputs("o-9", 700).await.is_err());
     let entry = svc.queued().await.remove(0);
     assert_eq!(entry.attempts, 1);
@@ -553,7 +549,7 @@ fn reversal_counting(svc: &Svc, runs: Arc<AtomicU32>, fail_first: u32) -> Operat
 #[tokio::test(start_paused = true)]
 async fn a_charge_never_received_is_reversed_once_and_failed() {
     let svc = Svc::new();
-    svc.remote.script([Fault::RequestLost]);
+    svc.remote.script([Fault::LoseRequest]);
     assert!(svc.charge_keeping_inputs("o-11", 700).await.is_err());
     let runs = Arc::new(AtomicU32::new(0));
     let worker = Compensator::new(&svc.rt)
@@ -572,7 +568,7 @@ async fn a_charge_never_received_is_reversed_once_and_failed() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(svc.remote.executions("o-11"), 0);
+    assert_eq!(svc.remote.effects("o-11"), 0);
 }
 
 /// A worker that dies while its reversal runs: the next one finds the intent with no end in the
@@ -580,7 +576,7 @@ async fn a_charge_never_received_is_reversed_once_and_failed() {
 #[tokio::test(start_paused = true)]
 async fn a_worker_that_died_while_reversing_is_not_followed_by_a_second_reversal() {
     let svc = Svc::new();
-    svc.remote.script([Fault::RequestLost]);
+    svc.remote.script([Fault::LoseRequest]);
     let _ = svc.charge_keeping_inputs("o-12", 700).await;
     let runs = Arc::new(AtomicU32::new(0));
     let hanging = {
@@ -629,7 +625,7 @@ async fn a_worker_that_died_while_reversing_is_not_followed_by_a_second_reversal
 #[tokio::test(start_paused = true)]
 async fn a_charge_never_received_may_be_sent_again_under_its_callid() {
     let svc = Svc::new();
-    svc.remote.script([Fault::RequestLost]);
+    svc.remote.script([Fault::LoseRequest]);
     let _ = svc.charge_keeping_inputs("o-13", 700).await;
     let remote = svc.remote.clone();
     let worker = Compensator::new(&svc.rt).operation(
@@ -639,22 +635,22 @@ async fn a_charge_never_received_may_be_sent_again_under_its_callid() {
                 let remote = remote.clone();
                 async move {
                     let (order, amount): (String, u64) = entry.inputs().unwrap().unwrap();
-                    remote.charge(&entry.call_id, &order, amount).await
+                    remote.call_as(&entry.call_id, &order, || amount).await
                 }
             }),
     );
     let pass = worker.run_once().await.unwrap();
     assert_eq!(pass.succeeded, 1, "{pass:?}");
-    assert_eq!(svc.remote.executions("o-13"), 1);
+    assert_eq!(svc.remote.effects("o-13"), 1);
     assert_eq!(svc.charge_keeping_inputs("o-13", 700).await, Ok(700));
-    assert_eq!(svc.remote.executions("o-13"), 1, "a duplicate replays it");
+    assert_eq!(svc.remote.effects("o-13"), 1, "a duplicate replays it");
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_person_makes_an_entry_due_now_or_escalates_it_and_the_journal_says_who() {
     let svc = Svc::new();
-    let call_id = svc.unknown("o-20", Fault::ReplyLost).await;
-    svc.remote.script_lookups([Err("receipts down".to_owned())]);
+    let call_id = svc.unknown("o-20", Fault::LoseReply).await;
+    svc.remote.script_lookups([true]);
     let escalated = Arc::new(AtomicU32::new(0));
     let worker = svc.worker().on_escalate({
         let escalated = escalated.clone();
@@ -670,7 +666,7 @@ async fn a_person_makes_an_entry_due_now_or_escalates_it_and_the_journal_says_wh
         .retry(&call_id, "alice", "provider's status page is green")
         .await
         .unwrap();
-    svc.remote.script_lookups([Err("receipts down".to_owned())]);
+    svc.remote.script_lookups([true]);
     let pass = worker.run_once().await.unwrap();
     assert_eq!((pass.taken, pass.rescheduled), (1, 1), "{pass:?}");
 
@@ -718,7 +714,7 @@ async fn a_person_makes_an_entry_due_now_or_escalates_it_and_the_journal_says_wh
 #[tokio::test(start_paused = true)]
 async fn a_worker_holding_an_entry_keeps_it_from_a_person() {
     let svc = Svc::new();
-    let call_id = svc.unknown("o-21", Fault::ReplyLost).await;
+    let call_id = svc.unknown("o-21", Fault::LoseReply).await;
     let taken = svc
         .rt
         .store()
@@ -748,7 +744,7 @@ async fn a_finished_call_is_forgotten_by_hand_and_runs_again_but_an_undecided_on
     let svc = Svc::new();
     assert_eq!(svc.charge("o-22", 500).await, Ok(500));
     assert_eq!(svc.charge("o-22", 500).await, Ok(500), "a replay");
-    assert_eq!(svc.remote.executions("o-22"), 1);
+    assert_eq!(svc.remote.effects("o-22"), 1);
     let mut key = samekey::KeyBuilder::new("orders.charge");
     key.part("o-22");
     let key = key.finish();
@@ -760,7 +756,7 @@ async fn a_finished_call_is_forgotten_by_hand_and_runs_again_but_an_undecided_on
         .unwrap();
     assert_eq!(forgotten.state, samekey::ReceiptState::Success);
     assert_eq!(svc.charge("o-22", 500).await, Ok(500));
-    assert_eq!(svc.remote.executions("o-22"), 2, "the new call ran");
+    assert_eq!(svc.remote.effects("o-22"), 2, "the new call ran");
     let history = svc.rt.history(&forgotten.call_id).await.unwrap();
     assert_eq!(
         history.events.last().map(|e| e.what.to_string()),
@@ -770,7 +766,7 @@ async fn a_finished_call_is_forgotten_by_hand_and_runs_again_but_an_undecided_on
         )
     );
 
-    let unknown = svc.unknown("o-23", Fault::ReplyLost).await;
+    let unknown = svc.unknown("o-23", Fault::LoseReply).await;
     let mut key = samekey::KeyBuilder::new("orders.charge");
     key.part("o-23");
     let refused = svc.rt.forget(&key.finish(), "alice", "redo").await;

@@ -33,7 +33,7 @@ impl Payments {
     }
 
     fn on(rt: Runtime) -> Payments {
-        Payments::with(rt, Remote::new())
+        Payments::with(rt, Remote::default())
     }
 
     fn with(rt: Runtime, remote: Remote) -> Payments {
@@ -59,38 +59,38 @@ impl Payments {
 
     #[idempotent(key = "order", runtime = &self.rt, backoff = "100ms..1s")]
     async fn plain(&self, order: &str, amount: u64) -> Result<u64, TestError> {
-        let call = self.note_attempt();
-        self.remote.charge(&call, order, amount).await
+        self.note_attempt();
+        self.remote.call(order, || amount).await
     }
 
     #[idempotent(key = "order", runtime = &self.rt, timeout = "1s", lookup = |c| self.remote.status(c))]
     async fn with_lookup(&self, order: &str, amount: u64) -> Result<u64, TestError> {
-        let call = self.note_attempt();
-        self.remote.charge(&call, order, amount).await
+        self.note_attempt();
+        self.remote.call(order, || amount).await
     }
 
     #[idempotent(key = "order", runtime = &self.rt, timeout = "1s", on_unknown = "hold")]
     async fn hold(&self, order: &str, amount: u64) -> Result<u64, TestError> {
-        let call = self.note_attempt();
-        self.remote.charge(&call, order, amount).await
+        self.note_attempt();
+        self.remote.call(order, || amount).await
     }
 
     #[idempotent(key = "order", runtime = &self.rt, timeout = "1s", on_unknown = "rerun")]
     async fn rerun(&self, order: &str, amount: u64) -> Result<u64, TestError> {
-        let call = self.note_attempt();
-        self.remote.charge(&call, order, amount).await
+        self.note_attempt();
+        self.remote.call(order, || amount).await
     }
 
     #[idempotent(key = "order", runtime = &self.rt, on_busy = "reject")]
     async fn reject_busy(&self, order: &str, amount: u64) -> Result<u64, TestError> {
-        let call = self.note_attempt();
-        self.remote.charge(&call, order, amount).await
+        self.note_attempt();
+        self.remote.call(order, || amount).await
     }
 
     #[idempotent(key = "order", verify = "amount", runtime = &self.rt)]
     async fn verified(&self, order: &str, amount: u64) -> Result<u64, TestError> {
-        let call = self.note_attempt();
-        self.remote.charge(&call, order, amount).await
+        self.note_attempt();
+        self.remote.call(order, || amount).await
     }
 
     /// A key held by a call that crashed: claimed under `call_id`, lease ended, never finished.
@@ -153,7 +153,7 @@ async fn claim_then_success_records_the_receipt() {
     assert_eq!(receipt.state, ReceiptState::Success);
     assert_eq!(receipt.outcome.as_deref(), Some(&b"500"[..]));
     assert_eq!(receipt.key, samekey::Key::build(&scope_of("plain"), &"o-1"));
-    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.remote.effects("o-1"), 1);
 }
 
 // Row 2a: a duplicate of a SUCCESS gets the stored first result; nothing runs again.
@@ -163,7 +163,7 @@ async fn duplicate_replays_the_first_success() {
     assert_eq!(p.plain("o-1", 500).await, Ok(500));
     // Same key, different amount: without `verify`, the first outcome is the answer.
     assert_eq!(p.plain("o-1", 999).await, Ok(500));
-    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.remote.effects("o-1"), 1);
     assert_eq!(p.attempts().len(), 1);
 }
 
@@ -171,10 +171,10 @@ async fn duplicate_replays_the_first_success() {
 #[tokio::test(start_paused = true)]
 async fn duplicate_replays_a_permanent_failure() {
     let p = Payments::new();
-    p.remote.script([Fault::Declined]);
-    assert_eq!(p.plain("o-1", 500).await, Err(TestError::Declined));
-    assert_eq!(p.plain("o-1", 500).await, Err(TestError::Declined));
-    assert_eq!(p.remote.seen().len(), 1);
+    p.remote.script([Fault::Reject]);
+    assert_eq!(p.plain("o-1", 500).await, Err(TestError::Rejected));
+    assert_eq!(p.plain("o-1", 500).await, Err(TestError::Rejected));
+    assert_eq!(p.remote.call_ids().len(), 1);
     let (call_id, _, _) = p.attempts()[0].clone();
     assert_eq!(state_of(&p, &call_id).await, Some(ReceiptState::Failed));
 }
@@ -184,16 +184,16 @@ async fn duplicate_replays_a_permanent_failure() {
 #[tokio::test(start_paused = true)]
 async fn a_rejection_releases_the_key() {
     let p = Payments::new();
-    p.remote.script([Fault::Rejected]);
-    assert_eq!(p.plain("o-1", 500).await, Err(TestError::Rejected));
-    assert_eq!(p.remote.seen().len(), 1, "not retried");
+    p.remote.script([Fault::Decline]);
+    assert_eq!(p.plain("o-1", 500).await, Err(TestError::Declined));
+    assert_eq!(p.remote.call_ids().len(), 1, "not retried");
     let (call_id, _, _) = p.attempts()[0].clone();
     assert_eq!(state_of(&p, &call_id).await, None, "nothing stored");
     assert_eq!(p.rt.stats().released, 1);
     assert_eq!(p.plain("o-1", 500).await, Ok(500), "tried again, and ran");
-    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.remote.effects("o-1"), 1);
     assert_eq!(p.plain("o-1", 500).await, Ok(500));
-    assert_eq!(p.remote.seen().len(), 2);
+    assert_eq!(p.remote.call_ids().len(), 2);
 }
 
 // Row 3: after an attempt whose outcome is unknown, a rejection may answer that attempt ("already
@@ -202,15 +202,15 @@ async fn a_rejection_releases_the_key() {
 async fn a_rejection_after_an_uncertain_attempt_is_recorded() {
     let p = Payments::with(
         runtime().node("test").build().unwrap(),
-        Remote::deduplicating(),
+        Remote::default().deduplicating(),
     );
-    p.remote.script([Fault::RequestLost, Fault::Rejected]);
-    assert_eq!(p.rerun("o-1", 500).await, Err(TestError::Rejected));
+    p.remote.script([Fault::LoseRequest, Fault::Decline]);
+    assert_eq!(p.rerun("o-1", 500).await, Err(TestError::Declined));
     let (call_id, _, _) = p.attempts()[0].clone();
     assert_eq!(state_of(&p, &call_id).await, Some(ReceiptState::Failed));
-    assert_eq!(p.rerun("o-1", 500).await, Err(TestError::Rejected));
+    assert_eq!(p.rerun("o-1", 500).await, Err(TestError::Declined));
     assert_eq!(
-        p.remote.seen().len(),
+        p.remote.call_ids().len(),
         2,
         "the duplicate was answered from the store"
     );
@@ -222,14 +222,18 @@ async fn a_rejection_after_an_uncertain_attempt_is_recorded() {
 #[tokio::test(start_paused = true)]
 async fn a_rejection_the_receipt_knows_nothing_of_is_recorded() {
     let p = Payments::new();
-    p.remote.script([Fault::RequestLost, Fault::Rejected]);
-    assert_eq!(p.with_lookup("o-1", 500).await, Err(TestError::Rejected));
+    p.remote.script([Fault::LoseRequest, Fault::Decline]);
+    assert_eq!(p.with_lookup("o-1", 500).await, Err(TestError::Declined));
     assert_eq!(p.remote.lookups(), 2);
-    assert_eq!(p.remote.seen().len(), 2, "not sent again after the refusal");
+    assert_eq!(
+        p.remote.call_ids().len(),
+        2,
+        "not sent again after the refusal"
+    );
     let (call_id, _, _) = p.attempts()[0].clone();
     assert_eq!(state_of(&p, &call_id).await, Some(ReceiptState::Failed));
-    assert_eq!(p.with_lookup("o-1", 500).await, Err(TestError::Rejected));
-    assert_eq!(p.remote.executions("o-1"), 0);
+    assert_eq!(p.with_lookup("o-1", 500).await, Err(TestError::Declined));
+    assert_eq!(p.remote.effects("o-1"), 0);
 }
 
 // Row 2a: `verify` fingerprint mismatch → KeyReuse, nothing runs.
@@ -243,7 +247,7 @@ async fn verify_mismatch_is_key_reuse() {
         p.verified("o-1", 700).await,
         Err(TestError::Samekey(Error::KeyReuse { call_id: first }))
     );
-    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.remote.effects("o-1"), 1);
 }
 
 // Row 2b: PROCESSING with a live lease, on_busy = wait → waits (notified) and answers with the outcome.
@@ -261,7 +265,7 @@ async fn busy_duplicate_waits_for_the_outcome() {
     assert_eq!(p.rt.stats().waits, 1);
     assert_eq!(p.rt.stats().replays, 1);
     assert_eq!(first.await.unwrap(), Ok(500));
-    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.remote.effects("o-1"), 1);
 }
 
 // Row 2b + leases: a body slower than the lease keeps its claim (the lease is renewed while it runs), so
@@ -276,7 +280,7 @@ async fn slow_body_keeps_its_lease() {
     assert_eq!(p.plain("o-1", 500).await, Ok(500));
     assert_eq!(Instant::now() - started, Duration::from_secs(10));
     assert_eq!(first.await.unwrap(), Ok(500));
-    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.remote.effects("o-1"), 1);
     assert_eq!(p.attempts().len(), 1, "the duplicate never took over");
 }
 
@@ -296,7 +300,7 @@ async fn busy_duplicate_rejected() {
         Err(TestError::Samekey(Error::InProgress { call_id: holder }))
     );
     assert_eq!(first.await.unwrap(), Ok(500));
-    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.remote.effects("o-1"), 1);
 }
 
 // Row 2b: the wait is bounded: past the runtime's busy_wait, InProgress.
@@ -324,7 +328,7 @@ async fn expired_lease_not_received_runs_with_the_recorded_call_id() {
     let crashed = p.abandoned_claim(&scope_of("with_lookup"), "o-1").await;
     assert_eq!(p.with_lookup("o-1", 500).await, Ok(500));
     assert_eq!(p.remote.lookups(), 1);
-    assert_eq!(p.remote.seen(), [crashed.to_string()]);
+    assert_eq!(p.remote.call_ids(), [crashed.to_string()]);
     assert_eq!(state_of(&p, &crashed).await, Some(ReceiptState::Success));
 }
 
@@ -334,9 +338,9 @@ async fn expired_lease_already_succeeded_is_recorded_not_rerun() {
     let p = Payments::new();
     let crashed = p.abandoned_claim(&scope_of("with_lookup"), "o-1").await;
     // The crashed owner's request did reach the remote.
-    p.remote.charge(&crashed, "o-1", 500).await.unwrap();
+    p.remote.call_as(&crashed, "o-1", || 500).await.unwrap();
     assert_eq!(p.with_lookup("o-1", 500).await, Ok(500));
-    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.remote.effects("o-1"), 1);
     assert!(p.attempts().is_empty(), "no attempt ran");
     assert_eq!(state_of(&p, &crashed).await, Some(ReceiptState::Success));
 }
@@ -352,7 +356,7 @@ async fn expired_lease_without_lookup_holds() {
             call_id: crashed.clone()
         }))
     );
-    assert!(p.remote.seen().is_empty());
+    assert!(p.remote.call_ids().is_empty());
     assert_eq!(state_of(&p, &crashed).await, Some(ReceiptState::Unknown));
     assert_eq!(queued(&p).await, [crashed]);
 }
@@ -360,10 +364,13 @@ async fn expired_lease_without_lookup_holds() {
 // Row 2c: without lookup, `rerun` takes over with the recorded callId (the remote dedups by it).
 #[tokio::test(start_paused = true)]
 async fn expired_lease_rerun_keeps_the_recorded_call_id() {
-    let p = Payments::with(runtime().build().unwrap(), Remote::deduplicating());
+    let p = Payments::with(
+        runtime().build().unwrap(),
+        Remote::default().deduplicating(),
+    );
     let crashed = p.abandoned_claim(&scope_of("rerun"), "o-1").await;
     assert_eq!(p.rerun("o-1", 500).await, Ok(500));
-    assert_eq!(p.remote.seen(), [crashed.to_string()]);
+    assert_eq!(p.remote.call_ids(), [crashed.to_string()]);
 }
 
 // Row 2c + fencing: an owner presumed gone that comes back late cannot overwrite the new owner's outcome.
@@ -392,10 +399,9 @@ async fn stale_owner_completion_is_refused() {
 #[tokio::test(start_paused = true)]
 async fn unknown_record_resolved_by_lookup_clears_compensation() {
     let p = Payments::new();
-    p.remote.script([Fault::ReplyLost]);
+    p.remote.script([Fault::LoseReply]);
     // The lookup fails on every retry the call has.
-    p.remote
-        .script_lookups(std::iter::repeat_n(Err("lookup down".into()), 3));
+    p.remote.script_lookups(std::iter::repeat_n(true, 3));
     let first = p.with_lookup("o-1", 500).await;
     let call_id = p.attempts()[0].0.clone();
     assert_eq!(
@@ -406,7 +412,7 @@ async fn unknown_record_resolved_by_lookup_clears_compensation() {
     );
     assert_eq!(queued(&p).await, vec![call_id.clone()]);
     assert_eq!(p.with_lookup("o-1", 500).await, Ok(500));
-    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.remote.effects("o-1"), 1);
     assert_eq!(state_of(&p, &call_id).await, Some(ReceiptState::Success));
     assert!(queued(&p).await.is_empty());
 }
@@ -422,7 +428,7 @@ async fn call_id_is_the_same_on_every_attempt() {
     assert!(attempts.iter().all(|(id, _, _)| id == &attempts[0].0));
     let numbers: Vec<u32> = attempts.iter().map(|a| a.1).collect();
     assert_eq!(numbers, [1, 2, 3]);
-    let seen = p.remote.seen();
+    let seen = p.remote.call_ids();
     assert!(seen.iter().all(|s| s == &attempts[0].0.to_string()));
 }
 
@@ -430,8 +436,8 @@ async fn call_id_is_the_same_on_every_attempt() {
 #[tokio::test(start_paused = true)]
 async fn permanent_error_is_not_retried() {
     let p = Payments::new();
-    p.remote.script([Fault::Declined]);
-    assert_eq!(p.plain("o-1", 500).await, Err(TestError::Declined));
+    p.remote.script([Fault::Reject]);
+    assert_eq!(p.plain("o-1", 500).await, Err(TestError::Rejected));
     assert_eq!(p.attempts().len(), 1);
 }
 
@@ -451,7 +457,7 @@ async fn retryable_error_backs_off_exponentially() {
             "gap {n} = {gap} ms, nominal {nominal_ms} ms"
         );
     }
-    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.remote.effects("o-1"), 1);
 }
 
 // Row 3: RateLimited → waits at least retry_after (here longer than the backoff), and it counts as an
@@ -459,7 +465,8 @@ async fn retryable_error_backs_off_exponentially() {
 #[tokio::test(start_paused = true)]
 async fn rate_limit_waits_at_least_retry_after() {
     let p = Payments::new();
-    p.remote.script([Fault::RateLimited(800)]);
+    p.remote
+        .script([Fault::RateLimited(Duration::from_millis(800))]);
     assert_eq!(p.plain("o-1", 500).await, Ok(500));
     let times: Vec<Instant> = p.attempts().iter().map(|a| a.2).collect();
     assert_eq!(times.len(), 2);
@@ -472,12 +479,13 @@ async fn rate_limit_waits_at_least_retry_after() {
 #[tokio::test(start_paused = true)]
 async fn rate_limit_beyond_the_backoff_cap_is_waited() {
     let p = Payments::new();
-    p.remote.script([Fault::RateLimited(5_000)]);
+    p.remote
+        .script([Fault::RateLimited(Duration::from_millis(5_000))]);
     assert_eq!(p.plain("o-1", 500).await, Ok(500));
     let times: Vec<Instant> = p.attempts().iter().map(|a| a.2).collect();
     assert_eq!(times.len(), 2);
     assert!(times[1] - times[0] >= Duration::from_secs(5));
-    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.remote.effects("o-1"), 1);
 }
 
 // Row 3: a retry-after beyond max_retry_after is not slept on: the caller gets the rate limit at once
@@ -490,7 +498,8 @@ async fn rate_limit_beyond_max_retry_after_returns_at_once() {
             .build()
             .unwrap(),
     );
-    p.remote.script([Fault::RateLimited(60_000)]);
+    p.remote
+        .script([Fault::RateLimited(Duration::from_millis(60_000))]);
     let started = Instant::now();
     assert_eq!(
         p.plain("o-1", 500).await,
@@ -511,7 +520,7 @@ async fn timeout_then_lookup_succeeded() {
     // The remote finishes at 1.5 s; the attempt times out at 1 s; the first lookup says "processing",
     // the next one (after a backoff) "succeeded".
     assert_eq!(p.with_lookup("o-1", 500).await, Ok(500));
-    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.remote.effects("o-1"), 1);
     assert_eq!(p.attempts().len(), 1);
     assert!(p.remote.lookups() >= 2);
 }
@@ -520,9 +529,9 @@ async fn timeout_then_lookup_succeeded() {
 #[tokio::test(start_paused = true)]
 async fn lost_reply_is_found_by_lookup() {
     let p = Payments::new();
-    p.remote.script([Fault::ReplyLost]);
+    p.remote.script([Fault::LoseReply]);
     assert_eq!(p.with_lookup("o-1", 500).await, Ok(500));
-    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.remote.effects("o-1"), 1);
     assert_eq!(p.attempts().len(), 1);
     assert_eq!(p.remote.lookups(), 1);
 }
@@ -531,12 +540,12 @@ async fn lost_reply_is_found_by_lookup() {
 #[tokio::test(start_paused = true)]
 async fn lost_request_is_retried_after_lookup() {
     let p = Payments::new();
-    p.remote.script([Fault::RequestLost, Fault::Hang]);
+    p.remote.script([Fault::LoseRequest, Fault::Hang]);
     assert_eq!(p.with_lookup("o-1", 500).await, Ok(500));
-    let seen = p.remote.seen();
+    let seen = p.remote.call_ids();
     assert_eq!(seen.len(), 3);
     assert!(seen.iter().all(|s| s == &seen[0]));
-    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.remote.effects("o-1"), 1);
     assert_eq!(p.remote.lookups(), 2);
 }
 
@@ -554,12 +563,15 @@ async fn lookup_processing_too_long_leaves_the_call_unknown() {
             call_id: call_id.clone()
         }))
     );
-    assert_eq!(p.remote.lookups(), 1 + samekey::DEFAULT_LOOKUP_POLLS);
+    assert_eq!(
+        p.remote.lookups(),
+        1 + u64::from(samekey::DEFAULT_LOOKUP_POLLS)
+    );
     assert_eq!(queued(&p).await, vec![call_id.clone()]);
     tokio::time::advance(Duration::from_secs(120)).await;
     tokio::task::yield_now().await;
     assert_eq!(p.with_lookup("o-1", 500).await, Ok(500));
-    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.remote.effects("o-1"), 1);
     assert!(queued(&p).await.is_empty());
 }
 
@@ -570,7 +582,7 @@ async fn lookup_processing_too_long_leaves_the_call_unknown() {
 async fn not_received_then_exhausted_is_unknown_not_released() {
     let p = Payments::new();
     p.remote.script([
-        Fault::RequestLost,
+        Fault::LoseRequest,
         Fault::Unavailable,
         Fault::Unavailable,
         Fault::Unavailable,
@@ -591,10 +603,10 @@ async fn permanent_after_uncertain_asks_the_receipt() {
     let p = Payments::new();
     // Attempt 1 is lost (uncertain; the lookup says "not received"), attempt 2 is refused with a 4xx:
     // the refusal is checked against the receipt before anything is recorded.
-    p.remote.script([Fault::RequestLost, Fault::Declined]);
+    p.remote.script([Fault::LoseRequest, Fault::Reject]);
     let out = p.with_lookup("o-1", 500).await;
     // The remote recorded attempt 2 as declined: that is the call's receipt, and it is what is stored.
-    assert_eq!(out, Err(TestError::Declined));
+    assert_eq!(out, Err(TestError::Rejected));
     assert_eq!(
         p.remote.lookups(),
         2,
@@ -607,9 +619,8 @@ async fn permanent_after_uncertain_asks_the_receipt() {
 #[tokio::test(start_paused = true)]
 async fn failing_lookup_leaves_the_call_unknown() {
     let p = Payments::new();
-    p.remote.script([Fault::ReplyLost]);
-    p.remote
-        .script_lookups(std::iter::repeat_n(Err("receipt service down".into()), 3));
+    p.remote.script([Fault::LoseReply]);
+    p.remote.script_lookups(std::iter::repeat_n(true, 3));
     let out = p.with_lookup("o-1", 500).await;
     let call_id = p.attempts()[0].0.clone();
     assert_eq!(
@@ -624,7 +635,7 @@ async fn failing_lookup_leaves_the_call_unknown() {
     assert_eq!(entries[0].call_id, call_id);
     assert_eq!(entries[0].state, CompensationState::Pending);
     assert_eq!(p.remote.lookups(), 3, "asked once per retry left");
-    assert_eq!(p.remote.seen().len(), 1, "a lookup re-sends nothing");
+    assert_eq!(p.remote.call_ids().len(), 1, "a lookup re-sends nothing");
 }
 
 // Row 3: Unknown without lookup, `hold` (the default) → no retry, UNKNOWN, compensation.
@@ -644,10 +655,13 @@ async fn unknown_without_lookup_holds() {
 // Row 3: Unknown without lookup, `rerun` → retried with the same callId.
 #[tokio::test(start_paused = true)]
 async fn unknown_without_lookup_reruns_with_the_same_call_id() {
-    let p = Payments::with(runtime().build().unwrap(), Remote::deduplicating());
-    p.remote.script([Fault::Hang, Fault::RequestLost]);
+    let p = Payments::with(
+        runtime().build().unwrap(),
+        Remote::default().deduplicating(),
+    );
+    p.remote.script([Fault::Hang, Fault::LoseRequest]);
     assert_eq!(p.rerun("o-1", 500).await, Ok(500));
-    let seen = p.remote.seen();
+    let seen = p.remote.call_ids();
     assert_eq!(seen.len(), 3);
     assert!(seen.iter().all(|s| s == &seen[0]));
 }
@@ -663,7 +677,7 @@ async fn exhausted_with_nothing_run_releases_the_claim() {
     assert_eq!(state_of(&p, &call_id).await, None, "claim released");
     assert!(queued(&p).await.is_empty());
     assert_eq!(p.plain("o-1", 500).await, Ok(500));
-    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.remote.effects("o-1"), 1);
 }
 
 // Row 4: exhausted with an uncertain outcome → UNKNOWN, compensation, Error::Unknown (never a plain
@@ -691,10 +705,10 @@ async fn exhausted_with_uncertain_outcome_is_unknown() {
     // A duplicate takes over with the recorded callId (the function declared that the remote dedups
     // by it) instead of running under a new one.
     assert_eq!(p.rerun("o-1", 500).await, Ok(500));
-    let seen = p.remote.seen();
+    let seen = p.remote.call_ids();
     assert_eq!(seen.len(), 5);
     assert!(seen.iter().all(|s| s == &seen[0]));
-    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.remote.effects("o-1"), 1);
 }
 
 // A store outage fails closed: a typed error, and nothing runs.
@@ -706,7 +720,7 @@ async fn store_outage_fails_closed() {
         out,
         Err(TestError::Samekey(Error::Store(StoreError::Unavailable(_))))
     ));
-    assert!(p.remote.seen().is_empty());
+    assert!(p.remote.call_ids().is_empty());
     assert!(p.attempts().is_empty());
 }
 
@@ -737,14 +751,14 @@ async fn cancelled_call_is_resolved_not_rerun() {
     assert_eq!(queued(&p).await, vec![call_id.clone()]);
     tokio::time::advance(Duration::from_secs(10)).await; // the remote executes the first request
     tokio::task::yield_now().await;
-    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.remote.effects("o-1"), 1);
     // A duplicate (no lookup: hold) does not run it again.
     let again = p.plain("o-1", 500).await;
     assert!(matches!(
         again,
         Err(TestError::Samekey(Error::Unknown { .. }))
     ));
-    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.remote.effects("o-1"), 1);
 }
 
 // A call cancelled before anything could run releases its claim.
@@ -758,7 +772,7 @@ async fn cancelled_during_backoff_releases_the_claim() {
     let call_id = p.attempts()[0].0.clone();
     assert_eq!(state_of(&p, &call_id).await, None);
     assert_eq!(p.plain("o-1", 500).await, Ok(500));
-    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.remote.effects("o-1"), 1);
 }
 
 // An inbound callId (from X-Call-Id) is adopted by the first call in its scope, and its traceId by all.
@@ -804,7 +818,7 @@ async fn a_replay_first_in_an_inbound_scope_adopts_its_call_id() {
     assert_eq!(after.calls - before.calls, 2 + 3);
     assert_eq!(after.replays - before.replays, 1 + 3);
     assert_eq!(after.claims - before.claims, 1, "o-2 only");
-    assert_eq!(p.remote.executions("o-1"), 1);
+    assert_eq!(p.remote.effects("o-1"), 1);
 }
 
 // Time windows: the same key in another day is another operation.

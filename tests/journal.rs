@@ -35,34 +35,30 @@ impl Payments {
             .unwrap();
         Payments {
             rt,
-            remote: Remote::new(),
+            remote: Remote::default(),
         }
     }
 
     #[idempotent(key = "order", scope = "pay", runtime = &self.rt, backoff = "100ms..1s", retries = 2)]
     async fn plain(&self, order: &str, amount: u64) -> Result<u64, TestError> {
-        let call = samekey::current().call_id().clone();
-        self.remote.charge(&call, order, amount).await
+        self.remote.call(order, || amount).await
     }
 
     #[idempotent(key = "order", scope = "pay", runtime = &self.rt, timeout = "1s",
                  lookup = |c| self.remote.status(c))]
     async fn with_lookup(&self, order: &str, amount: u64) -> Result<u64, TestError> {
-        let call = samekey::current().call_id().clone();
-        self.remote.charge(&call, order, amount).await
+        self.remote.call(order, || amount).await
     }
 
     #[idempotent(key = "order", scope = "pay", runtime = &self.rt, timeout = "1s", on_unknown = "rerun",
                  backoff = "100ms..1s", retries = 2)]
     async fn rerun(&self, order: &str, amount: u64) -> Result<u64, TestError> {
-        let call = samekey::current().call_id().clone();
-        self.remote.charge(&call, order, amount).await
+        self.remote.call(order, || amount).await
     }
 
     #[idempotent(key = "order", scope = "pay", runtime = &self.rt, timeout = "1s", on_unknown = "hold")]
     async fn hold(&self, order: &str, amount: u64) -> Result<u64, TestError> {
-        let call = samekey::current().call_id().clone();
-        self.remote.charge(&call, order, amount).await
+        self.remote.call(order, || amount).await
     }
 }
 
@@ -157,7 +153,7 @@ async fn the_retry_path_costs_one_journal_write_per_backoff_and_one_with_the_out
 #[tokio::test(start_paused = true)]
 async fn a_timeout_journals_the_lookup_and_its_answer() {
     let p = Payments::new();
-    p.remote.script([Fault::ReplyLost]);
+    p.remote.script([Fault::LoseReply]);
     let (out, call_id) = call_id_of(p.with_lookup("o-1", 5)).await;
     assert_eq!(out, Ok(5));
     let whats = whats(&p.rt.history(&call_id).await.unwrap().events);
@@ -204,7 +200,7 @@ async fn a_call_given_back_is_read_by_its_callid_with_why() {
 #[tokio::test(start_paused = true)]
 async fn an_unknown_then_the_worker_resolving_it_reads_as_one_timeline() {
     let p = Payments::new();
-    p.remote.script([Fault::ReplyLost]);
+    p.remote.script([Fault::LoseReply]);
     let (out, call_id) = call_id_of(p.hold("o-1", 5)).await;
     assert!(matches!(
         out,
@@ -326,7 +322,7 @@ async fn a_caller_gone_during_a_journal_write_leaves_the_call_unknown_not_releas
     let gate = Gate::new();
     store.plan("append_journal", [Act::Before(gate.clone())]);
     // The reply is lost after the charge: the attempt may have run; the backoff's journal write stalls.
-    p.remote.script([Fault::ReplyLost]);
+    p.remote.script([Fault::LoseReply]);
     let call = tokio::spawn(async move {
         let _ = p.rerun("o-1", 5).await;
     });
@@ -348,12 +344,12 @@ async fn an_owner_stalled_in_a_journal_write_is_fenced_out_and_answers_the_outco
     let store = Arc::new(Faulty::new(Arc::new(MemoryStore::new())));
     // The remote dedups by callId, as `on_unknown = "rerun"` requires.
     let mut payments = Payments::on(store.clone());
-    payments.remote = Remote::deduplicating();
+    payments.remote = Remote::default().deduplicating();
     let p = Arc::new(payments);
     let remote = p.remote.clone();
     let gate = Gate::new();
     store.plan("append_journal", [Act::Before(gate.clone())]);
-    remote.script([Fault::ReplyLost]);
+    remote.script([Fault::LoseReply]);
     let stalled = tokio::spawn({
         let p = p.clone();
         async move { p.rerun("o-1", 5).await }
@@ -365,5 +361,5 @@ async fn an_owner_stalled_in_a_journal_write_is_fenced_out_and_answers_the_outco
     assert_eq!(p.rerun("o-1", 5).await, Ok(5));
     gate.open();
     assert_eq!(stalled.await.unwrap(), Ok(5), "the recorded outcome");
-    assert_eq!(remote.executions("o-1"), 1);
+    assert_eq!(remote.effects("o-1"), 1);
 }

@@ -28,22 +28,20 @@ impl Svc {
                 .clock(TokioClock::new())
                 .build()
                 .unwrap(),
-            remote: Remote::new(),
+            remote: Remote::default(),
         }
     }
 
     #[idempotent(key = "order", scope = "shop.charge", runtime = &self.rt, timeout = "1s",
                  backoff = "10ms..100ms", lookup = |c| self.remote.status(c))]
     async fn charge(&self, order: &str) -> Result<u64, TestError> {
-        let cx = samekey::current();
-        self.remote.charge(cx.call_id(), order, 100).await
+        self.remote.call(order, || 100).await
     }
 
     #[idempotent(key = "order", scope = "shop.ship", runtime = &self.rt, timeout = "1s",
                  backoff = "10ms..100ms", on_unknown = "hold", budget = "shipping")]
     async fn ship(&self, order: &str) -> Result<u64, TestError> {
-        let cx = samekey::current();
-        self.remote.charge(cx.call_id(), order, 1).await
+        self.remote.call(order, || 1).await
     }
 }
 
@@ -127,13 +125,13 @@ fn every_metric_reaches_the_recorder() {
             svc.remote.script([Fault::Unavailable]);
             assert_eq!(svc.charge("o-2").await, Ok(100));
             // A lost reply: the lookup finds the charge.
-            svc.remote.script([Fault::ReplyLost]);
+            svc.remote.script([Fault::LoseReply]);
             assert_eq!(svc.charge("o-3").await, Ok(100));
             // A declined card changes nothing: the claim is given back.
-            svc.remote.script([Fault::Rejected]);
+            svc.remote.script([Fault::Decline]);
             assert!(svc.charge("o-4").await.is_err());
             // A lost reply without lookup: UNKNOWN, queued; the worker settles it.
-            svc.remote.script([Fault::ReplyLost]);
+            svc.remote.script([Fault::LoseReply]);
             assert!(svc.ship("o-5").await.is_err());
             let remote = svc.remote.clone();
             let worker = Compensator::new(&svc.rt).operation(
@@ -159,7 +157,8 @@ fn every_metric_reaches_the_recorder() {
             assert!(down.charge("o-8").await.is_err());
             // A 429: retried after its wait; the dependency's limit drops to 1 call in flight, and
             // the success raises it to 2.
-            svc.remote.script([Fault::RateLimited(20)]);
+            svc.remote
+                .script([Fault::RateLimited(Duration::from_millis(20))]);
             assert_eq!(svc.charge("o-9").await, Ok(100));
             assert_eq!(svc.rt.concurrency_limit(None), Some(2));
             // Two calls in flight fill the limit; a third is refused at once (max_wait 0).

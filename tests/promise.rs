@@ -39,7 +39,7 @@ impl Svc {
                 .clock(clock.clone())
                 .build()
                 .unwrap(),
-            remote: Remote::new(),
+            remote: Remote::default(),
             store,
             clock,
             order: format!("o-{:x}", samekey::TraceId::new().as_u128()),
@@ -48,33 +48,25 @@ impl Svc {
 
     #[idempotent(key = "order", scope = "promise.charge", runtime = &self.rt)]
     async fn plain(&self, order: &str, amount: u64) -> Result<u64, TestError> {
-        self.remote
-            .charge(samekey::current().call_id(), order, amount)
-            .await
+        self.remote.call(order, || amount).await
     }
 
     #[idempotent(key = "order", scope = "promise.charge", runtime = &self.rt, timeout = "1s",
                  lookup = |c| self.remote.status(c))]
     async fn with_lookup(&self, order: &str, amount: u64) -> Result<u64, TestError> {
-        self.remote
-            .charge(samekey::current().call_id(), order, amount)
-            .await
+        self.remote.call(order, || amount).await
     }
 
     #[idempotent(key = "order", scope = "promise.charge", runtime = &self.rt, timeout = "1s",
                  on_unknown = "hold")]
     async fn hold(&self, order: &str, amount: u64) -> Result<u64, TestError> {
-        self.remote
-            .charge(samekey::current().call_id(), order, amount)
-            .await
+        self.remote.call(order, || amount).await
     }
 
     #[idempotent(key = "order", scope = "promise.charge", runtime = &self.rt, timeout = "1s",
                  on_unknown = "rerun")]
     async fn rerun(&self, order: &str, amount: u64) -> Result<u64, TestError> {
-        self.remote
-            .charge(samekey::current().call_id(), order, amount)
-            .await
+        self.remote.call(order, || amount).await
     }
 
     /// Lets the 2 s lease of the timed functions (and a backoff's extension of it) end.
@@ -113,7 +105,7 @@ impl Svc {
     }
 
     fn first_call_id(&self) -> CallId {
-        self.remote.seen()[0].parse().unwrap()
+        self.remote.call_ids()[0].parse().unwrap()
     }
 
     /// Waits (up to 10 s) until the receipt of `call_id` is `state`.
@@ -151,18 +143,14 @@ async fn cancelled_while_recording_a_success(store: Arc<dyn Store>) {
     let call_id = svc.first_call_id();
     svc.until_state(&call_id, ReceiptState::Success).await;
     assert_eq!(svc.plain(&svc.order, 500).await, Ok(500));
-    assert_eq!(
-        svc.remote.executions(&svc.order),
-        1,
-        "the duplicate replayed"
-    );
+    assert_eq!(svc.remote.effects(&svc.order), 1, "the duplicate replayed");
     assert!(svc.queued().await.is_empty());
 }
 
 /// Issue 6, case 1, for a permanent failure: recorded `FAILED` although the caller went away.
 async fn cancelled_while_recording_a_failure(store: Arc<dyn Store>) {
     let svc = Svc::on(store);
-    svc.remote.script([Fault::Declined]);
+    svc.remote.script([Fault::Reject]);
     let gate = Gate::new();
     svc.store.plan("complete", [Act::Before(gate.clone())]);
     let first = tokio::spawn({
@@ -174,8 +162,8 @@ async fn cancelled_while_recording_a_failure(store: Arc<dyn Store>) {
     assert!(first.await.unwrap_err().is_cancelled());
     let call_id = svc.first_call_id();
     svc.until_state(&call_id, ReceiptState::Failed).await;
-    assert_eq!(svc.plain(&svc.order, 500).await, Err(TestError::Declined));
-    assert_eq!(svc.remote.seen().len(), 1, "the duplicate sent nothing");
+    assert_eq!(svc.plain(&svc.order, 500).await, Err(TestError::Rejected));
+    assert_eq!(svc.remote.call_ids().len(), 1, "the duplicate sent nothing");
 }
 
 /// Issue 6, case 1: when the cancelled call's outcome cannot be written either, the call is left
@@ -204,7 +192,7 @@ async fn cancelled_and_the_write_fails(store: Arc<dyn Store>) {
 /// completion fails. The compensation entry stays until a completion is applied.
 async fn take_over_whose_completion_fails(store: Arc<dyn Store>) {
     let svc = Svc::on(store);
-    svc.remote.script([Fault::ReplyLost]);
+    svc.remote.script([Fault::LoseReply]);
     let out = svc.hold(&svc.order, 500).await;
     let call_id = svc.first_call_id();
     assert_eq!(
@@ -224,7 +212,7 @@ async fn take_over_whose_completion_fails(store: Arc<dyn Store>) {
     assert_eq!(svc.with_lookup(&svc.order, 500).await, Ok(500));
     assert_eq!(svc.state(&call_id).await, Some(ReceiptState::Success));
     assert!(svc.queued().await.is_empty());
-    assert_eq!(svc.remote.executions(&svc.order), 1);
+    assert_eq!(svc.remote.effects(&svc.order), 1);
 }
 
 /// Issue 6, case 6: the owner stalls (a GC pause) before it marks its uncertain call `UNKNOWN`; its
@@ -232,7 +220,7 @@ async fn take_over_whose_completion_fails(store: Arc<dyn Store>) {
 /// it. The owner comes back, is fenced out, and answers the recorded success, queueing nothing.
 async fn owner_back_after_a_take_over_answers_the_outcome(store: Arc<dyn Store>) {
     let svc = Svc::on(store);
-    svc.remote.script([Fault::ReplyLost]);
+    svc.remote.script([Fault::LoseReply]);
     let stall = Gate::new();
     svc.store.plan("mark_unknown", [Act::Before(stall.clone())]);
     let owner = tokio::spawn({
@@ -250,7 +238,7 @@ async fn owner_back_after_a_take_over_answers_the_outcome(store: Arc<dyn Store>)
         svc.queued().await.is_empty(),
         "nothing queued beside SUCCESS"
     );
-    assert_eq!(svc.remote.executions(&svc.order), 1);
+    assert_eq!(svc.remote.effects(&svc.order), 1);
 }
 
 /// Issue 6, case 6: the owner stalls right after it extended its lease for a backoff; meanwhile the key
@@ -270,9 +258,9 @@ async fn owner_confirms_its_key_before_a_retry(store: Arc<dyn Store>) {
     assert_eq!(svc.rerun(&svc.order, 500).await, Ok(500));
     stall.open();
     assert_eq!(owner.await.unwrap(), Ok(500));
-    assert_eq!(svc.remote.executions(&svc.order), 1);
+    assert_eq!(svc.remote.effects(&svc.order), 1);
     assert_eq!(
-        svc.remote.seen().len(),
+        svc.remote.call_ids().len(),
         2,
         "the owner sent nothing after its stall"
     );
@@ -282,12 +270,11 @@ async fn owner_confirms_its_key_before_a_retry(store: Arc<dyn Store>) {
 /// the true answer instead of `UNKNOWN`.
 async fn a_failed_lookup_is_asked_again(store: Arc<dyn Store>) {
     let svc = Svc::on(store);
-    svc.remote.script([Fault::ReplyLost]);
-    svc.remote
-        .script_lookups([Err("503 from the receipt service".into())]);
+    svc.remote.script([Fault::LoseReply]);
+    svc.remote.script_lookups([true]);
     assert_eq!(svc.with_lookup(&svc.order, 500).await, Ok(500));
     assert_eq!(svc.remote.lookups(), 2);
-    assert_eq!(svc.remote.seen().len(), 1);
+    assert_eq!(svc.remote.call_ids().len(), 1);
     assert!(svc.queued().await.is_empty());
 }
 
@@ -325,7 +312,7 @@ async fn a_refused_release_answers_the_charge(store: Arc<dyn Store>) {
     assert_eq!(svc.rerun(&svc.order, 500).await, Ok(500));
     stall.open();
     assert_eq!(owner.await.unwrap(), Ok(500), "told what happened: charged");
-    assert_eq!(svc.remote.executions(&svc.order), 1);
+    assert_eq!(svc.remote.effects(&svc.order), 1);
     assert!(svc.queued().await.is_empty());
 }
 
@@ -336,7 +323,7 @@ async fn a_refused_release_answers_the_charge(store: Arc<dyn Store>) {
 async fn an_unknown_is_never_without_its_entry(store: Arc<dyn Store>) {
     for failing in ["enqueue_compensation", "mark_unknown"] {
         let svc = Svc::on(store.clone());
-        svc.remote.script([Fault::ReplyLost]);
+        svc.remote.script([Fault::LoseReply]);
         svc.store.plan(failing, [Act::Fail(unavailable())]);
         assert!(
             matches!(
@@ -374,7 +361,7 @@ async fn an_unknown_is_never_without_its_entry(store: Arc<dyn Store>) {
         assert_eq!(svc.with_lookup(&svc.order, 500).await, Ok(500), "{failing}");
         assert_eq!(svc.state(&call_id).await, Some(ReceiptState::Success));
         assert!(svc.queued().await.is_empty(), "{failing}: entry cleared");
-        assert_eq!(svc.remote.executions(&svc.order), 1);
+        assert_eq!(svc.remote.effects(&svc.order), 1);
     }
 }
 
@@ -382,7 +369,7 @@ async fn an_unknown_is_never_without_its_entry(store: Arc<dyn Store>) {
 /// finishes the hand-over — queued, then `UNKNOWN` — and the key is never released.
 async fn dropped_while_being_queued(store: Arc<dyn Store>) {
     let svc = Svc::on(store);
-    svc.remote.script([Fault::ReplyLost]);
+    svc.remote.script([Fault::LoseReply]);
     let gate = Gate::new();
     svc.store
         .plan("enqueue_compensation", [Act::Before(gate.clone())]);
@@ -397,7 +384,7 @@ async fn dropped_while_being_queued(store: Arc<dyn Store>) {
     svc.until_state(&call_id, ReceiptState::Unknown).await;
     svc.until_queued(&call_id).await;
     assert_eq!(svc.queued().await, [call_id]);
-    assert_eq!(svc.remote.executions(&svc.order), 1);
+    assert_eq!(svc.remote.effects(&svc.order), 1);
 }
 
 /// The owner stalls while queueing its uncertain call, past its lease; a duplicate takes the call
@@ -406,7 +393,7 @@ async fn dropped_while_being_queued(store: Arc<dyn Store>) {
 /// needs none).
 async fn owner_back_from_queueing_answers_the_outcome(store: Arc<dyn Store>) {
     let svc = Svc::on(store);
-    svc.remote.script([Fault::ReplyLost]);
+    svc.remote.script([Fault::LoseReply]);
     let stall = Gate::new();
     svc.store
         .plan("enqueue_compensation", [Act::Before(stall.clone())]);
@@ -422,7 +409,7 @@ async fn owner_back_from_queueing_answers_the_outcome(store: Arc<dyn Store>) {
     let call_id = svc.first_call_id();
     assert_eq!(svc.state(&call_id).await, Some(ReceiptState::Success));
     assert!(svc.queued().await.is_empty(), "no entry beside SUCCESS");
-    assert_eq!(svc.remote.executions(&svc.order), 1);
+    assert_eq!(svc.remote.effects(&svc.order), 1);
 }
 
 support::on_stores!(memory, sqlite if "sqlite", postgres if "postgres", redis if "redis" => {

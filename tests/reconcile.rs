@@ -21,14 +21,12 @@ struct Day {
 impl Day {
     #[idempotent(key = "order", scope = "reconcile.pay", runtime = &self.rt, timeout = "1s", on_unknown = "hold")]
     async fn pay(&self, order: &str, amount: u64) -> Result<u64, TestError> {
-        let cx = samekey::current();
-        self.remote.charge(cx.call_id(), order, amount).await
+        self.remote.call(order, || amount).await
     }
 
     #[idempotent(key = "order", scope = "reconcile.by_reference", runtime = &self.rt, timeout = "1s", on_unknown = "hold")]
     async fn pay_by_reference(&self, order: &str, amount: u64) -> Result<u64, TestError> {
-        let cx = samekey::current();
-        self.remote.charge(cx.call_id(), order, amount).await
+        self.remote.call(order, || amount).await
     }
 
     #[idempotent(key = "order", scope = "reconcile.refund", runtime = &self.rt)]
@@ -71,17 +69,17 @@ impl Planted {
         let start = store.now_ms(rt.now_ms()).await.unwrap();
         let day = Day {
             rt,
-            remote: Remote::new(),
+            remote: Remote::default(),
             by_reference,
         };
         let run = format!("{:x}", samekey::TraceId::new().as_u128());
         let order = |n: u8| format!("{run}-{n}");
         Planted {
-            matched: day.paid(&order(1), 500, Fault::None).await,
-            other_amount: day.paid(&order(2), 700, Fault::None).await,
-            declined_here: day.paid(&order(3), 900, Fault::Declined).await,
-            unknown_here: day.paid(&order(4), 300, Fault::ReplyLost).await,
-            not_there: day.paid(&order(5), 100, Fault::None).await,
+            matched: day.paid(&order(1), 500, Fault::Ok).await,
+            other_amount: day.paid(&order(2), 700, Fault::Ok).await,
+            declined_here: day.paid(&order(3), 900, Fault::Reject).await,
+            unknown_here: day.paid(&order(4), 300, Fault::LoseReply).await,
+            not_there: day.paid(&order(5), 100, Fault::Ok).await,
             day,
             start,
             run,

@@ -34,8 +34,7 @@ struct Service {
 impl Service {
     #[idempotent(key = "order", runtime = &self.rt, timeout = "1s", lookup = |c| self.remote.status(c))]
     async fn charge(&self, order: &str) -> Result<u64, TestError> {
-        let cx = samekey::current();
-        self.remote.charge(cx.call_id(), order, 500).await
+        self.remote.call(order, || 500).await
     }
 }
 
@@ -57,9 +56,9 @@ fn events_carry_call_id_key_and_attempt() {
         .unwrap();
     let service = Service {
         rt: Runtime::new(),
-        remote: Remote::new(),
+        remote: Remote::default(),
     };
-    service.remote.script([Fault::ReplyLost]);
+    service.remote.script([Fault::LoseReply]);
     tracing::subscriber::with_default(subscriber, || {
         runtime.block_on(async {
             assert_eq!(service.charge("o-1").await, Ok(500));

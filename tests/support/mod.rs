@@ -1,25 +1,27 @@
-//! A scripted remote side for the behaviour tests: a payment-like service that executes, deduplicates
-//! nothing by itself (so a second execution is visible), keeps receipts by callId and answers lookups.
+//! What the behaviour tests share: the error type of the functions under test, the test kit's remote
+//! side with it, a clock moved by hand, and the stores to run on.
 #![allow(dead_code)]
 
 pub mod faulty;
 pub mod race;
 pub mod stores;
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use samekey::{CallId, Classify, ErrorClass, RemoteStatus};
+#[allow(unused_imports)]
+pub use samekey::testing::Fault;
+use samekey::testing::RemoteError;
+use samekey::{Classify, ErrorClass};
 use serde::{Deserialize, Serialize};
 
 /// The error type of the functions under test.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, thiserror::Error)]
 pub enum TestError {
-    #[error("declined")]
-    Declined,
-    #[error("rejected; nothing took effect")]
+    #[error("rejected for good")]
     Rejected,
+    #[error("declined; nothing took effect")]
+    Declined,
     #[error("refused before processing")]
     Refused,
     #[error("rate limited")]
@@ -33,8 +35,8 @@ pub enum TestError {
 impl Classify for TestError {
     fn classify(&self) -> ErrorClass {
         match self {
-            TestError::Declined => ErrorClass::Permanent,
-            TestError::Rejected => ErrorClass::Rejected,
+            TestError::Rejected => ErrorClass::Permanent,
+            TestError::Declined => ErrorClass::Rejected,
             TestError::Refused => ErrorClass::Retryable,
             TestError::RateLimited { retry_after_ms } => ErrorClass::RateLimited {
                 retry_after: Some(Duration::from_millis(*retry_after_ms)),
@@ -45,166 +47,25 @@ impl Classify for TestError {
     }
 }
 
-/// What the remote does with the next request.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Fault {
-    /// Executes and answers.
-    None,
-    /// The request never arrives: nothing executes; the client sees a reset.
-    RequestLost,
-    /// Executes, but the reply is lost: the client sees a reset.
-    ReplyLost,
-    /// Executes after this delay, whatever the client does meanwhile.
-    Slow(Duration),
-    /// Refuses before processing (503).
-    Unavailable,
-    /// Rejects the request for good (4xx); recorded as a failed receipt.
-    Declined,
-    /// Rejects the request and changes nothing (a declined card): the caller may try again.
-    Rejected,
-    /// Rate limited; retry after this many ms.
-    RateLimited(u64),
-    /// Never answers, never executes.
-    Hang,
-}
-
-#[derive(Default)]
-struct State {
-    script: VecDeque<Fault>,
-    receipts: HashMap<String, RemoteStatus<u64, TestError>>,
-    executions: HashMap<String, u32>,
-    seen: Vec<String>,
-    lookups: u32,
-    lookup_script: VecDeque<Result<(), String>>,
-    dedup: bool,
-}
-
-/// The remote side. Keyed by the business key the caller passes, so double executions of one
-/// operation are counted whatever callIds they carry.
-#[derive(Clone, Default)]
-pub struct Remote {
-    state: Arc<Mutex<State>>,
-}
-
-impl Remote {
-    pub fn new() -> Remote {
-        Remote::default()
-    }
-
-    /// A remote that deduplicates by callId (what `on_unknown = "rerun"` relies on): a request whose
-    /// callId already took effect answers the stored result without executing again.
-    pub fn deduplicating() -> Remote {
-        let remote = Remote::default();
-        remote.state.lock().unwrap().dedup = true;
-        remote
-    }
-
-    /// Faults for the next requests, in order; after them, requests succeed.
-    pub fn script(&self, faults: impl IntoIterator<Item = Fault>) {
-        self.state.lock().unwrap().script.extend(faults);
-    }
-
-    /// Answers for the next lookups: `Err` makes that lookup itself fail.
-    pub fn script_lookups(&self, answers: impl IntoIterator<Item = Result<(), String>>) {
-        self.state.lock().unwrap().lookup_script.extend(answers);
-    }
-
-    /// How many times the operation `op` took effect.
-    pub fn executions(&self, op: &str) -> u32 {
-        self.state
-            .lock()
-            .unwrap()
-            .executions
-            .get(op)
-            .copied()
-            .unwrap_or(0)
-    }
-
-    /// The callIds of every request that reached the wire, in order.
-    pub fn seen(&self) -> Vec<String> {
-        self.state.lock().unwrap().seen.clone()
-    }
-
-    pub fn lookups(&self) -> u32 {
-        self.state.lock().unwrap().lookups
-    }
-
-    fn execute(state: &Arc<Mutex<State>>, call_id: &str, op: &str, amount: u64) {
-        let mut s = state.lock().unwrap();
-        *s.executions.entry(op.to_owned()).or_default() += 1;
-        s.receipts
-            .insert(call_id.to_owned(), RemoteStatus::Succeeded(amount));
-    }
-
-    /// Charges `amount` for operation `op` under `call_id`.
-    pub async fn charge(&self, call_id: &CallId, op: &str, amount: u64) -> Result<u64, TestError> {
-        let id = call_id.to_string();
-        let fault = {
-            let mut s = self.state.lock().unwrap();
-            s.seen.push(id.clone());
-            if s.dedup {
-                match s.receipts.get(&id) {
-                    Some(RemoteStatus::Succeeded(v)) => return Ok(*v),
-                    Some(RemoteStatus::Failed(e)) => return Err(e.clone()),
-                    // Still running under this callId: answer "in progress", which is not an outcome.
-                    Some(RemoteStatus::Processing) => return Err(TestError::Reset),
-                    Some(RemoteStatus::NotReceived) | None => {}
-                }
+/// What the test kit's remote answers, as the functions under test see it.
+impl From<RemoteError> for TestError {
+    fn from(e: RemoteError) -> TestError {
+        match e {
+            RemoteError::TimedOut => TestError::Reset,
+            RemoteError::Unavailable => TestError::Refused,
+            RemoteError::RateLimited { retry_after_ms } => {
+                TestError::RateLimited { retry_after_ms }
             }
-            s.script.pop_front().unwrap_or(Fault::None)
-        };
-        match fault {
-            Fault::None => {
-                Self::execute(&self.state, &id, op, amount);
-                Ok(amount)
-            }
-            Fault::RequestLost => Err(TestError::Reset),
-            Fault::ReplyLost => {
-                Self::execute(&self.state, &id, op, amount);
-                Err(TestError::Reset)
-            }
-            Fault::Slow(delay) => {
-                self.state
-                    .lock()
-                    .unwrap()
-                    .receipts
-                    .insert(id.clone(), RemoteStatus::Processing);
-                let (state, op2) = (self.state.clone(), op.to_owned());
-                let server = tokio::spawn(async move {
-                    tokio::time::sleep(delay).await;
-                    Remote::execute(&state, &id, &op2, amount);
-                });
-                let _ = server.await;
-                Ok(amount)
-            }
-            Fault::Unavailable => Err(TestError::Refused),
-            Fault::Declined => {
-                self.state
-                    .lock()
-                    .unwrap()
-                    .receipts
-                    .insert(id, RemoteStatus::Failed(TestError::Declined));
-                Err(TestError::Declined)
-            }
-            Fault::Rejected => Err(TestError::Rejected),
-            Fault::RateLimited(ms) => Err(TestError::RateLimited { retry_after_ms: ms }),
-            Fault::Hang => std::future::pending().await,
+            RemoteError::Rejected => TestError::Rejected,
+            RemoteError::Declined => TestError::Declined,
         }
     }
-
-    /// The receipt of `call_id` on the remote side.
-    pub async fn status(&self, call_id: &CallId) -> Result<RemoteStatus<u64, TestError>, String> {
-        let mut s = self.state.lock().unwrap();
-        s.lookups += 1;
-        if let Some(Err(e)) = s.lookup_script.pop_front() {
-            return Err(e);
-        }
-        Ok(s.receipts
-            .get(&call_id.to_string())
-            .cloned()
-            .unwrap_or(RemoteStatus::NotReceived))
-    }
 }
+
+/// The remote side of the behaviour tests: the test kit's, charging amounts. It executes every
+/// request that arrives (so a second execution of one order is visible), keeps outcomes by callId and
+/// answers lookups.
+pub type Remote = samekey::testing::Remote<u64, TestError>;
 
 /// A clock that a test moves by hand, on top of the system clock: leases and TTLs of the stores that
 /// take the caller's time (memory, SQLite) can be passed without waiting, in real time (which stores

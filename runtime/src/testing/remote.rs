@@ -34,11 +34,14 @@ pub enum RemoteError {
     /// A permanent 4xx: refused for good.
     #[error("rejected for good")]
     Rejected,
+    /// A refusal that changed nothing (a declined card): the same key may be tried again.
+    #[error("declined, nothing took effect")]
+    Declined,
 }
 
 impl Classify for RemoteError {
     /// `TimedOut`: unknown; `Unavailable`: retryable; `RateLimited`: rate-limited with its wait;
-    /// `Rejected`: permanent.
+    /// `Rejected`: permanent; `Declined`: rejected (the claim is released).
     fn classify(&self) -> ErrorClass {
         match self {
             RemoteError::TimedOut => ErrorClass::Unknown,
@@ -47,6 +50,7 @@ impl Classify for RemoteError {
                 retry_after: Some(Duration::from_millis(*retry_after_ms)),
             },
             RemoteError::Rejected => ErrorClass::Permanent,
+            RemoteError::Declined => ErrorClass::Rejected,
         }
     }
 }
@@ -58,7 +62,8 @@ pub struct Delivery {
     pub call_id: String,
     /// The business key it was for (what [`Remote::call`] was given).
     pub key: String,
-    /// The attempt of the call that sent it (1 for the first; 0 when sent by a compensation re-run).
+    /// The attempt of the call that sent it (1 for the first; 0 when sent by a compensation re-run or
+    /// through [`Remote::call_as`]).
     pub attempt: u32,
     /// What the schedule did with it.
     pub fault: Fault,
@@ -144,6 +149,18 @@ impl<T, E> Clone for Remote<T, E> {
     }
 }
 
+impl<T, E> Default for Remote<T, E>
+where
+    T: Clone + Send + 'static,
+    E: From<RemoteError>,
+{
+    /// A remote on which every request succeeds ([`Schedule::healthy`]); [`script`](Remote::script)
+    /// adds faults later.
+    fn default() -> Remote<T, E> {
+        Remote::new(Schedule::healthy())
+    }
+}
+
 impl<T, E> Remote<T, E>
 where
     T: Clone + Send + 'static,
@@ -177,8 +194,20 @@ where
     /// answers. A failed lookup is the lookup's own error ([`RemoteError::Unavailable`]): the call
     /// stays undecided and asks again while it may.
     pub fn failing_lookups(self, pattern: impl IntoIterator<Item = bool>) -> Remote<T, E> {
-        self.state().failing_lookups.extend(pattern);
+        self.script_lookups(pattern);
         self
+    }
+
+    /// [`failing_lookups`](Remote::failing_lookups) on a remote already in use: the next lookups
+    /// fail (`true`) or answer (`false`), after any pattern still ahead.
+    pub fn script_lookups(&self, pattern: impl IntoIterator<Item = bool>) {
+        self.state().failing_lookups.extend(pattern);
+    }
+
+    /// The next requests meet `faults`, in order, after those the schedule still has written for
+    /// them (a seeded schedule draws after them): a remote that turns bad in the middle of a test.
+    pub fn script(&self, faults: impl IntoIterator<Item = Fault>) {
+        self.state().schedule.push(faults);
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State<T>> {
@@ -205,6 +234,33 @@ where
             attempt: cx.attempt(),
             caller: caller.as_ref().map(CallScope::number),
         };
+        self.send(sent, caller, effect).await
+    }
+
+    /// Sends a request for `key` under `call_id`, from outside an `#[idempotent]` function: a client
+    /// that does not use samekey (one that makes a new request id for every retry), or a request a
+    /// test plants (the one a crashed process sent before it died). Recorded with attempt 0.
+    pub async fn call_as(
+        &self,
+        call_id: impl std::fmt::Display,
+        key: impl Into<String>,
+        effect: impl FnOnce() -> T,
+    ) -> Result<T, E> {
+        let sent = Sent {
+            call_id: call_id.to_string(),
+            key: key.into(),
+            attempt: 0,
+            caller: None,
+        };
+        self.send(sent, None, effect).await
+    }
+
+    async fn send(
+        &self,
+        sent: Sent,
+        caller: Option<CallScope>,
+        effect: impl FnOnce() -> T,
+    ) -> Result<T, E> {
         // Decided and recorded under the lock, answered after it: no lock is held across an await.
         match self.deliver(sent, effect) {
             Reply::Now(answer) => answer.map_err(E::from),
@@ -279,6 +335,7 @@ where
                 retry_after_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
             })),
             (Fault::Reject, _) => Reply::Now(Err(RemoteError::Rejected)),
+            (Fault::Decline, _) => Reply::Now(Err(RemoteError::Declined)),
             (Fault::Hang, _) => Reply::Never,
             // Lost on the way there or back.
             _ => Reply::Now(Err(RemoteError::TimedOut)),
@@ -333,6 +390,41 @@ where
             *effects.entry(d.key.clone()).or_default() += 1;
         }
         effects
+    }
+
+    /// How many times `key` took effect on the remote side.
+    pub fn effects(&self, key: &str) -> usize {
+        self.state()
+            .deliveries
+            .iter()
+            .filter(|d| d.took_effect && d.key == key)
+            .count()
+    }
+
+    /// The callId of every request received (and of every lost one), in order.
+    pub fn call_ids(&self) -> Vec<String> {
+        self.state()
+            .deliveries
+            .iter()
+            .map(|d| d.call_id.clone())
+            .collect()
+    }
+
+    /// Every callId that took effect and the value it answered, sorted by callId: the remote's
+    /// settlement file (for [`reconcile`](crate::reconcile)). A slow request is here once its delay
+    /// has passed.
+    pub fn settled(&self) -> Vec<(String, T)> {
+        let mut settled: Vec<(String, T)> = self
+            .state()
+            .outcomes
+            .iter()
+            .filter_map(|(call_id, outcome)| match outcome {
+                Outcome::Done(value) => Some((call_id.clone(), value.clone())),
+                _ => None,
+            })
+            .collect();
+        settled.sort_by(|a, b| a.0.cmp(&b.0));
+        settled
     }
 
     /// Whether a request under `call_id` took effect.
