@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use samekey::testing::{FaultMix, Remote, RemoteError, Schedule};
 use samekey::{
     idempotent, CallId, Classify, Compensator, ErrorClass, Operation, RemoteStatus, Runtime,
 };
@@ -34,9 +35,10 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(1);
 const STATUS_OUTAGE: (Duration, Duration) = (Duration::from_secs(60), Duration::from_secs(100));
 
 // ---------------------------------------------------------------------------------------------------
-// The payment gateway: executes charges, keeps them by request id (its receipts), answers status
-// queries. It deduplicates by request id, as good gateways do — which only helps a client that keeps
-// its request id across retries.
+// The payment gateway: samekey's test kit plays it (`samekey::testing::Remote`). It executes charges
+// through a seeded fault schedule, keeps them by request id (its receipts), answers status queries,
+// and counts the charges per order. It deduplicates by request id, as good gateways do — which only
+// helps a client that keeps its request id across retries.
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 struct Charge {
@@ -73,162 +75,122 @@ impl Classify for PayError {
     }
 }
 
-#[derive(Default)]
-struct Ledger {
-    by_request: HashMap<String, RemoteStatus<Charge, PayError>>,
-    charges_per_order: HashMap<u64, u32>,
-    requests: u64,
-    status_queries: u64,
-    rng: u64,
-    /// No slow replies, no failing status queries.
-    steady: bool,
+/// What the gateway's faults look like to its client.
+impl From<RemoteError> for PayError {
+    fn from(e: RemoteError) -> PayError {
+        match e {
+            RemoteError::TimedOut => PayError::Reset,
+            RemoteError::Unavailable => PayError::Unavailable,
+            RemoteError::RateLimited { retry_after_ms } => PayError::RateLimited { retry_after_ms },
+            RemoteError::Rejected | RemoteError::Declined => PayError::Declined,
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Gateway {
+    remote: Remote<Charge, PayError>,
     /// An incident: the status endpoint answers 503 from the first to the second instant (the
     /// calls whose outcome it would have told stay UNKNOWN, for the compensation worker).
     status_outage: Option<(tokio::time::Instant, tokio::time::Instant)>,
 }
 
-#[derive(Clone)]
-struct Gateway {
-    ledger: Arc<Mutex<Ledger>>,
-}
-
-enum Fault {
-    None,
-    RequestLost,
-    ReplyLost,
-    Slow(Duration),
-    Unavailable,
-    RateLimited,
-}
-
 impl Gateway {
+    /// 8 % of requests lost, 8 % of replies lost after the charge, 8 % slow (2.5 s), 6 % 503, 5 %
+    /// rate limited; 4 % of status queries fail, and the status endpoint is down for a while.
     fn new(seed: u64) -> Gateway {
-        Gateway::with(seed, false)
+        let mix = FaultMix {
+            lose_request: 8,
+            lose_reply: 8,
+            slow_requests: 8,
+            slow: Duration::from_millis(2_500),
+            unavailable: 6,
+            rate_limited: 5,
+            retry_after: Duration::from_millis(300),
+            reject: 0,
+            decline: 0,
+            crash: 0,
+        };
+        let now = tokio::time::Instant::now();
+        Gateway {
+            remote: Remote::new(Schedule::seeded(seed, mix))
+                .deduplicating()
+                .failing_lookups((0..10_000).map(|i| lookup_fails(seed, i))),
+            status_outage: Some((now + STATUS_OUTAGE.0, now + STATUS_OUTAGE.1)),
+        }
     }
 
     /// A gateway without slow replies and whose status endpoint always answers: what the real-time run
     /// on a durable store uses (a simulated gateway forgets its charges between runs, so nothing may be
     /// left for a second run to look up).
     fn steady(seed: u64) -> Gateway {
-        Gateway::with(seed, true)
-    }
-
-    fn with(seed: u64, steady: bool) -> Gateway {
-        let now = tokio::time::Instant::now();
-        let ledger = Ledger {
-            rng: seed,
-            steady,
-            status_outage: (!steady).then(|| (now + STATUS_OUTAGE.0, now + STATUS_OUTAGE.1)),
-            ..Ledger::default()
+        let mix = FaultMix {
+            lose_request: 8,
+            lose_reply: 8,
+            slow_requests: 0,
+            unavailable: 6,
+            rate_limited: 5,
+            retry_after: Duration::from_millis(300),
+            reject: 0,
+            decline: 0,
+            crash: 0,
+            ..FaultMix::default()
         };
         Gateway {
-            ledger: Arc::new(Mutex::new(ledger)),
+            remote: Remote::new(Schedule::seeded(seed, mix)).deduplicating(),
+            status_outage: None,
         }
     }
 
-    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
-        self.ledger.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn roll(ledger: &mut Ledger) -> Fault {
-        ledger.rng = ledger.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = ledger.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        match z % 100 {
-            0..=7 => Fault::RequestLost,
-            8..=15 => Fault::ReplyLost,
-            16..=23 if !ledger.steady => {
-                Fault::Slow(Duration::from_millis(1_500 + (z >> 8) % 2_500))
-            }
-            24..=29 => Fault::Unavailable,
-            30..=34 => Fault::RateLimited,
-            _ => Fault::None,
-        }
-    }
-
-    fn execute(ledger: &mut Ledger, request_id: &str, charge: Charge) -> Result<Charge, PayError> {
-        // Every 37th order's card is declined: a 4xx that no retry can fix.
-        let outcome = if charge.order_id.is_multiple_of(37) {
-            Err(PayError::Declined)
-        } else {
-            *ledger.charges_per_order.entry(charge.order_id).or_default() += 1;
-            Ok(charge)
-        };
-        let status = match &outcome {
-            Ok(c) => RemoteStatus::Succeeded(*c),
-            Err(e) => RemoteStatus::Failed(e.clone()),
-        };
-        ledger.by_request.insert(request_id.to_owned(), status);
-        outcome
-    }
-
-    /// `POST /charges` with an idempotency header.
-    async fn charge(&self, request_id: &str, charge: Charge) -> Result<Charge, PayError> {
+    /// `POST /charges` with an idempotency header: `request_id` is the callId of the `#[idempotent]`
+    /// call running it, or the id a client without samekey made up.
+    async fn charge(&self, request_id: Option<&str>, charge: Charge) -> Result<Charge, PayError> {
         tokio::time::sleep(Duration::from_millis(40)).await;
-        let fault = {
-            let mut ledger = self.ledger();
-            ledger.requests += 1;
-            match ledger.by_request.get(request_id) {
-                Some(RemoteStatus::Succeeded(c)) => return Ok(*c),
-                Some(RemoteStatus::Failed(e)) => return Err(e.clone()),
-                Some(RemoteStatus::Processing) => return Err(PayError::Unavailable),
-                Some(RemoteStatus::NotReceived) | None => {}
-            }
-            Gateway::roll(&mut ledger)
-        };
-        match fault {
-            Fault::None => Gateway::execute(&mut self.ledger(), request_id, charge),
-            Fault::RequestLost => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                Err(PayError::Reset)
-            }
-            Fault::ReplyLost => {
-                let _ = Gateway::execute(&mut self.ledger(), request_id, charge);
-                Err(PayError::Reset)
-            }
-            Fault::Slow(delay) => {
-                self.ledger()
-                    .by_request
-                    .insert(request_id.to_owned(), RemoteStatus::Processing);
-                // The gateway finishes on its own time, whether or not the client still waits.
-                let (gateway, id) = (self.clone(), request_id.to_owned());
-                let server = tokio::spawn(async move {
-                    tokio::time::sleep(delay).await;
-                    Gateway::execute(&mut gateway.ledger(), &id, charge)
-                });
-                server.await.unwrap_or(Err(PayError::Reset))
-            }
-            Fault::Unavailable => Err(PayError::Unavailable),
-            Fault::RateLimited => Err(PayError::RateLimited {
-                retry_after_ms: 300,
-            }),
+        // Every 37th order's card is declined: a 4xx that no retry can fix, and nothing is charged.
+        if charge.order_id.is_multiple_of(37) {
+            return Err(PayError::Declined);
+        }
+        let order = charge.order_id.to_string();
+        match request_id {
+            Some(id) => self.remote.call_as(id, order, || charge).await,
+            None => self.remote.call(order, || charge).await,
         }
     }
 
     /// `GET /charges/{request_id}`: the gateway's receipt.
-    async fn status(&self, request_id: String) -> Result<RemoteStatus<Charge, PayError>, PayError> {
+    async fn status(&self, call: &CallId) -> Result<RemoteStatus<Charge, PayError>, PayError> {
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let mut ledger = self.ledger();
-        ledger.status_queries += 1;
-        // The status endpoint itself fails now and then: the outcome then stays unknown.
-        ledger.rng = ledger.rng.wrapping_add(0x2545_f491_4f6c_dd1d);
-        if !ledger.steady && (ledger.rng >> 17) % 100 < 4 {
-            return Err(PayError::Unavailable);
-        }
+        let answer = self.remote.status(call).await;
         let now = tokio::time::Instant::now();
-        if let Some((from, to)) = ledger.status_outage {
+        if let Some((from, to)) = self.status_outage {
             if (from..to).contains(&now) {
                 return Err(PayError::Unavailable);
             }
         }
-        Ok(ledger
-            .by_request
-            .get(&request_id)
-            .cloned()
-            .unwrap_or(RemoteStatus::NotReceived))
+        Ok(answer?)
     }
+
+    /// The charges the gateway settled, by request id.
+    fn settled(&self) -> Vec<(String, Charge)> {
+        self.remote.settled()
+    }
+
+    /// How many charges each order got.
+    fn charges_per_order(&self) -> HashMap<u64, usize> {
+        self.remote
+            .effects_per_key()
+            .into_iter()
+            .filter_map(|(order, n)| Some((order.parse().ok()?, n)))
+            .collect()
+    }
+}
+
+/// Whether the `i`th status query fails (4 % of them), drawn from the seed.
+fn lookup_fails(seed: u64, i: u64) -> bool {
+    let mut z = seed ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)) % 100 < 4
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -275,8 +237,11 @@ impl NaiveClient {
                 order_id: order.id,
                 amount_cents: order.amount_cents,
             };
-            match tokio::time::timeout(CLIENT_TIMEOUT, self.gateway.charge(&request_id, charge))
-                .await
+            match tokio::time::timeout(
+                CLIENT_TIMEOUT,
+                self.gateway.charge(Some(&request_id), charge),
+            )
+            .await
             {
                 Ok(Ok(c)) => return Ok(c),
                 Ok(Err(PayError::Declined)) => return Err(PayError::Declined),
@@ -298,14 +263,14 @@ struct OrderService {
 impl OrderService {
     #[idempotent(key = "order", scope = "orders.charge", prefix = "pay", retries = 3, timeout = "1s", backoff = "100ms..2s",
                  ttl = "7d", verify = "order.amount_cents", runtime = &self.samekey,
-                 lookup = |call: &CallId| self.gateway.status(call.to_string()))]
+                 lookup = |call: &CallId| self.gateway.status(call))]
     async fn charge(&self, order: Order) -> Result<Charge, PayError> {
-        let call = samekey::current();
         let charge = Charge {
             order_id: order.id,
             amount_cents: order.amount_cents,
         };
-        self.gateway.charge(call.call_id(), charge).await
+        // The gateway is sent this call's callId as its request id, the same on every attempt.
+        self.gateway.charge(None, charge).await
     }
 }
 
@@ -382,25 +347,17 @@ struct Column {
 }
 
 fn column(gateway: &Gateway, told: Told, told_failed: &HashMap<u64, bool>) -> Column {
-    let ledger = gateway.ledger();
-    let executed: u64 = ledger
-        .charges_per_order
-        .values()
-        .map(|&n| u64::from(n))
-        .sum();
-    let duplicates: u64 = ledger
-        .charges_per_order
-        .values()
-        .map(|&n| u64::from(n.saturating_sub(1)))
-        .sum();
+    let charges = gateway.charges_per_order();
+    let executed = charges.values().sum::<usize>() as u64;
+    let duplicates = charges.values().map(|n| n - 1).sum::<usize>() as u64;
     let failed_but_charged = told_failed
         .keys()
-        .filter(|id| ledger.charges_per_order.get(id).copied().unwrap_or(0) > 0)
+        .filter(|id| charges.contains_key(id))
         .count() as u64;
     Column {
         calls: told.succeeded + told.declined + told.failed + told.unknown,
         attempts: told.attempts,
-        lookups: ledger.status_queries,
+        lookups: gateway.remote.lookups(),
         replays: 0,
         executed,
         duplicates,
@@ -474,12 +431,14 @@ async fn durable(
         tally(&mut told, &service.charge(order).await);
     }
     let stats = service.samekey.stats();
-    let ledger = gateway.ledger();
-    let executed: u32 = ledger.charges_per_order.values().sum();
+    let executed: usize = gateway.charges_per_order().values().sum();
     println!("samekey order_service on {url} — {DURABLE_ORDERS} orders, seed {seed}");
     println!(
         "calls {}, attempts {}, replays {}, lookups {}",
-        stats.calls, stats.attempts, stats.replays, ledger.status_queries
+        stats.calls,
+        stats.attempts,
+        stats.replays,
+        gateway.remote.lookups()
     );
     println!("charges executed in this run: {executed}");
     println!(
@@ -492,15 +451,7 @@ async fn durable(
     }
     if let Some(path) = settlement {
         let mut csv = String::from("call_id,status,amount\n");
-        let mut settled: Vec<(&String, &Charge)> = ledger
-            .by_request
-            .iter()
-            .filter_map(|(id, status)| match status {
-                RemoteStatus::Succeeded(charge) => Some((id, charge)),
-                _ => None,
-            })
-            .collect();
-        settled.sort_by_key(|(id, _)| *id);
+        let settled = gateway.settled();
         for (call_id, charge) in &settled {
             csv.push_str(&format!("{call_id},succeeded,{}\n", charge.amount_cents));
         }
@@ -510,14 +461,14 @@ async fn durable(
     Ok(())
 }
 
-/// The order a call's receipt is about, from its recorded outcome (a `Charge`).
-fn order_of(history: &samekey::History) -> String {
+/// The order a call charged, from its recorded outcome (a `Charge`); `None` if it charged nothing.
+fn order_of(history: &samekey::History) -> Option<u64> {
     history
         .receipt
         .as_ref()
         .and_then(|r| r.outcome.as_deref())
         .and_then(|bytes| serde_json::from_slice::<Charge>(bytes).ok())
-        .map_or_else(|| "?".to_owned(), |c| c.order_id.to_string())
+        .map(|c| c.order_id)
 }
 
 async fn open_store(url: &str) -> Result<Arc<dyn samekey::Store>, Box<dyn std::error::Error>> {
@@ -572,7 +523,7 @@ async fn compare(seed: u64) -> Result<(), Box<dyn std::error::Error>> {
             "orders.charge",
             Operation::new(move |call: CallId| {
                 let gateway = gateway.clone();
-                async move { gateway.status(call.to_string()).await }
+                async move { gateway.status(&call).await }
             }),
         )
         .on_escalate(|entry| println!("needs a person: call {} ({})", entry.call_id, entry.reason));
@@ -594,7 +545,9 @@ async fn compare(seed: u64) -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "samekey order_service — {ORDERS} orders, every {DOUBLE_SUBMIT_EVERY}th submitted twice, seed {seed}"
     );
-    println!("faults: 8% requests lost, 8% replies lost after the charge, 8% slow (1.5–4 s, timeout 1 s),");
+    println!(
+        "faults: 8% requests lost, 8% replies lost after the charge, 8% slow (2.5 s, timeout 1 s),"
+    );
     println!(
         "        6% 503, 5% rate limited, every 37th card declined, 4% of receipt lookups fail,"
     );
@@ -661,14 +614,17 @@ async fn compare(seed: u64) -> Result<(), Box<dyn std::error::Error>> {
     for (name, naive, samekey) in rows {
         println!("{name:<34}{naive:>24}{samekey:>12}");
     }
-    // What the journal says about one call the worker settled.
-    if let Some(entry) = queued.first() {
+    // What the journal says about the first call the worker found charged.
+    let mut charged = None;
+    for entry in &queued {
         let history = service.samekey.history(&entry.call_id).await?;
-        println!(
-            "\nthe journal of call {} (order {}):",
-            entry.call_id,
-            order_of(&history)
-        );
+        if let Some(order) = order_of(&history) {
+            charged = Some((entry, history, order));
+            break;
+        }
+    }
+    if let Some((entry, history, order)) = charged {
+        println!("\nthe journal of call {} (order {order}):", entry.call_id);
         let start = history.timeline().first().map_or(0, |e| e.at_ms);
         for event in history.timeline() {
             let offset = event.at_ms.saturating_sub(start) as f64 / 1000.0;
