@@ -1,6 +1,6 @@
-//! samekey's metrics in Prometheus' text format: a few charges against a flaky gateway (a 503 that is
-//! retried, a lost reply that a lookup settles, a declined card), then what a `/metrics` endpoint would
-//! serve.
+//! samekey's metrics in Prometheus' text format: a few charges against a flaky gateway (the test kit's
+//! `Remote`: a 503 that is retried, a lost reply that a lookup settles, a declined card), then what a
+//! `/metrics` endpoint would serve.
 //!
 //! ```text
 //! cargo run --example metrics --features metrics
@@ -10,11 +10,9 @@
 //! `/metrics` route returns (`axum::routing::get(move || async move { handle.render() })`); the
 //! exporter's `http-listener` feature serves it on a port of its own instead.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-
 use metrics_exporter_prometheus::PrometheusBuilder;
-use samekey::{idempotent, CallId, Classify, ErrorClass, RemoteStatus, Runtime};
+use samekey::testing::{Fault, Remote, RemoteError, Schedule};
+use samekey::{idempotent, Classify, ErrorClass, Runtime};
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, thiserror::Error)]
 enum PayError {
@@ -45,62 +43,44 @@ impl From<samekey::Error> for PayError {
     }
 }
 
-/// A gateway that fails the first request of some orders, and keeps its receipts by request id.
-#[derive(Default)]
-struct Gateway {
-    receipts: Mutex<HashMap<String, u64>>,
-    seen: Mutex<HashMap<u64, u32>>,
-}
-
-impl Gateway {
-    async fn charge(&self, request_id: &CallId, order: u64) -> Result<u64, PayError> {
-        let nth = {
-            let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-            let n = seen.entry(order).or_default();
-            *n += 1;
-            *n
-        };
-        match (order % 5, nth) {
-            (1, 1) => Err(PayError::Unavailable),
-            (2, 1) => {
-                // Charged, but the reply is lost.
-                self.receipts
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(request_id.to_string(), order * 100);
-                Err(PayError::Reset)
-            }
-            (3, _) => Err(PayError::Declined),
-            _ => {
-                self.receipts
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(request_id.to_string(), order * 100);
-                Ok(order * 100)
-            }
+/// What the test kit's gateway answers, as this service's errors.
+impl From<RemoteError> for PayError {
+    fn from(e: RemoteError) -> PayError {
+        match e {
+            RemoteError::TimedOut => PayError::Reset,
+            RemoteError::Unavailable | RemoteError::RateLimited { .. } => PayError::Unavailable,
+            RemoteError::Rejected | RemoteError::Declined => PayError::Declined,
         }
     }
+}
 
-    async fn status(&self, request_id: &CallId) -> Result<RemoteStatus<u64, PayError>, String> {
-        let receipts = self.receipts.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(match receipts.get(request_id.as_str()) {
-            Some(amount) => RemoteStatus::Succeeded(*amount),
-            None => RemoteStatus::NotReceived,
-        })
-    }
+/// The orders, and what the gateway (the test kit's `Remote`) does with their first request: order
+/// `n` gets a 503 then a success when `n % 5 == 1`, a charge whose reply is lost (a lookup settles it)
+/// when `n % 5 == 2`, a declined card on every request when `n % 5 == 3`, and a success otherwise.
+const ORDERS: u64 = 20;
+
+fn gateway() -> Remote<u64, PayError> {
+    let first_pass = (0..ORDERS).flat_map(|order| match order % 5 {
+        1 => vec![Fault::Unavailable, Fault::Ok],
+        2 => vec![Fault::LoseReply],
+        3 => vec![Fault::Decline],
+        _ => vec![Fault::Ok],
+    });
+    // The second pass sends only the declined orders again (the rest are replays).
+    let second_pass = (0..ORDERS).filter(|o| o % 5 == 3).map(|_| Fault::Decline);
+    Remote::new(Schedule::of(first_pass.chain(second_pass)))
 }
 
 struct Payments {
     rt: Runtime,
-    gateway: Arc<Gateway>,
+    gateway: Remote<u64, PayError>,
 }
 
 impl Payments {
     #[idempotent(key = "order", scope = "payments.charge", runtime = &self.rt, timeout = "1s",
                  backoff = "10ms..100ms", budget = "gateway", lookup = |c| self.gateway.status(c))]
     async fn charge(&self, order: u64) -> Result<u64, PayError> {
-        let cx = samekey::current();
-        self.gateway.charge(cx.call_id(), order).await
+        self.gateway.call(order.to_string(), || order * 100).await
     }
 }
 
@@ -109,13 +89,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let handle = PrometheusBuilder::new().install_recorder()?;
     let payments = Payments {
         rt: Runtime::builder().node("metrics-demo").build()?,
-        gateway: Arc::default(),
+        gateway: gateway(),
     };
-    for order in 0..20 {
+    for order in 0..ORDERS {
         let _ = payments.charge(order).await;
     }
     // The same orders again (a client that retried): answered from the store.
-    for order in 0..20 {
+    for order in 0..ORDERS {
         let _ = payments.charge(order).await;
     }
     print!("{}", handle.render());
