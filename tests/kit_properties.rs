@@ -15,6 +15,7 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 use samekey::testing::{schedules, Remote, RemoteError, Schedule, TestKit};
 use samekey::{idempotent, Classify, ErrorClass, Runtime};
 use serde::{Deserialize, Serialize};
@@ -157,7 +158,13 @@ fn memory_cases() -> u32 {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: memory_cases(), ..ProptestConfig::default() })]
+    // A failing schedule is kept beside this file (kit_properties.proptest-regressions) and run
+    // first next time.
+    #![proptest_config(ProptestConfig {
+        cases: memory_cases(),
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn under_any_schedule_nothing_runs_twice_and_nothing_is_lost(
