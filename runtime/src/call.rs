@@ -27,7 +27,7 @@
 use std::borrow::Cow;
 use std::fmt::Display;
 use std::future::{poll_fn, Future};
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -583,12 +583,14 @@ impl<T, E> Run<T, E> {
         F: Future,
         F::Output: LookupAnswer<T, E>,
     {
-        self.call().resolve(lookup).await
+        // Boxed, as every path after a failed attempt: the call's future is as large as its largest
+        // step, and it is moved whole (a replay and a first success pay for its size, not for these).
+        Box::pin(self.call().resolve(lookup)).await
     }
 
     /// The arm generated for functions without `lookup` (the runtime never asks for one there).
     pub async fn no_lookup(&mut self) -> Step<T, E> {
-        self.call().no_lookup().await
+        Box::pin(self.call().no_lookup()).await
     }
 }
 
@@ -799,7 +801,7 @@ impl<T, E> Call<T, E> {
                         attempt = 0u32, fence = fence.0, function = self.spec.name, "claimed");
                     return Step::Attempt;
                 }
-                Ok(Claimed::Existing(record)) => match self.held(record).await {
+                Ok(Claimed::Existing(record)) => match Box::pin(self.held(record)).await {
                     Held::Step(step) => return step,
                     Held::Reclaim => now = self.rt.now_ms(),
                 },
@@ -1014,7 +1016,7 @@ impl<T, E> Call<T, E> {
         let outcome = match self.spec.timeout {
             // The lease already covers the whole timeout.
             Some(limit) => tokio::time::timeout(limit, body).await.ok(),
-            None => Some(self.heartbeat(body).await),
+            None => Some(self.heartbeat(pin!(body)).await),
         }
         .map(CallResult::into_result);
         self.in_flight = false;
@@ -1040,7 +1042,7 @@ impl<T, E> Call<T, E> {
                     attempt = self.attempts, "attempt timed out; outcome unknown");
                 self.last_outcome = Some(AttemptOutcome::TimedOut);
                 self.note(attempt(AttemptOutcome::TimedOut, None));
-                self.unknown_outcome(None).await
+                Box::pin(self.unknown_outcome(None)).await
             }
             Some(Ok(value)) => {
                 if let Some(limit) = self.dependency.limiter.succeeded() {
@@ -1066,19 +1068,19 @@ impl<T, E> Call<T, E> {
                         if self.uncertain && self.spec.has_lookup =>
                     {
                         self.refused = true;
-                        self.unknown_outcome(Some(error)).await
+                        Box::pin(self.unknown_outcome(Some(error))).await
                     }
-                    ErrorClass::Permanent => self.fail(error).await,
+                    ErrorClass::Permanent => Box::pin(self.fail(error)).await,
                     // Nothing took effect by this attempt, but an earlier one may have: the refusal
                     // may answer it, so it is recorded rather than given back.
-                    ErrorClass::Rejected if self.uncertain => self.fail(error).await,
+                    ErrorClass::Rejected if self.uncertain => Box::pin(self.fail(error)).await,
                     ErrorClass::Rejected => {
                         self.last_error = Some(error);
-                        self.give_back("rejected; nothing took effect").await
+                        Box::pin(self.give_back("rejected; nothing took effect")).await
                     }
                     ErrorClass::Retryable => {
                         self.last_error = Some(error);
-                        self.retry(RetryClass::Retryable, Duration::ZERO).await
+                        Box::pin(self.retry(RetryClass::Retryable, Duration::ZERO)).await
                     }
                     ErrorClass::RateLimited { retry_after } => {
                         self.last_error = Some(error);
@@ -1089,13 +1091,13 @@ impl<T, E> Call<T, E> {
                                 "rate limited: fewer calls in flight");
                             crate::metrics::concurrency_limit(&self.dependency.name, Some(limit));
                         }
-                        self.retry(
+                        Box::pin(self.retry(
                             RetryClass::RateLimited,
                             retry_after.unwrap_or(Duration::ZERO),
-                        )
+                        ))
                         .await
                     }
-                    ErrorClass::Unknown => self.unknown_outcome(Some(error)).await,
+                    ErrorClass::Unknown => Box::pin(self.unknown_outcome(Some(error))).await,
                 }
             }
         }
@@ -1104,11 +1106,17 @@ impl<T, E> Call<T, E> {
     /// Awaits an attempt that has no timeout, extending the claim's lease every third of it for as long
     /// as the attempt runs, so that a slow body is never taken for a dead one. The first poll takes no
     /// timer: a body that finishes at once costs nothing more.
-    async fn heartbeat<F: Future>(&mut self, body: F) -> F::Output {
-        let mut body = pin!(body);
+    async fn heartbeat<F: Future>(&mut self, mut body: Pin<&mut F>) -> F::Output {
         if let Poll::Ready(out) = poll_fn(|cx| Poll::Ready(body.as_mut().poll(cx))).await {
             return out;
         }
+        // A body still running after its first poll: its timer and lease renewals live in a box, not
+        // in every call's future.
+        Box::pin(self.beat(body)).await
+    }
+
+    /// The rest of [`heartbeat`](Call::heartbeat): the body, with the lease renewed every third of it.
+    async fn beat<F: Future>(&mut self, mut body: Pin<&mut F>) -> F::Output {
         let beat = self.lease() / 3;
         loop {
             tokio::select! {
@@ -1602,7 +1610,7 @@ impl<T, E> Call<T, E> {
                 self.recording = None;
                 tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                     attempt = self.attempts, state = %state, error = %e, "outcome refused: another owner holds the key");
-                self.fenced_out(Some(out)).await
+                Box::pin(self.fenced_out(Some(out))).await
             }
             Err(e) => {
                 // The outcome is known and true: the caller gets it. The record cannot say so, so it
@@ -1613,7 +1621,7 @@ impl<T, E> Call<T, E> {
                     "outcome could not be recorded; leaving the call unknown");
                 let reason = format!("the outcome {state} is known but could not be recorded: {e}");
                 let entry = self.entry(reason.clone(), now);
-                if let Err(e) = leave_unknown(self.rt.store(), fence, entry, now).await {
+                if let Err(e) = Box::pin(leave_unknown(self.rt.store(), fence, entry, now)).await {
                     tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                         attempt = self.attempts, error = %e, "could not leave the call unknown either; its lease will end");
                 }

@@ -115,8 +115,10 @@ impl Context {
         self.expires_at_ms
     }
 
-    pub(crate) async fn scope<F: Future>(self, f: F) -> F::Output {
-        SCOPE.scope(Scope::Call(self), f).await
+    /// `f` with this context as the current one. Not an `async fn`: its future would hold the
+    /// context twice (itself, and the task-local's copy).
+    pub(crate) fn scope<F: Future>(self, f: F) -> impl Future<Output = F::Output> {
+        SCOPE.scope(Scope::Call(self), f)
     }
 }
 
