@@ -532,6 +532,10 @@ fn generate(
             let #verify_var: ::core::option::Option<::samekey::__private::KeyBuilder> = #verify_value;
             #(#mut_uses)*
             let mut #run = #begin(#runtime, &#spec, #self_type, #key_var, #verify_var, #codec, #keeper);
+            // A replay answered in `begin` returns here, before any step's future is made.
+            if let ::core::option::Option::Some(#out) = ::samekey::__private::Run::answered(&mut #run) {
+                return #ret;
+            }
             #keep_inputs
             let mut #step = #start.await;
             loop {

@@ -555,6 +555,16 @@ impl<T, E> Run<T, E> {
         }
     }
 
+    /// The answer of a replay answered in [`begin`], if this run is one: the generated code returns it
+    /// before it starts anything.
+    #[inline]
+    pub fn answered(&mut self) -> Option<Result<T, E>> {
+        match &mut self.0 {
+            RunState::Answered(out) => out.take(),
+            RunState::Call(_) => None,
+        }
+    }
+
     /// Claims the key; answers a duplicate from the record it finds.
     pub async fn start(&mut self) -> Step<T, E> {
         match &mut self.0 {
