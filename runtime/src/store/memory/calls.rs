@@ -1,30 +1,71 @@
 //! The callId index of one slice of callIds: which key a callId claimed.
 //!
 //! Indexed by the callId's time and 64 random bits (16 bytes) rather than by the whole callId (88
-//! bytes, and two label comparisons per probe): a receipt's share of the index is 48 bytes, not 120.
-//! Two callIds that share those 16 bytes (the same callId adopted by two keys, or a collision of the
-//! random bits within one millisecond) are told apart by an overflow map keyed by the whole callId,
-//! empty in practice. A reader checks the record it finds against the callId it asked for.
+//! bytes, and two label comparisons per probe). Two callIds that share those 16 bytes (the same callId
+//! adopted by two keys, or a collision of the random bits within one millisecond) are told apart by an
+//! overflow map keyed by the whole callId, empty in practice. A reader checks the record it finds
+//! against the callId it asked for.
+//!
+//! Claims come in the order their callIds were made, and a bounded or expiring store lets the oldest
+//! receipts go first: the index is a queue in the order of the callIds' milliseconds, appended at the
+//! back and emptied from the front, so that a claim and an eviction touch its two ends (in the cache)
+//! instead of a random slot of a hash table each (a miss each, at 10⁵ receipts). A callId older than
+//! the newest one indexed (adopted from an inbound request, made before a claim that overtook it, a
+//! clock stepped back) goes to a map beside it. A removal from the middle (a key given back, another
+//! `ttl`) leaves a hole, dropped when it reaches the front or when holes are half the queue. A lookup
+//! by callId is a binary search to its millisecond, then a scan of the claims made in it.
+
+use std::collections::VecDeque;
 
 use super::{Digest, FastMap};
 use crate::call_id::CallId;
 
-/// The part of a callId the index is keyed by.
-fn short(call_id: &CallId) -> (u64, u64) {
-    (call_id.entropy(), call_id.unix_ms())
+/// The part of a callId the late map is keyed by: its time and random bits.
+type Short = (u64, u64);
+
+fn short(call_id: &CallId) -> Short {
+    (call_id.unix_ms(), call_id.entropy())
+}
+
+/// One claim in the queue; `digest` is `None` once removed (a hole).
+struct Slot {
+    ms: u64,
+    entropy: u64,
+    digest: Option<Digest>,
+}
+
+impl Slot {
+    fn is(&self, (ms, entropy): Short, digest: &Digest) -> bool {
+        self.ms == ms && self.entropy == entropy && self.digest.as_ref() == Some(digest)
+    }
 }
 
 #[derive(Default)]
 pub(super) struct CallIndex {
-    by_short: FastMap<(u64, u64), Digest>,
-    /// CallIds whose short form another key's callId took first.
+    /// Claims in the order of their callIds' milliseconds (claims of one millisecond in the order they
+    /// came). One callId on two keys (adopted by both) is two slots.
+    ordered: VecDeque<Slot>,
+    /// Holes in `ordered`.
+    holes: usize,
+    /// Claims whose callId is older than the newest in `ordered` when they came.
+    late: FastMap<Short, Digest>,
+    /// Late callIds whose short form another key's callId took first.
     overflow: FastMap<CallId, Digest>,
 }
 
 impl CallIndex {
     /// Notes that `call_id` claimed `digest`.
     pub(super) fn insert(&mut self, call_id: &CallId, digest: Digest) {
-        match self.by_short.entry(short(call_id)) {
+        let (ms, entropy) = short(call_id);
+        if self.ordered.back().is_none_or(|last| last.ms <= ms) {
+            self.ordered.push_back(Slot {
+                ms,
+                entropy,
+                digest: Some(digest),
+            });
+            return;
+        }
+        match self.late.entry((ms, entropy)) {
             std::collections::hash_map::Entry::Vacant(slot) => {
                 slot.insert(digest);
             }
@@ -35,14 +76,23 @@ impl CallIndex {
         }
     }
 
-    /// The key `call_id` claimed, if any (check the record: another callId may share the entry).
+    /// The key `call_id` claimed, if any (check the record: another callId may share the entry). Of
+    /// one callId on two keys, the later claim.
     pub(super) fn get(&self, call_id: &CallId) -> Option<Digest> {
         if !self.overflow.is_empty() {
             if let Some(digest) = self.overflow.get(call_id) {
                 return Some(*digest);
             }
         }
-        self.by_short.get(&short(call_id)).copied()
+        let (ms, entropy) = short(call_id);
+        let found = self
+            .millisecond(ms)
+            .rev()
+            .find_map(|i| match &self.ordered[i] {
+                slot if slot.entropy == entropy => slot.digest,
+                _ => None,
+            });
+        found.or_else(|| self.late.get(&(ms, entropy)).copied())
     }
 
     /// Forgets that `call_id` claimed `digest` (its record went).
@@ -52,14 +102,60 @@ impl CallIndex {
             return;
         }
         let short = short(call_id);
-        if self.by_short.get(&short) == Some(digest) {
-            self.by_short.remove(&short);
+        // The oldest claim first: what a bounded or expiring store evicts.
+        if self
+            .ordered
+            .front()
+            .is_some_and(|front| front.is(short, digest))
+        {
+            self.ordered.pop_front();
+            self.drop_front_holes();
+            return;
+        }
+        if let Some(i) = self
+            .millisecond(short.0)
+            .find(|&i| self.ordered[i].is(short, digest))
+        {
+            self.ordered[i].digest = None;
+            self.holes += 1;
+            self.compact();
+            return;
+        }
+        if self.late.get(&short) == Some(digest) {
+            self.late.remove(&short);
+        }
+    }
+
+    /// The positions of the claims made in millisecond `ms`.
+    fn millisecond(&self, ms: u64) -> std::ops::Range<usize> {
+        let start = self.ordered.partition_point(|slot| slot.ms < ms);
+        let end = self.ordered.partition_point(|slot| slot.ms <= ms);
+        start..end
+    }
+
+    fn drop_front_holes(&mut self) {
+        while self
+            .ordered
+            .front()
+            .is_some_and(|slot| slot.digest.is_none())
+        {
+            self.ordered.pop_front();
+            self.holes -= 1;
+        }
+    }
+
+    /// Drops the holes at the front, and all of them once they are half the queue.
+    fn compact(&mut self) {
+        self.drop_front_holes();
+        if self.holes > 64 && self.holes * 2 > self.ordered.len() {
+            self.ordered.retain(|slot| slot.digest.is_some());
+            self.holes = 0;
         }
     }
 
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
-        self.by_short.len() + self.overflow.len()
+        self.ordered.len() - self.holes + self.late.len() + self.overflow.len()
     }
 }
 
@@ -68,11 +164,15 @@ mod tests {
     use super::*;
     use crate::call_id::Label;
 
+    fn call_at(ms: u64) -> CallId {
+        CallId::generate_at(Label::from_static("t"), Label::from_static("n"), ms)
+    }
+
     #[test]
     fn one_call_id_on_two_keys_and_removals_in_any_order() {
         let mut index = CallIndex::default();
-        let call = CallId::generate_at(Label::from_static("t"), Label::from_static("n"), 7);
-        let other = CallId::generate_at(Label::from_static("t"), Label::from_static("n"), 7);
+        let call = call_at(7);
+        let other = call_at(7);
         index.insert(&call, [1; 32]);
         index.insert(&other, [3; 32]);
         // The same callId adopted by a second key: both kept.
@@ -87,5 +187,64 @@ mod tests {
         // A removal of a record the index no longer points to changes nothing.
         index.remove(&other, &[9; 32]);
         assert_eq!(index.get(&other), Some([3; 32]));
+    }
+
+    #[test]
+    fn late_callids_holes_and_compaction_against_a_map() {
+        use std::collections::HashMap;
+        let mut index = CallIndex::default();
+        let mut model: HashMap<String, (CallId, Digest)> = HashMap::new();
+        // A seeded walk: mostly in order, some late (older) callIds, removals at the front and in
+        // the middle, re-claims of removed callIds.
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut made: Vec<CallId> = Vec::new();
+        for step in 0..20_000u64 {
+            let roll = next() % 100;
+            if roll < 55 || made.is_empty() {
+                let ms = if roll % 10 == 0 {
+                    step.saturating_sub(next() % 50)
+                } else {
+                    step
+                };
+                let call = call_at(ms);
+                let digest = [(next() % 251) as u8; 32];
+                index.insert(&call, digest);
+                model.insert(call.to_string(), (call.clone(), digest));
+                made.push(call);
+            } else if roll < 95 {
+                // Mostly the oldest still held, sometimes any.
+                let pick = if roll < 80 {
+                    0
+                } else {
+                    (next() as usize) % made.len()
+                };
+                let call = made.remove(pick);
+                if let Some((_, digest)) = model.remove(&call.to_string()) {
+                    index.remove(&call, &digest);
+                }
+            } else {
+                let call = &made[(next() as usize) % made.len()];
+                if let Some((_, digest)) = model.get(&call.to_string()) {
+                    index.remove(call, digest);
+                    index.insert(call, *digest);
+                }
+            }
+        }
+        for (call, digest) in model.values() {
+            assert_eq!(index.get(call), Some(*digest), "{call}");
+        }
+        assert_eq!(index.len(), model.len());
+        assert!(
+            index.holes * 2 <= index.ordered.len().max(128),
+            "holes are dropped: {} of {}",
+            index.holes,
+            index.ordered.len()
+        );
     }
 }
