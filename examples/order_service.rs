@@ -87,6 +87,21 @@ impl From<RemoteError> for PayError {
     }
 }
 
+/// The gateway's weather: 8 % of requests lost, 8 % of replies lost after the charge, 8 % slow (2.5 s,
+/// past the client's 1 s timeout), 6 % 503, 5 % rate limited (retry after 300 ms).
+const WEATHER: FaultMix = FaultMix {
+    lose_request: 8,
+    lose_reply: 8,
+    slow_requests: 8,
+    slow: Duration::from_millis(2_500),
+    unavailable: 6,
+    rate_limited: 5,
+    retry_after: Duration::from_millis(300),
+    reject: 0,
+    decline: 0,
+    crash: 0,
+};
+
 #[derive(Clone)]
 struct Gateway {
     remote: Remote<Charge, PayError>,
@@ -96,24 +111,11 @@ struct Gateway {
 }
 
 impl Gateway {
-    /// 8 % of requests lost, 8 % of replies lost after the charge, 8 % slow (2.5 s), 6 % 503, 5 %
-    /// rate limited; 4 % of status queries fail, and the status endpoint is down for a while.
+    /// The [`WEATHER`]; 4 % of status queries fail, and the status endpoint is down for a while.
     fn new(seed: u64) -> Gateway {
-        let mix = FaultMix {
-            lose_request: 8,
-            lose_reply: 8,
-            slow_requests: 8,
-            slow: Duration::from_millis(2_500),
-            unavailable: 6,
-            rate_limited: 5,
-            retry_after: Duration::from_millis(300),
-            reject: 0,
-            decline: 0,
-            crash: 0,
-        };
         let now = tokio::time::Instant::now();
         Gateway {
-            remote: Remote::new(Schedule::seeded(seed, mix))
+            remote: Remote::new(Schedule::seeded(seed, WEATHER))
                 .deduplicating()
                 .failing_lookups((0..10_000).map(|i| lookup_fails(seed, i))),
             status_outage: Some((now + STATUS_OUTAGE.0, now + STATUS_OUTAGE.1)),
@@ -125,16 +127,8 @@ impl Gateway {
     /// left for a second run to look up).
     fn steady(seed: u64) -> Gateway {
         let mix = FaultMix {
-            lose_request: 8,
-            lose_reply: 8,
             slow_requests: 0,
-            unavailable: 6,
-            rate_limited: 5,
-            retry_after: Duration::from_millis(300),
-            reject: 0,
-            decline: 0,
-            crash: 0,
-            ..FaultMix::default()
+            ..WEATHER
         };
         Gateway {
             remote: Remote::new(Schedule::seeded(seed, mix)).deduplicating(),
