@@ -104,6 +104,26 @@ impl Svc {
         panic!("{call_id} never queued: {:?}", self.queued().await);
     }
 
+    /// Starts `call` in a task of its own and answers once the store holds it just before `step`,
+    /// with the task and the gate that lets it reach the store; `then` are the step's next acts.
+    async fn held_before<F, Fut>(
+        self: &Arc<Svc>,
+        step: &'static str,
+        then: impl IntoIterator<Item = Act>,
+        call: F,
+    ) -> (tokio::task::JoinHandle<Result<u64, TestError>>, Gate)
+    where
+        F: FnOnce(Arc<Svc>) -> Fut,
+        Fut: std::future::Future<Output = Result<u64, TestError>> + Send + 'static,
+    {
+        let gate = Gate::new();
+        self.store
+            .plan(step, std::iter::once(Act::Before(gate.clone())).chain(then));
+        let task = tokio::spawn(call(self.clone()));
+        gate.reached().await;
+        (task, gate)
+    }
+
     fn first_call_id(&self) -> CallId {
         self.remote.call_ids()[0].parse().unwrap()
     }
@@ -127,19 +147,22 @@ fn unavailable() -> StoreError {
     StoreError::Unavailable("connection reset (test)".into())
 }
 
+/// The caller of a held call goes away.
+async fn cancel(task: tokio::task::JoinHandle<Result<u64, TestError>>) {
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+}
+
 /// Issue 6, case 1: the attempt succeeded, and the caller went away while the outcome was being
 /// written. The outcome is still recorded and the key is never released: a duplicate replays it.
 async fn cancelled_while_recording_a_success(store: Arc<dyn Store>) {
     let svc = Svc::on(store);
-    let gate = Gate::new();
-    svc.store.plan("complete", [Act::Before(gate.clone())]);
-    let first = tokio::spawn({
-        let svc = svc.clone();
-        async move { svc.plain(&svc.order, 500).await }
-    });
-    gate.reached().await;
-    first.abort();
-    assert!(first.await.unwrap_err().is_cancelled());
+    let (first, _gate) = svc
+        .held_before("complete", [], |svc| async move {
+            svc.plain(&svc.order, 500).await
+        })
+        .await;
+    cancel(first).await;
     let call_id = svc.first_call_id();
     svc.until_state(&call_id, ReceiptState::Success).await;
     assert_eq!(svc.plain(&svc.order, 500).await, Ok(500));
@@ -151,15 +174,12 @@ async fn cancelled_while_recording_a_success(store: Arc<dyn Store>) {
 async fn cancelled_while_recording_a_failure(store: Arc<dyn Store>) {
     let svc = Svc::on(store);
     svc.remote.script([Fault::Reject]);
-    let gate = Gate::new();
-    svc.store.plan("complete", [Act::Before(gate.clone())]);
-    let first = tokio::spawn({
-        let svc = svc.clone();
-        async move { svc.plain(&svc.order, 500).await }
-    });
-    gate.reached().await;
-    first.abort();
-    assert!(first.await.unwrap_err().is_cancelled());
+    let (first, _gate) = svc
+        .held_before("complete", [], |svc| async move {
+            svc.plain(&svc.order, 500).await
+        })
+        .await;
+    cancel(first).await;
     let call_id = svc.first_call_id();
     svc.until_state(&call_id, ReceiptState::Failed).await;
     assert_eq!(svc.plain(&svc.order, 500).await, Err(TestError::Rejected));
@@ -170,18 +190,12 @@ async fn cancelled_while_recording_a_failure(store: Arc<dyn Store>) {
 /// `UNKNOWN` and queued, never released.
 async fn cancelled_and_the_write_fails(store: Arc<dyn Store>) {
     let svc = Svc::on(store);
-    let gate = Gate::new();
-    svc.store.plan(
-        "complete",
-        [Act::Before(gate.clone()), Act::Fail(unavailable())],
-    );
-    let first = tokio::spawn({
-        let svc = svc.clone();
-        async move { svc.plain(&svc.order, 500).await }
-    });
-    gate.reached().await;
-    first.abort();
-    assert!(first.await.unwrap_err().is_cancelled());
+    let (first, _gate) = svc
+        .held_before("complete", [Act::Fail(unavailable())], |svc| async move {
+            svc.plain(&svc.order, 500).await
+        })
+        .await;
+    cancel(first).await;
     let call_id = svc.first_call_id();
     svc.until_state(&call_id, ReceiptState::Unknown).await;
     svc.until_queued(&call_id).await;
@@ -221,13 +235,11 @@ async fn take_over_whose_completion_fails(store: Arc<dyn Store>) {
 async fn owner_back_after_a_take_over_answers_the_outcome(store: Arc<dyn Store>) {
     let svc = Svc::on(store);
     svc.remote.script([Fault::LoseReply]);
-    let stall = Gate::new();
-    svc.store.plan("mark_unknown", [Act::Before(stall.clone())]);
-    let owner = tokio::spawn({
-        let svc = svc.clone();
-        async move { svc.hold(&svc.order, 500).await }
-    });
-    stall.reached().await;
+    let (owner, stall) = svc
+        .held_before("mark_unknown", [], |svc| async move {
+            svc.hold(&svc.order, 500).await
+        })
+        .await;
     svc.pass_lease().await;
     assert_eq!(svc.with_lookup(&svc.order, 500).await, Ok(500));
     stall.open();
@@ -301,13 +313,11 @@ async fn a_failed_release_is_not_a_plain_failure(store: Arc<dyn Store>) {
 async fn a_refused_release_answers_the_charge(store: Arc<dyn Store>) {
     let svc = Svc::on(store);
     svc.remote.script([Fault::Unavailable; 4]);
-    let stall = Gate::new();
-    svc.store.plan("release", [Act::Before(stall.clone())]);
-    let owner = tokio::spawn({
-        let svc = svc.clone();
-        async move { svc.rerun(&svc.order, 500).await }
-    });
-    stall.reached().await;
+    let (owner, stall) = svc
+        .held_before("release", [], |svc| async move {
+            svc.rerun(&svc.order, 500).await
+        })
+        .await;
     svc.pass_lease().await;
     assert_eq!(svc.rerun(&svc.order, 500).await, Ok(500));
     stall.open();
@@ -370,20 +380,38 @@ async fn an_unknown_is_never_without_its_entry(store: Arc<dyn Store>) {
 async fn dropped_while_being_queued(store: Arc<dyn Store>) {
     let svc = Svc::on(store);
     svc.remote.script([Fault::LoseReply]);
-    let gate = Gate::new();
-    svc.store
-        .plan("enqueue_compensation", [Act::Before(gate.clone())]);
-    let first = tokio::spawn({
-        let svc = svc.clone();
-        async move { svc.hold(&svc.order, 500).await }
-    });
-    gate.reached().await;
-    first.abort();
-    assert!(first.await.unwrap_err().is_cancelled());
+    let (first, _gate) = svc
+        .held_before("enqueue_compensation", [], |svc| async move {
+            svc.hold(&svc.order, 500).await
+        })
+        .await;
+    cancel(first).await;
     let call_id = svc.first_call_id();
     svc.until_state(&call_id, ReceiptState::Unknown).await;
     svc.until_queued(&call_id).await;
     assert_eq!(svc.queued().await, [call_id]);
+    assert_eq!(svc.remote.effects(&svc.order), 1);
+}
+
+/// The caller goes away after its uncertain call was queued, while it is being marked: the drop
+/// guard queues it again (the same entry) and marks it, and the key is never released.
+async fn dropped_while_being_marked(store: Arc<dyn Store>) {
+    let svc = Svc::on(store);
+    svc.remote.script([Fault::LoseReply]);
+    let (first, _gate) = svc
+        .held_before("mark_unknown", [], |svc| async move {
+            svc.hold(&svc.order, 500).await
+        })
+        .await;
+    let call_id = svc.first_call_id();
+    assert_eq!(
+        svc.queued().await,
+        std::slice::from_ref(&call_id),
+        "queued first"
+    );
+    cancel(first).await;
+    svc.until_state(&call_id, ReceiptState::Unknown).await;
+    assert_eq!(svc.queued().await, [call_id], "one entry");
     assert_eq!(svc.remote.effects(&svc.order), 1);
 }
 
@@ -394,14 +422,11 @@ async fn dropped_while_being_queued(store: Arc<dyn Store>) {
 async fn owner_back_from_queueing_answers_the_outcome(store: Arc<dyn Store>) {
     let svc = Svc::on(store);
     svc.remote.script([Fault::LoseReply]);
-    let stall = Gate::new();
-    svc.store
-        .plan("enqueue_compensation", [Act::Before(stall.clone())]);
-    let owner = tokio::spawn({
-        let svc = svc.clone();
-        async move { svc.hold(&svc.order, 500).await }
-    });
-    stall.reached().await;
+    let (owner, stall) = svc
+        .held_before("enqueue_compensation", [], |svc| async move {
+            svc.hold(&svc.order, 500).await
+        })
+        .await;
     svc.pass_lease().await;
     assert_eq!(svc.with_lookup(&svc.order, 500).await, Ok(500));
     stall.open();
@@ -415,6 +440,7 @@ async fn owner_back_from_queueing_answers_the_outcome(store: Arc<dyn Store>) {
 support::on_stores!(memory, sqlite if "sqlite", postgres if "postgres", redis if "redis" => {
     an_unknown_is_never_without_its_entry,
     dropped_while_being_queued,
+    dropped_while_being_marked,
     owner_back_from_queueing_answers_the_outcome,
     cancelled_while_recording_a_success,
     cancelled_while_recording_a_failure,

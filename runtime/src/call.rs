@@ -1444,24 +1444,23 @@ impl<T, E> Call<T, E> {
         }
     }
 
-    /// Queues the call for compensation, records `UNKNOWN` and answers [`Error::Unknown`]. The entry
-    /// comes first: a call is never `UNKNOWN` without its entry, whenever the process dies. If the
+    /// Queues the call for compensation, records `UNKNOWN` if it holds the key, and answers
+    /// [`Error::Unknown`]. The entry comes first: a call is never `UNKNOWN` without its entry, whenever the process dies. If the
     /// entry cannot be written, the record stays `PROCESSING` and the orphan sweep queues it once
     /// its lease ends. If the mark is refused (another owner holds the key), the call answers what
     /// that owner recorded instead (the entry is removed by that owner, or by the worker as settled).
     async fn give_up_unknown(&mut self, reason: &str, now: u64) -> Step<T, E> {
-        let Some(fence) = self.fence else {
-            return self.hand_to_compensation(reason, now).await;
-        };
         tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = self.attempts, reason, "outcome unknown; handed to compensation");
-        if self.enqueue(reason, now).await {
+        let queued = self.enqueue(reason, now).await;
+        if let (true, Some(fence)) = (queued, self.fence) {
             match self.rt.store().mark_unknown(&self.key, fence, now).await {
                 Ok(_) => {}
                 Err(e) if lost(&e) => {
                     tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                         attempt = self.attempts, error = %e, "mark unknown refused: another owner holds the key");
-                    return self.fenced_out(None).await;
+                    // Boxed: a call fenced out with an uncertain outcome comes back here, keyless.
+                    return Box::pin(self.fenced_out(None)).await;
                 }
                 Err(e) => {
                     tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
@@ -1469,14 +1468,6 @@ impl<T, E> Call<T, E> {
                 }
             }
         }
-        self.answer_unknown(reason).await
-    }
-
-    /// Queues the call for compensation and answers [`Error::Unknown`] (a call that holds no key).
-    async fn hand_to_compensation(&mut self, reason: &str, now: u64) -> Step<T, E> {
-        tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-            attempt = self.attempts, reason, "outcome unknown; handed to compensation");
-        self.enqueue(reason, now).await;
         self.answer_unknown(reason).await
     }
 
@@ -1531,7 +1522,7 @@ impl<T, E> Call<T, E> {
         if self.uncertain {
             // No record covers the call any more: the queue entry is what is left of it.
             return self
-                .hand_to_compensation("lost its key with an uncertain outcome", now)
+                .give_up_unknown("lost its key with an uncertain outcome", now)
                 .await;
         }
         tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
@@ -1548,7 +1539,7 @@ impl<T, E> Call<T, E> {
             Err(e) => {
                 tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                     attempt = self.attempts, error = %e,
-                    "could not queue the call for compensation; its record stays PROCESSING until the orphan sweep finds it");
+                    "could not queue the call for compensation; an owner's record stays PROCESSING until the orphan sweep finds it");
                 false
             }
         }

@@ -63,11 +63,14 @@ impl<E> ErrorCodec<E> {
     }
 }
 
+/// A replayed value kept decoded, of whichever type kept it.
+pub(crate) type Kept = Arc<dyn Any + Send + Sync>;
+
 /// How the in-process store keeps a function's replayed value decoded, for a value type `T` that is
 /// `Clone` (picked by [`ValueProbe`]): the first replay decodes the stored JSON and keeps a copy
 /// beside the receipt; later replays clone it. The stored bytes stay what every store holds.
 pub struct Keeper<T> {
-    pub(crate) keep: fn(&T) -> Arc<dyn Any + Send + Sync>,
+    pub(crate) keep: fn(&T) -> Kept,
     pub(crate) take: fn(&(dyn Any + Send + Sync)) -> Option<T>,
 }
 

@@ -496,8 +496,7 @@ impl TestKit {
             Ok(entries) => entries.iter().map(|e| e.call_id.to_string()).collect(),
             Err(e) => return Err(format!("the compensation queue cannot be read: {e}")),
         };
-        let all = || ReceiptQuery::created_between(0, u64::MAX).states([ReceiptState::Unknown]);
-        let mut query = all();
+        let mut query = ReceiptQuery::created_between(0, u64::MAX).states([ReceiptState::Unknown]);
         let mut missing = Vec::new();
         loop {
             let page = self
@@ -512,7 +511,7 @@ impl TestKit {
                 }
             }
             match page.next {
-                Some(next) => query = all().after(next),
+                Some(next) => query = query.after(next),
                 None => return Ok(missing),
             }
         }

@@ -1,6 +1,5 @@
 //! [`MemoryStore`] and what it needs; its documentation is on the type, where users read it.
 
-use std::any::Any;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::pin::Pin;
@@ -14,6 +13,7 @@ use tokio::sync::Notify;
 
 use super::{Claim, Claimed, Completion, Cursor, ReceiptPage, ReceiptQuery, Store};
 use crate::call_id::CallId;
+use crate::codec::Kept;
 use crate::compensation::{CompensationEntry, CompensationState};
 use crate::error::StoreError;
 use crate::journal::{Event, JOURNAL_LIMIT};
@@ -69,9 +69,6 @@ struct Entry {
     /// with the record, which never changes once it succeeded.
     kept: Option<Kept>,
 }
-
-/// A replayed result kept decoded.
-pub(crate) type Kept = Arc<dyn Any + Send + Sync>;
 
 impl Entry {
     fn wake(&self) {
