@@ -87,11 +87,9 @@ impl CallIndex {
         let (ms, entropy) = short(call_id);
         let found = self
             .millisecond(ms)
-            .rev()
-            .find_map(|i| match &self.ordered[i] {
-                slot if slot.entropy == entropy => slot.digest,
-                _ => None,
-            });
+            .filter(|slot| slot.entropy == entropy)
+            .filter_map(|slot| slot.digest)
+            .last();
         found.or_else(|| self.late.get(&(ms, entropy)).copied())
     }
 
@@ -112,8 +110,9 @@ impl CallIndex {
             self.drop_front_holes();
             return;
         }
-        if let Some(i) = self
-            .millisecond(short.0)
+        let start = self.first_at(short.0);
+        if let Some(i) = (start..self.ordered.len())
+            .take_while(|&i| self.ordered[i].ms == short.0)
             .find(|&i| self.ordered[i].is(short, digest))
         {
             self.ordered[i].digest = None;
@@ -126,11 +125,41 @@ impl CallIndex {
         }
     }
 
-    /// The positions of the claims made in millisecond `ms`.
-    fn millisecond(&self, ms: u64) -> std::ops::Range<usize> {
-        let start = self.ordered.partition_point(|slot| slot.ms < ms);
-        let end = self.ordered.partition_point(|slot| slot.ms <= ms);
-        start..end
+    /// The claims made in millisecond `ms`, in the order they came.
+    fn millisecond(&self, ms: u64) -> impl Iterator<Item = &Slot> {
+        self.ordered
+            .range(self.first_at(ms)..)
+            .take_while(move |slot| slot.ms == ms)
+    }
+
+    /// The position of the first claim made in millisecond `ms` or later. A galloping search from the
+    /// front: what a bounded or expiring store removes lies a few places behind the front, found in a
+    /// few probes of memory already in the cache (a binary search over the whole queue misses it
+    /// about once a probe); a claim anywhere else costs at most twice a binary search.
+    fn first_at(&self, ms: u64) -> usize {
+        let len = self.ordered.len();
+        // Every claim before `lo` is older than `ms`; the one at `hi` (if any) is not.
+        let (mut lo, mut hi) = (0, 0);
+        loop {
+            if hi >= len {
+                hi = len;
+                break;
+            }
+            if self.ordered[hi].ms >= ms {
+                break;
+            }
+            lo = hi + 1;
+            hi = 2 * hi + 1;
+        }
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.ordered[mid].ms < ms {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
     }
 
     fn drop_front_holes(&mut self) {
@@ -187,6 +216,25 @@ mod tests {
         // A removal of a record the index no longer points to changes nothing.
         index.remove(&other, &[9; 32]);
         assert_eq!(index.get(&other), Some([3; 32]));
+    }
+
+    #[test]
+    fn the_galloping_search_finds_what_a_binary_search_finds() {
+        for len in 0..70u64 {
+            let mut index = CallIndex::default();
+            // Milliseconds with repeats and gaps: 0, 0, 0, 3, 3, 3, 6, …
+            for i in 0..len {
+                index.ordered.push_back(Slot {
+                    ms: i / 3 * 3,
+                    entropy: i,
+                    digest: Some([0; 32]),
+                });
+            }
+            for ms in 0..=len + 1 {
+                let expected = index.ordered.partition_point(|slot| slot.ms < ms);
+                assert_eq!(index.first_at(ms), expected, "{len} claims, ms {ms}");
+            }
+        }
     }
 
     #[test]
