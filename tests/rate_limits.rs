@@ -63,6 +63,11 @@ struct Svc {
 
 impl Svc {
     fn new(limit: ConcurrencyLimit, capacity: u64) -> Arc<Svc> {
+        Svc::on(limit, capacity, Arc::new(samekey::MemoryStore::new()))
+    }
+
+    /// A service over `store`, which another node may share.
+    fn on(limit: ConcurrencyLimit, capacity: u64, store: Arc<dyn samekey::Store>) -> Arc<Svc> {
         Arc::new(Svc {
             rt: Runtime::builder()
                 .node("limits")
@@ -70,6 +75,7 @@ impl Svc {
                 .jitter_seed(11)
                 .concurrency_limit(limit)
                 .retry_budget(samekey::RetryBudget::unlimited())
+                .shared_store(store)
                 .build()
                 .unwrap(),
             payments: Remote::new(capacity),
@@ -81,6 +87,22 @@ impl Svc {
                  backoff = "20ms..200ms")]
     async fn charge(&self, order: u64) -> Result<u64, TestError> {
         self.payments.send(order).await
+    }
+
+    /// A charge with a timeout: its lease is the timeout and as long again (at least 1 s), and no
+    /// renewal while it runs.
+    #[idempotent(key = "order", scope = "limits.within", runtime = &self.rt, timeout = "1s",
+                 on_unknown = "hold")]
+    async fn charge_within(&self, order: u64) -> Result<u64, TestError> {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        self.payments.send(order).await
+    }
+
+    /// Holds a place in the limit for 5 s.
+    #[idempotent(key = "order", scope = "limits.hold", runtime = &self.rt)]
+    async fn hold(&self, order: u64) -> Result<u64, TestError> {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        Ok(order)
     }
 
     #[idempotent(key = "query", scope = "limits.search", runtime = &self.rt, retries = 3,
@@ -281,6 +303,70 @@ async fn a_dropped_call_gives_its_place_back() {
     // The key of the call dropped mid-attempt was claimed and its attempt ran: it is not run twice.
     let _ = svc.charge(101).await;
     svc.no_double_effect();
+}
+
+/// A node of its own over `store` (another process sharing it), unlimited, with the same function as
+/// [`Svc::charge_within`].
+struct OtherNode {
+    rt: Runtime,
+    svc: Arc<Svc>,
+}
+
+impl OtherNode {
+    #[idempotent(key = "order", scope = "limits.within", runtime = &self.rt, timeout = "1s",
+                 on_unknown = "hold")]
+    async fn charge_within(&self, order: u64) -> Result<u64, TestError> {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        self.svc.payments.send(order).await
+    }
+}
+
+/// A call that waited for a place claims its key at the time it claims it. Its lease (here its 1 s
+/// timeout and 1 s more) counted from before a 5 s wait would already have ended: another node would
+/// take the key over while the attempt runs, and charge twice.
+#[tokio::test(start_paused = true)]
+async fn a_call_that_waited_for_a_place_leases_its_key_from_its_claim() {
+    let store: Arc<dyn samekey::Store> = Arc::new(samekey::MemoryStore::new());
+    let svc = Svc::on(
+        ConcurrencyLimit::adaptive().max_wait(Duration::from_secs(10)),
+        1,
+        store.clone(),
+    );
+    let other = OtherNode {
+        rt: Runtime::builder()
+            .node("other")
+            .clock(TokioClock::new())
+            .shared_store(store)
+            .build()
+            .unwrap(),
+        svc: svc.clone(),
+    };
+    // Two at once against a capacity of 1: one is rate limited, and the limit drops.
+    let (a, b) = tokio::join!(svc.charge(1), svc.charge(2));
+    assert_eq!((a.unwrap(), b.unwrap()), (1, 2));
+    let limit = svc.rt.concurrency_limit(None).expect("limited") as u64;
+    svc.payments.capacity.store(1_000, Ordering::SeqCst);
+    // Every place held for 5 s; one more call waits for a place, then claims order 20.
+    let mut holders = tokio::task::JoinSet::new();
+    for order in 10..10 + limit {
+        let svc = svc.clone();
+        holders.spawn(async move { svc.hold(order).await });
+    }
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let waiting = {
+        let svc = svc.clone();
+        tokio::spawn(async move { svc.charge_within(20).await })
+    };
+    // While its attempt runs (it claimed at about 5 s), a duplicate on the other node.
+    tokio::time::sleep(Duration::from_millis(5_200)).await;
+    let duplicate = other.charge_within(20).await;
+    assert_eq!(waiting.await.unwrap().unwrap(), 20);
+    assert_eq!(duplicate.unwrap(), 20);
+    for done in holders.join_all().await {
+        assert!(done.is_ok());
+    }
+    svc.no_double_effect();
+    assert_eq!(svc.payments.effects.lock().unwrap().get(&20), Some(&1));
 }
 
 /// `n` charges from `first` on, each in a task of its own.

@@ -39,6 +39,7 @@ use crate::call_id::{CallId, TraceId};
 use crate::classify::{Classify, ErrorClass, RemoteStatus};
 use crate::codec::{ErrorCodec, Keeper};
 use crate::compensation::CompensationEntry;
+use crate::concurrency::Entered;
 use crate::context::{self, Context};
 use crate::dependency::Dependency;
 use crate::error::{Error, StoreError};
@@ -789,10 +790,14 @@ impl<T, E> Call<T, E> {
                 });
             }
         }
-        if let Err(step) = self.admit().await {
-            return step;
-        }
-        let mut now = self.began_ms;
+        let mut now = match self.admit().await {
+            Ok(Entered::AtOnce) => self.began_ms,
+            // The claim is stamped with the time it is made: a lease counted from before the wait
+            // would end early (or have ended), and another caller could take the key over while
+            // this call's attempt runs.
+            Ok(Entered::AfterWaiting) => self.rt.now_ms(),
+            Err(step) => return step,
+        };
         loop {
             let claim = Claim {
                 key: self.key.clone(),
@@ -821,11 +826,11 @@ impl<T, E> Call<T, E> {
 
     /// Takes the call's place in its dependency's concurrency limit, waiting for one if the limit is
     /// full; refused ([`Error::Overloaded`]) before anything is claimed.
-    async fn admit(&mut self) -> Result<(), Step<T, E>> {
+    async fn admit(&mut self) -> Result<Entered, Step<T, E>> {
         match self.dependency.limiter.enter().await {
-            Ok(()) => {
+            Ok(entered) => {
                 self.admitted = true;
-                Ok(())
+                Ok(entered)
             }
             Err(refused) => {
                 self.count(Counter::Overloaded);

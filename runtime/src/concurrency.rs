@@ -116,6 +116,15 @@ pub(crate) struct Limiter {
     places: Notify,
 }
 
+/// How a call took its place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Entered {
+    /// There was one free.
+    AtOnce,
+    /// After a wait for one to be given back: time went by since the call began.
+    AfterWaiting,
+}
+
 /// A call over the limit that waited `max_wait` in vain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Refused {
@@ -156,9 +165,9 @@ impl Limiter {
 
     /// Takes a place, waiting for one at most the policy's `max_wait`. Every `Ok` must be followed by
     /// one [`leave`](Limiter::leave).
-    pub(crate) async fn enter(&self) -> Result<(), Refused> {
+    pub(crate) async fn enter(&self) -> Result<Entered, Refused> {
         if self.policy.off || self.try_enter() {
-            return Ok(());
+            return Ok(Entered::AtOnce);
         }
         let deadline = tokio::time::Instant::now() + self.policy.max_wait;
         let _waiting = Waiting::count(&self.waiting);
@@ -176,7 +185,7 @@ impl Limiter {
             }
         };
         if entered {
-            Ok(())
+            Ok(Entered::AfterWaiting)
         } else {
             Err(Refused {
                 limit: self.limit.load(Ordering::Acquire),
@@ -358,7 +367,7 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_millis(300)).await;
         limiter.leave();
-        assert_eq!(waiter.await.expect("task"), Ok(()));
+        assert_eq!(waiter.await.expect("task"), Ok(Entered::AfterWaiting));
     }
 
     #[tokio::test(start_paused = true)]
@@ -371,7 +380,11 @@ mod tests {
         assert_eq!(limiter.waiting.load(Ordering::Acquire), 0);
         assert_eq!(limiter.in_flight.load(Ordering::Acquire), 1);
         limiter.leave();
-        limiter.enter().await.expect("the place is free");
+        assert_eq!(
+            limiter.enter().await,
+            Ok(Entered::AtOnce),
+            "the place is free"
+        );
     }
 
     #[tokio::test]
