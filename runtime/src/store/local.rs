@@ -43,12 +43,12 @@ pub const DEFAULT_LOCAL_MAX_AGE: Duration = Duration::from_secs(60);
 ///   of a call in flight, a duplicate of a call another process finished (which this one then keeps);
 /// - every write, every query by callId, listing, the compensation queue and the journal.
 ///
-/// A receipt is answered from the process until the earlier of its expiry and `max_age` after it was
-/// kept. Its expiry is judged by the clock of the store that keeps it: a completion made here keeps
-/// it for the completion's `ttl` from then, and a receipt read from a store with a clock of its own
-/// is kept for what that store's time says is left (the store is asked for it). (default [`DEFAULT_LOCAL_MAX_AGE`], 60 s). That bound is
-/// what a key [forgotten](Store::forget) by another process costs: this one replays it up to
-/// `max_age` longer (forgotten through this store, it goes at once). The cache holds `capacity`
+/// A receipt is answered from the process until the earlier of its expiry and `max_age` (default
+/// [`DEFAULT_LOCAL_MAX_AGE`], 60 s) after it was kept. Its expiry is judged by the clock of the store
+/// that keeps it: a completion made here keeps it for the completion's `ttl` from then, and a receipt
+/// read from a store with a clock of its own is kept for what that store's time says is left (the
+/// store is asked for it). `max_age` is what a key [forgotten](Store::forget) by another process
+/// costs: this one replays it up to `max_age` longer (forgotten through this store, it goes at once). The cache holds `capacity`
 /// receipts at most, the first kept going first.
 pub struct LocalCache<S> {
     inner: S,
