@@ -233,12 +233,22 @@ async fn take_over_whose_completion_fails(store: Arc<dyn Store>) {
 /// lease ends, a duplicate takes the call over, finds through `lookup` that it succeeded and records
 /// it. The owner comes back, is fenced out, and answers the recorded success, queueing nothing.
 async fn owner_back_after_a_take_over_answers_the_outcome(store: Arc<dyn Store>) {
+    owner_back_from(store, "mark_unknown").await;
+}
+
+/// The owner stalls at `step` of handing its uncertain call to compensation, past its lease; a
+/// duplicate takes the call over, finds through `lookup` that it succeeded and records it. Back, the
+/// owner is fenced out: it answers the recorded success, and no entry stays beside it (one it wrote
+/// late is removed: a settled call needs none).
+async fn owner_back_from(store: Arc<dyn Store>, step: &'static str) {
     let svc = Svc::on(store);
     svc.remote.script([Fault::LoseReply]);
     let (owner, stall) = svc
-        .held_before("mark_unknown", [], |svc| async move {
-            svc.hold(&svc.order, 500).await
-        })
+        .held_before(
+            step,
+            [],
+            |svc| async move { svc.hold(&svc.order, 500).await },
+        )
         .await;
     svc.pass_lease().await;
     assert_eq!(svc.with_lookup(&svc.order, 500).await, Ok(500));
@@ -248,7 +258,7 @@ async fn owner_back_after_a_take_over_answers_the_outcome(store: Arc<dyn Store>)
     assert_eq!(svc.state(&call_id).await, Some(ReceiptState::Success));
     assert!(
         svc.queued().await.is_empty(),
-        "nothing queued beside SUCCESS"
+        "{step}: nothing queued beside SUCCESS"
     );
     assert_eq!(svc.remote.effects(&svc.order), 1);
 }
@@ -415,26 +425,10 @@ async fn dropped_while_being_marked(store: Arc<dyn Store>) {
     assert_eq!(svc.remote.effects(&svc.order), 1);
 }
 
-/// The owner stalls while queueing its uncertain call, past its lease; a duplicate takes the call
-/// over, finds through `lookup` that it succeeded and records it. Back, the owner's mark is fenced
-/// out: it answers the recorded success, and the entry it wrote late is removed (a settled call
-/// needs none).
+/// The owner stalls while queueing its uncertain call, past its lease: its mark is fenced out, and
+/// the entry it wrote late is removed.
 async fn owner_back_from_queueing_answers_the_outcome(store: Arc<dyn Store>) {
-    let svc = Svc::on(store);
-    svc.remote.script([Fault::LoseReply]);
-    let (owner, stall) = svc
-        .held_before("enqueue_compensation", [], |svc| async move {
-            svc.hold(&svc.order, 500).await
-        })
-        .await;
-    svc.pass_lease().await;
-    assert_eq!(svc.with_lookup(&svc.order, 500).await, Ok(500));
-    stall.open();
-    assert_eq!(owner.await.unwrap(), Ok(500));
-    let call_id = svc.first_call_id();
-    assert_eq!(svc.state(&call_id).await, Some(ReceiptState::Success));
-    assert!(svc.queued().await.is_empty(), "no entry beside SUCCESS");
-    assert_eq!(svc.remote.effects(&svc.order), 1);
+    owner_back_from(store, "enqueue_compensation").await;
 }
 
 support::on_stores!(memory, sqlite if "sqlite", postgres if "postgres", redis if "redis" => {

@@ -1449,28 +1449,33 @@ impl<T, E> Call<T, E> {
         }
     }
 
-    /// Queues the call for compensation, records `UNKNOWN` if it holds the key, and answers
-    /// [`Error::Unknown`]. The entry comes first: a call is never `UNKNOWN` without its entry, whenever the process dies. If the
-    /// entry cannot be written, the record stays `PROCESSING` and the orphan sweep queues it once
-    /// its lease ends. If the mark is refused (another owner holds the key), the call answers what
-    /// that owner recorded instead (the entry is removed by that owner, or by the worker as settled).
+    /// Queues the call for compensation, records `UNKNOWN` if it holds the key ([`leave_unknown`]:
+    /// the entry first), and answers [`Error::Unknown`]. If the entry cannot be written, the record
+    /// stays `PROCESSING` and the orphan sweep queues it once its lease ends. If the mark is refused
+    /// (another owner holds the key), the call answers what that owner recorded instead (the entry is
+    /// removed by that owner, or by the worker as settled).
     async fn give_up_unknown(&mut self, reason: &str, now: u64) -> Step<T, E> {
         tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = self.attempts, reason, "outcome unknown; handed to compensation");
-        let queued = self.enqueue(reason, now).await;
-        if let (true, Some(fence)) = (queued, self.fence) {
-            match self.rt.store().mark_unknown(&self.key, fence, now).await {
-                Ok(_) => {}
-                Err(e) if lost(&e) => {
-                    tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                        attempt = self.attempts, error = %e, "mark unknown refused: another owner holds the key");
-                    // Boxed: a call fenced out with an uncertain outcome comes back here, keyless.
-                    return Box::pin(self.fenced_out(None)).await;
-                }
-                Err(e) => {
-                    tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                        attempt = self.attempts, error = %e, "could not mark the call unknown; its entry is queued");
-                }
+        self.count(Counter::Unknown);
+        let entry = self.entry(reason, now);
+        let store = self.rt.store();
+        let handed = match self.fence {
+            Some(fence) => leave_unknown(store, fence, entry, now).await,
+            None => store.enqueue_compensation(entry).await,
+        };
+        match handed {
+            Ok(()) => {}
+            Err(e) if lost(&e) => {
+                tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                    attempt = self.attempts, error = %e, "mark unknown refused: another owner holds the key");
+                // Boxed: a call fenced out with an uncertain outcome comes back here, keyless.
+                return Box::pin(self.fenced_out(None)).await;
+            }
+            Err(e) => {
+                tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                    attempt = self.attempts, error = %e,
+                    "could not hand the call to compensation: a record left PROCESSING is found by the orphan sweep, an entry left without its mark resolves it");
             }
         }
         self.answer_unknown(reason).await
@@ -1533,21 +1538,6 @@ impl<T, E> Call<T, E> {
         tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = self.attempts, "lost its key; nothing of this call ran");
         self.plain_failure()
-    }
-
-    /// Queues the call for compensation; whether the entry was written.
-    async fn enqueue(&self, reason: &str, now: u64) -> bool {
-        self.count(Counter::Unknown);
-        let entry = self.entry(reason, now);
-        match self.rt.store().enqueue_compensation(entry).await {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = self.attempts, error = %e,
-                    "could not queue the call for compensation; an owner's record stays PROCESSING until the orphan sweep finds it");
-                false
-            }
-        }
     }
 
     async fn succeed(&mut self, value: T) -> Step<T, E> {

@@ -19,9 +19,9 @@
 //! A call over the limit waits for a place, at most `max_wait` (default 1 s), then is refused with
 //! [`Error::Overloaded`](crate::Error::Overloaded) before it claims anything: nothing ran, no key is
 //! held, and the caller may try again later. A call that found a place after a wait claims its key
-//! with the time of the claim, so its lease counts from then, not from before the wait. A duplicate waits for its place too, as any call does
-//! (while its dependency is unlimited, a duplicate the in-memory store holds the answer to is
-//! answered at once, before any of this).
+//! with the time of the claim, so its lease counts from then, not from before the wait. A duplicate
+//! waits for its place too, as any call does (while its dependency is unlimited, a duplicate the
+//! in-memory store holds the answer to is answered at once, before any of this).
 //!
 //! On the hot path an unlimited dependency costs two atomic additions per call.
 
