@@ -147,6 +147,28 @@ fn unavailable() -> StoreError {
     StoreError::Unavailable("connection reset (test)".into())
 }
 
+/// An uncertain call (`hold`, its reply lost: handed to compensation) in a task of its own, held just
+/// before `step`, with the gate that lets it on.
+async fn uncertain_call_held_before(
+    store: Arc<dyn Store>,
+    step: &'static str,
+) -> (
+    Arc<Svc>,
+    tokio::task::JoinHandle<Result<u64, TestError>>,
+    Gate,
+) {
+    let svc = Svc::on(store);
+    svc.remote.script([Fault::LoseReply]);
+    let (task, gate) = svc
+        .held_before(
+            step,
+            [],
+            |svc| async move { svc.hold(&svc.order, 500).await },
+        )
+        .await;
+    (svc, task, gate)
+}
+
 /// The caller of a held call goes away.
 async fn cancel(task: tokio::task::JoinHandle<Result<u64, TestError>>) {
     task.abort();
@@ -241,15 +263,7 @@ async fn owner_back_after_a_take_over_answers_the_outcome(store: Arc<dyn Store>)
 /// owner is fenced out: it answers the recorded success, and no entry stays beside it (one it wrote
 /// late is removed: a settled call needs none).
 async fn owner_back_from(store: Arc<dyn Store>, step: &'static str) {
-    let svc = Svc::on(store);
-    svc.remote.script([Fault::LoseReply]);
-    let (owner, stall) = svc
-        .held_before(
-            step,
-            [],
-            |svc| async move { svc.hold(&svc.order, 500).await },
-        )
-        .await;
+    let (svc, owner, stall) = uncertain_call_held_before(store, step).await;
     svc.pass_lease().await;
     assert_eq!(svc.with_lookup(&svc.order, 500).await, Ok(500));
     stall.open();
@@ -388,13 +402,7 @@ async fn an_unknown_is_never_without_its_entry(store: Arc<dyn Store>) {
 /// The caller goes away while its uncertain call is being queued (before the mark): the drop guard
 /// finishes the hand-over — queued, then `UNKNOWN` — and the key is never released.
 async fn dropped_while_being_queued(store: Arc<dyn Store>) {
-    let svc = Svc::on(store);
-    svc.remote.script([Fault::LoseReply]);
-    let (first, _gate) = svc
-        .held_before("enqueue_compensation", [], |svc| async move {
-            svc.hold(&svc.order, 500).await
-        })
-        .await;
+    let (svc, first, _gate) = uncertain_call_held_before(store, "enqueue_compensation").await;
     cancel(first).await;
     let call_id = svc.first_call_id();
     svc.until_state(&call_id, ReceiptState::Unknown).await;
@@ -406,13 +414,7 @@ async fn dropped_while_being_queued(store: Arc<dyn Store>) {
 /// The caller goes away after its uncertain call was queued, while it is being marked: the drop
 /// guard queues it again (the same entry) and marks it, and the key is never released.
 async fn dropped_while_being_marked(store: Arc<dyn Store>) {
-    let svc = Svc::on(store);
-    svc.remote.script([Fault::LoseReply]);
-    let (first, _gate) = svc
-        .held_before("mark_unknown", [], |svc| async move {
-            svc.hold(&svc.order, 500).await
-        })
-        .await;
+    let (svc, first, _gate) = uncertain_call_held_before(store, "mark_unknown").await;
     let call_id = svc.first_call_id();
     assert_eq!(
         svc.queued().await,
