@@ -111,10 +111,12 @@ impl CallIndex {
             return;
         }
         let start = self.first_at(short.0);
-        if let Some(i) = (start..self.ordered.len())
-            .take_while(|&i| self.ordered[i].ms == short.0)
-            .find(|&i| self.ordered[i].is(short, digest))
-        {
+        let found = self
+            .ordered
+            .range(start..)
+            .take_while(|slot| slot.ms == short.0)
+            .position(|slot| slot.is(short, digest));
+        if let Some(i) = found.map(|at| start + at) {
             self.ordered[i].digest = None;
             self.holes += 1;
             self.compact();
@@ -140,17 +142,11 @@ impl CallIndex {
         let len = self.ordered.len();
         // Every claim before `lo` is older than `ms`; the one at `hi` (if any) is not.
         let (mut lo, mut hi) = (0, 0);
-        loop {
-            if hi >= len {
-                hi = len;
-                break;
-            }
-            if self.ordered[hi].ms >= ms {
-                break;
-            }
+        while hi < len && self.ordered[hi].ms < ms {
             lo = hi + 1;
             hi = 2 * hi + 1;
         }
+        let mut hi = hi.min(len);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             if self.ordered[mid].ms < ms {
