@@ -5,7 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use samekey_runtime::__private::{
-    begin, CallError, CallOutput, ErrorCodec, KeyBuilder, OnBusy, OnMissingKey, OnUnknown,
+    begin, Begun, CallError, CallOutput, ErrorCodec, KeyBuilder, OnBusy, OnMissingKey, OnUnknown,
     OperationCell, Spec, Step,
 };
 use samekey_runtime::{Error, Runtime};
@@ -62,7 +62,10 @@ where
     AFut: Future<Output = Result<T, E>>,
 {
     // Generic here: replays decode the stored response each time (no kept copy).
-    let mut run = begin::<Result<T, E>>(runtime, spec, "", key, verify, codec, None);
+    let mut run = match begin::<Result<T, E>>(runtime, spec, "", key, verify, codec, None) {
+        Begun::Run(run) => run,
+        Begun::Answered(out) => return out,
+    };
     let mut work = Some(work);
     let mut step = run.start().await;
     loop {

@@ -531,11 +531,12 @@ fn generate(
             let #key_var = #key_value;
             let #verify_var: ::core::option::Option<::samekey::__private::KeyBuilder> = #verify_value;
             #(#mut_uses)*
-            let mut #run = #begin(#runtime, &#spec, #self_type, #key_var, #verify_var, #codec, #keeper);
-            // A replay answered in `begin` returns here, before any step's future is made.
-            if let ::core::option::Option::Some(#out) = ::samekey::__private::Run::answered(&mut #run) {
-                return #ret;
-            }
+            // A replay answered in `begin` returns here, before a run is moved into this future or
+            // any step's future is made.
+            let mut #run = match #begin(#runtime, &#spec, #self_type, #key_var, #verify_var, #codec, #keeper) {
+                ::samekey::__private::Begun::Run(#run) => #run,
+                ::samekey::__private::Begun::Answered(#out) => return #ret,
+            };
             #keep_inputs
             let mut #step = #start.await;
             loop {

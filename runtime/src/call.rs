@@ -293,18 +293,20 @@ const LOOKUP_LIMIT: Duration = Duration::from_secs(10);
 /// before it answers `InProgress`: a bound against a store that keeps answering the same record.
 const MAX_LOOKS: u32 = 64;
 
-/// One call in progress. Made by [`begin`]; driven by the generated code.
-pub struct Run<T, E>(RunState<T, E>);
-
+/// What [`begin`] made of a call.
 // Not boxed: a run is made once and lives in its function's future, and a box would cost every call
-// that goes the whole way an allocation.
+// that goes the whole way an allocation. The generated code matches it where `begin` returns, so that
+// an answered replay returns without moving a run into the function's future.
 #[allow(clippy::large_enum_variant)]
-enum RunState<T, E> {
-    /// Answered in [`begin`] from a finished receipt of the in-process store: nothing else to do.
-    Answered(Option<Result<T, E>>),
-    /// Everything else.
-    Call(Call<T, E>),
+pub enum Begun<T, E> {
+    /// A replay answered from a finished receipt of the in-process store: return it, nothing else to do.
+    Answered(Result<T, E>),
+    /// Everything else: drive this run.
+    Run(Run<T, E>),
 }
+
+/// One call in progress. Made by [`begin`]; driven by the generated code.
+pub struct Run<T, E>(Call<T, E>);
 
 /// The state of a call that claims, waits, attempts or resolves.
 struct Call<T, E> {
@@ -392,7 +394,7 @@ pub fn begin<R>(
     verify: Option<KeyBuilder>,
     errors: ErrorCodec<R::Err>,
     values: Option<Keeper<R::Ok>>,
-) -> Run<R::Ok, R::Err>
+) -> Begun<R::Ok, R::Err>
 where
     R: CallResult,
     R::Ok: CallOutput,
@@ -404,10 +406,13 @@ where
         None => Cow::Owned(crate::runtime::ambient_runtime()),
     };
     let took = Stopwatch::start();
-    let now = rt.now_ms();
-    if let Some(window) = spec.window {
+    // A window needs the time before the key is done; a call without one reads it after a replay
+    // has been ruled out (a replay reads the coarse clock: `replay_in_process`).
+    let windowed = spec.window.map(|window| {
+        let now = rt.now_ms();
         key.window(u64::try_from(window.as_millis()).unwrap_or(u64::MAX), now);
-    }
+        now
+    });
     rt.count(Counter::Calls);
     spec.metrics
         .count(Counter::Calls, spec.scope, spec.budget_name());
@@ -419,16 +424,25 @@ where
     let key = key.finish();
     let fingerprint = verify.map(KeyBuilder::fingerprint);
     if problem.is_none() {
-        let replayed =
-            replay_in_process(&rt, spec, self_type, &key, fingerprint, now, &took, values);
+        let replayed = replay_in_process(
+            &rt,
+            spec,
+            self_type,
+            &key,
+            fingerprint,
+            windowed,
+            &took,
+            values,
+        );
         if let Some(out) = replayed {
-            return Run(RunState::Answered(Some(out)));
+            return Begun::Answered(out);
         }
     }
+    let now = windowed.unwrap_or_else(|| rt.now_ms());
     let (call_id, trace_id) = context::identify(spec.prefix, rt.node_label(), now);
     let rng = rt.jitter_seed(&call_id);
     let dependency = rt.dependency(spec.budget);
-    Run(RunState::Call(Call {
+    Begun::Run(Run(Call {
         rt: rt.into_owned(),
         spec,
         key,
@@ -486,7 +500,7 @@ fn replay_in_process<T: CallOutput, E>(
     self_type: &'static str,
     key: &Key,
     fingerprint: Option<Fingerprint>,
-    now: u64,
+    now: Option<u64>,
     took: &Stopwatch,
     keeper: Option<Keeper<T>>,
 ) -> Option<Result<T, E>> {
@@ -502,6 +516,9 @@ fn replay_in_process<T: CallOutput, E>(
         let addr = std::ptr::from_ref(spec) as usize;
         operation::check(&spec.operation, addr, spec.scope, spec.name, self_type).ok()?;
     }
+    // The coarse clock, unless the window read the fine one: a reading late by a tick can only serve
+    // a receipt a tick past its expiry; a claim judges expiry afresh.
+    let now = now.unwrap_or_else(|| rt.recent_ms());
     // Decoded under the shard's lock: the stored bytes are not shared out (no reference count to
     // move on a hot key).
     let value: T = memory.read_success(key, now, |stored, outcome, kept| {
@@ -537,54 +554,36 @@ enum Held<T, E> {
 }
 
 impl<T, E> Run<T, E> {
-    /// The call's state past [`begin`]. The generated code returns at the first [`Step::Done`], and an
-    /// answered run gives nothing else: asking it for more is a bug in the generated code.
+    /// The call's state past [`begin`].
     fn call(&mut self) -> &mut Call<T, E> {
-        match &mut self.0 {
-            RunState::Call(call) => call,
-            RunState::Answered(_) => {
-                unreachable!("samekey: a run answered in `begin` was driven on")
-            }
-        }
+        &mut self.0
     }
 
     /// Keeps the call's inputs (`inputs = …`), encoded, for its compensation entry. An input that
     /// cannot be encoded is left out (logged): the call itself goes on.
     pub fn keep_inputs<I: Serialize>(&mut self, inputs: &I) {
-        if let RunState::Call(call) = &mut self.0 {
-            call.keep_inputs(inputs);
-        }
+        self.0.keep_inputs(inputs);
     }
 
-    /// The answer of a replay answered in [`begin`], if this run is one: the generated code returns it
-    /// before it starts anything.
-    #[inline]
-    pub fn answered(&mut self) -> Option<Result<T, E>> {
-        match &mut self.0 {
-            RunState::Answered(out) => out.take(),
-            RunState::Call(_) => None,
-        }
-    }
+    // `start` and `attempt` hand out the call's own futures rather than wrapping them in futures of
+    // their own: each async layer would hold a copy of the one inside and move it when made.
 
     /// Claims the key; answers a duplicate from the record it finds.
-    pub async fn start(&mut self) -> Step<T, E> {
-        match &mut self.0 {
-            RunState::Answered(out) => match out.take() {
-                Some(out) => Step::Done(out),
-                None => unreachable!("samekey: a run answered in `begin` was started twice"),
-            },
-            RunState::Call(call) => call.start().await,
-        }
+    pub fn start(&mut self) -> impl Future<Output = Step<T, E>> + use<'_, T, E> {
+        self.0.start()
     }
 
     /// Runs one attempt of the body under the per-attempt timeout, in the call's context, and decides
     /// what comes next from its outcome.
-    pub async fn attempt<F, O>(&mut self, body: F) -> Step<T, E>
+    pub fn attempt<F, O>(
+        &mut self,
+        body: F,
+    ) -> impl Future<Output = Step<T, E>> + use<'_, T, E, F, O>
     where
         F: Future<Output = O>,
         O: CallResult<Ok = T, Err = E>,
     {
-        self.call().attempt(body).await
+        self.0.attempt(body)
     }
 
     /// Asks `lookup(callId)` (under the function's `timeout`, or 10 s, with the lease extended over it)

@@ -19,9 +19,10 @@ use std::hash::{Hash, Hasher};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::clock::unix_ms_now;
 
 /// Longest accepted callId prefix, in bytes.
 pub const MAX_LABEL_LEN: usize = 32;
@@ -466,14 +467,6 @@ impl<'de> Deserialize<'de> for TraceId {
         let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
         text.parse().map_err(serde::de::Error::custom)
     }
-}
-
-/// Milliseconds since the Unix epoch by the wall clock (0 if the clock is before 1970).
-pub(crate) fn unix_ms_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
 }
 
 /// The process-wide source of entropy fields: a counter fed through a keyed 64-bit bijection.

@@ -5,6 +5,12 @@
 //!
 //! * [`SystemClock`], the default, reads the system clock afresh on every call: a clock stepped by NTP
 //!   or a VM resumed after a suspend is seen at once, never hidden behind an anchor taken at start-up.
+//! * One reading may lag by a few milliseconds, never lead: a replay that the in-process store answers
+//!   checks the receipt's expiry by the system's coarse clock (on Linux `CLOCK_REALTIME_COARSE`, the
+//!   time of the kernel's last tick, 4 to 10 ms behind at most; elsewhere the same clock as every other
+//!   reading). A late reading can only keep a finished receipt a tick longer, never drop one early, and
+//!   it costs a few nanoseconds where a fresh reading costs 30 to 40. Everything else — callIds,
+//!   windows, claims, leases, completions and the expiry a claim judges — reads the clock afresh.
 //! * [`TokioClock`] follows `tokio::time` from one reading of the wall clock, so that a test with
 //!   tokio's time paused drives leases and TTLs with `tokio::time::advance`, without sleeping.
 //! * The stores shared by several processes (PostgreSQL, Redis) do not take this clock's word for
@@ -12,8 +18,6 @@
 
 use std::fmt;
 use std::sync::Arc;
-
-use crate::call_id::unix_ms_now;
 
 /// A source of wall-clock time, in Unix milliseconds. Implement it to run a runtime on a simulated or
 /// skewed clock (a test of what two nodes that disagree about time do); [`SystemClock`] is the default.
@@ -70,6 +74,47 @@ fn ms(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// Milliseconds since the Unix epoch by the system clock (`CLOCK_REALTIME`), 0 before 1970.
+pub(crate) fn unix_ms_now() -> u64 {
+    #[cfg(target_os = "linux")]
+    {
+        // The vDSO, called directly: std's `SystemTime::now` goes through libc and a checked
+        // subtraction, a third more on this path that every call takes three times.
+        timespec_ms(rustix::time::clock_gettime(rustix::time::ClockId::Realtime))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, ms)
+    }
+}
+
+/// Milliseconds since the Unix epoch by the system's coarse clock: the time of the kernel's last tick
+/// on Linux (`CLOCK_REALTIME_COARSE`), behind [`unix_ms_now`] by up to a tick, never ahead; the same as
+/// [`unix_ms_now`] elsewhere.
+fn unix_ms_recent() -> u64 {
+    #[cfg(target_os = "linux")]
+    {
+        timespec_ms(rustix::time::clock_gettime(
+            rustix::time::ClockId::RealtimeCoarse,
+        ))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        unix_ms_now()
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn timespec_ms(t: rustix::time::Timespec) -> u64 {
+    let Ok(secs) = u64::try_from(t.tv_sec) else {
+        return 0;
+    };
+    let millis = u64::try_from(t.tv_nsec / 1_000_000).unwrap_or(0);
+    secs.saturating_mul(1_000).saturating_add(millis)
+}
+
 /// The clock a runtime holds: the system clock inline, or one the user gave.
 #[derive(Clone)]
 pub(crate) enum RuntimeClock {
@@ -81,6 +126,16 @@ impl RuntimeClock {
     pub(crate) fn now_ms(&self) -> u64 {
         match self {
             RuntimeClock::System(clock) => clock.now_ms(),
+            RuntimeClock::Custom(clock) => clock.now_ms(),
+        }
+    }
+
+    /// Now, or up to a tick before (never after): the system's coarse clock, or a custom clock's
+    /// `now_ms`. Only for a check that a late reading makes more lenient toward what is already
+    /// stored (a finished receipt's expiry), never for a stamp or a lease.
+    pub(crate) fn recent_ms(&self) -> u64 {
+        match self {
+            RuntimeClock::System(_) => unix_ms_recent(),
             RuntimeClock::Custom(clock) => clock.now_ms(),
         }
     }
@@ -110,8 +165,36 @@ mod tests {
 
     #[test]
     fn the_system_clock_is_read_fresh() {
-        let system = unix_ms_now();
+        let system = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, ms);
         let now = SystemClock.now_ms();
         assert!(now.abs_diff(system) < 1_000, "{now} vs {system}");
+    }
+
+    #[test]
+    fn the_coarse_clock_lags_by_a_tick_at_most_and_never_leads() {
+        let clock = RuntimeClock::System(SystemClock);
+        for _ in 0..10_000 {
+            let recent = clock.recent_ms();
+            let now = clock.now_ms();
+            // Read after it: the coarse reading is never ahead, and behind by a tick (4 ms at
+            // HZ=250, 10 ms at HZ=100), with room for a descheduled thread.
+            assert!(recent <= now, "coarse {recent} ahead of {now}");
+            assert!(now - recent < 1_000, "coarse {recent}, {now} now");
+        }
+    }
+
+    #[test]
+    fn a_custom_clock_is_read_as_it_is_for_recent_readings() {
+        #[derive(Debug)]
+        struct Fixed;
+        impl Clock for Fixed {
+            fn now_ms(&self) -> u64 {
+                42
+            }
+        }
+        let clock = RuntimeClock::Custom(Arc::new(Fixed));
+        assert_eq!((clock.now_ms(), clock.recent_ms()), (42, 42));
     }
 }

@@ -111,6 +111,7 @@ enum Sink {
 }
 
 impl KeyEncoder {
+    #[inline]
     fn hashing() -> KeyEncoder {
         let mut hasher = Sha256::new();
         hasher.update(b"samekey/key/v1");
@@ -120,6 +121,7 @@ impl KeyEncoder {
         }
     }
 
+    #[inline]
     fn raw(&mut self, bytes: &[u8]) {
         match &mut self.sink {
             Sink::Hash(h) => h.update(bytes),
@@ -127,6 +129,7 @@ impl KeyEncoder {
         }
     }
 
+    #[inline]
     fn varint(&mut self, mut v: u128) {
         let mut buf = [0u8; 19];
         let mut n = 0;
@@ -144,6 +147,7 @@ impl KeyEncoder {
         self.raw(&buf[..n]);
     }
 
+    #[inline]
     fn tagged_len(&mut self, tag: u8, len: usize) {
         self.raw(&[tag]);
         self.varint(len as u128);
@@ -162,6 +166,7 @@ impl KeyEncoder {
     }
 
     /// An unsigned integer of any width.
+    #[inline]
     pub fn unsigned(&mut self, v: u128) {
         self.raw(&[tag::UNSIGNED]);
         self.varint(v);
@@ -185,6 +190,7 @@ impl KeyEncoder {
     }
 
     /// A string.
+    #[inline]
     pub fn str(&mut self, v: &str) {
         self.tagged_len(tag::STR, v.len());
         self.raw(v.as_bytes());
@@ -240,6 +246,7 @@ impl KeyEncoder {
         self.varint(u128::from(bucket));
     }
 
+    #[inline]
     fn finish(self) -> [u8; 32] {
         match self.sink {
             Sink::Hash(h) => h.finalize().into(),
@@ -402,10 +409,12 @@ impl KeyBuilder {
     }
 
     /// Starts a key in a scope known for the whole program (no allocation).
+    #[inline]
     pub fn new_static(scope: &'static str) -> KeyBuilder {
         KeyBuilder::with_label(Label::from_static(scope))
     }
 
+    #[inline]
     fn with_label(scope: Label) -> KeyBuilder {
         let mut encoder = KeyEncoder::hashing();
         encoder.str(scope.as_str());
@@ -463,6 +472,7 @@ impl KeyBuilder {
     }
 
     /// The finished key.
+    #[inline]
     pub fn finish(self) -> Key {
         Key {
             digest: self.encoder.finish(),

@@ -75,8 +75,8 @@ pub use store::{MemoryStore, Store};
 #[doc(hidden)]
 pub mod __private {
     pub use crate::call::{
-        ask, begin, clone_param, input, CallError, CallOutput, CallResult, LookupAnswer, OnBusy,
-        OnMissingKey, OnUnknown, RetryClone, Run, Spec, Step,
+        ask, begin, clone_param, input, Begun, CallError, CallOutput, CallResult, LookupAnswer,
+        OnBusy, OnMissingKey, OnUnknown, RetryClone, Run, Spec, Step,
     };
     pub use crate::codec::{
         DecodedValues, ErrorCodec, ExactErrors, Keeper, KeptValues, MessageErrors, Probe,
