@@ -768,8 +768,10 @@ impl<T, E> Call<T, E> {
                     attempt = 0u32, part, function = self.spec.name,
                     "key part missing; running once without idempotency (on_missing_key = \"run\")");
                 self.plain = true;
-                if let Err(step) = self.admit().await {
-                    return step;
+                if !self.admitted_at_once() {
+                    if let Err(step) = Box::pin(self.admit()).await {
+                        return step;
+                    }
                 }
                 return Step::Attempt;
             }
@@ -789,7 +791,12 @@ impl<T, E> Call<T, E> {
                 });
             }
         }
-        let mut now = match self.admit().await {
+        let entered = if self.admitted_at_once() {
+            Ok(Entered::AtOnce)
+        } else {
+            Box::pin(self.admit()).await
+        };
+        let mut now = match entered {
             Ok(Entered::AtOnce) => self.began_ms,
             // The claim is stamped with the time it is made: a lease counted from before the wait
             // would end early (or have ended), and another caller could take the key over while
@@ -805,7 +812,12 @@ impl<T, E> Call<T, E> {
                 lease_ms: Self::ms(self.lease()),
                 now_ms: now,
             };
-            match self.rt.claim(claim).await {
+            // The in-process store answers at once: no future to make and move.
+            let claimed = match self.rt.memory() {
+                Some(memory) => memory.claim_now(claim),
+                None => self.rt.store().claim(claim).await,
+            };
+            match claimed {
                 Err(e) => return self.store_failed(e),
                 Ok(Claimed::Acquired(fence)) => {
                     self.fence = Some(fence);
@@ -823,8 +835,16 @@ impl<T, E> Call<T, E> {
         }
     }
 
+    /// Takes the call's place in its dependency's concurrency limit if one is free now (no future to
+    /// make: the common case); else [`admit`](Call::admit) waits for one.
+    fn admitted_at_once(&mut self) -> bool {
+        self.admitted = self.dependency.limiter.enter_now();
+        self.admitted
+    }
+
     /// Takes the call's place in its dependency's concurrency limit, waiting for one if the limit is
-    /// full; refused ([`Error::Overloaded`]) before anything is claimed.
+    /// full; refused ([`Error::Overloaded`]) before anything is claimed. Boxed where it is awaited,
+    /// as every slow path.
     async fn admit(&mut self) -> Result<Entered, Step<T, E>> {
         match self.dependency.limiter.enter().await {
             Ok(entered) => {
@@ -1539,14 +1559,16 @@ impl<T, E> Call<T, E> {
         self.plain_failure()
     }
 
-    async fn succeed(&mut self, value: T) -> Step<T, E> {
+    // `succeed` and `fail` hand out `settle`'s future rather than wrap it in one of their own.
+
+    fn succeed(&mut self, value: T) -> impl Future<Output = Step<T, E>> + use<'_, T, E> {
         let outcome = self.encoded((self.codec.encode_ok)(&value));
-        self.settle(ReceiptState::Success, outcome, Ok(value)).await
+        self.settle(ReceiptState::Success, outcome, Ok(value))
     }
 
-    async fn fail(&mut self, error: E) -> Step<T, E> {
+    fn fail(&mut self, error: E) -> impl Future<Output = Step<T, E>> + use<'_, T, E> {
         let outcome = self.encoded((self.codec.errors.encode)(&error));
-        self.settle(ReceiptState::Failed, outcome, Err(error)).await
+        self.settle(ReceiptState::Failed, outcome, Err(error))
     }
 
     fn encoded(&self, encoded: serde_json::Result<Vec<u8>>) -> Option<Arc<[u8]>> {
@@ -1581,7 +1603,14 @@ impl<T, E> Call<T, E> {
             outcome,
             ttl_ms: Self::ms(self.spec.ttl),
         };
-        let written = self.rt.complete(&self.key, fence, completion, now).await;
+        let written = match self.rt.memory() {
+            // The in-process store answers at once: no future to make and move.
+            Some(memory) => memory.complete_now(&self.key, fence, completion, now),
+            None => {
+                let store = self.rt.store();
+                store.complete(&self.key, fence, completion, now).await
+            }
+        };
         match written {
             Ok(transition) => {
                 // Settled: nothing is left for the drop guard to do, whatever happens next.

@@ -164,10 +164,16 @@ impl Limiter {
         false
     }
 
+    /// Takes a place if one is free now (always, with the limit off), without a future to make. Every
+    /// `true` must be followed by one [`leave`](Limiter::leave).
+    pub(crate) fn enter_now(&self) -> bool {
+        self.policy.off || self.try_enter()
+    }
+
     /// Takes a place, waiting for one at most the policy's `max_wait`. Every `Ok` must be followed by
     /// one [`leave`](Limiter::leave).
     pub(crate) async fn enter(&self) -> Result<Entered, Refused> {
-        if self.policy.off || self.try_enter() {
+        if self.enter_now() {
             return Ok(Entered::AtOnce);
         }
         let deadline = tokio::time::Instant::now() + self.policy.max_wait;

@@ -15,9 +15,8 @@ use crate::error::{Error, StoreError};
 use crate::journal::{Event, History, What};
 use crate::key::Key;
 use crate::receipt::Receipt;
-use crate::receipt::{Fence, Transition};
 use crate::stats::{Counter, Counters, Stats};
-use crate::store::{Claim, Claimed, Completion, MemoryStore, Store};
+use crate::store::{MemoryStore, Store};
 
 /// Default lease of a claim when the function has no `timeout`.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -154,31 +153,6 @@ impl Runtime {
     /// The store.
     pub fn store(&self) -> &dyn Store {
         &*self.inner.store
-    }
-
-    pub(crate) async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError> {
-        match &self.inner.memory {
-            Some(memory) => memory.claim_now(claim),
-            None => self.inner.store.claim(claim).await,
-        }
-    }
-
-    pub(crate) async fn complete(
-        &self,
-        key: &Key,
-        fence: Fence,
-        completion: Completion,
-        now_ms: u64,
-    ) -> Result<Transition, StoreError> {
-        match &self.inner.memory {
-            Some(memory) => memory.complete_now(key, fence, completion, now_ms),
-            None => {
-                self.inner
-                    .store
-                    .complete(key, fence, completion, now_ms)
-                    .await
-            }
-        }
     }
 
     /// The node name written into callIds.
