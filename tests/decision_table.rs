@@ -910,6 +910,37 @@ async fn keys_expire_after_ttl() {
     assert!(store.is_empty());
 }
 
+// On the system clock, a replay that the in-process store answers judges expiry by the coarse clock
+// (a few milliseconds behind, never ahead): a receipt is replayed for its ttl, and not long after.
+#[tokio::test]
+async fn a_replay_on_the_system_clock_ends_with_its_ttl() {
+    struct Brief {
+        rt: Runtime,
+        count: Mutex<u32>,
+    }
+    impl Brief {
+        #[idempotent(key = "id", ttl = "500ms", retries = 0, runtime = &self.rt)]
+        async fn run_briefly(&self, id: u64) -> Result<u32, TestError> {
+            let mut c = self.count.lock().unwrap();
+            *c += 1;
+            Ok(*c)
+        }
+    }
+    let o = Brief {
+        rt: Runtime::new(),
+        count: Mutex::new(0),
+    };
+    assert_eq!(o.run_briefly(1).await, Ok(1));
+    assert_eq!(o.run_briefly(1).await, Ok(1), "within its ttl: replayed");
+    assert_eq!(o.rt.stats().replays, 1);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        o.run_briefly(1).await,
+        Ok(2),
+        "100 ms past its ttl: runs again"
+    );
+}
+
 // The signature and the body keep their meaning: `&mut self` is lent to every attempt, `?` and an early
 // `return` end the attempt with their value, and the callId carries the `prefix`.
 #[tokio::test(start_paused = true)]

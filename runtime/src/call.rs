@@ -516,8 +516,8 @@ fn replay_in_process<T: CallOutput, E>(
         let addr = std::ptr::from_ref(spec) as usize;
         operation::check(&spec.operation, addr, spec.scope, spec.name, self_type).ok()?;
     }
-    // The coarse clock, unless the window read the fine one: a reading late by a tick can only serve
-    // a receipt a tick past its expiry; a claim judges expiry afresh.
+    // The coarse clock, unless the window read the fine one: a reading a few milliseconds late can
+    // only serve a receipt that much past its expiry; a claim judges expiry afresh.
     let now = now.unwrap_or_else(|| rt.recent_ms());
     // Decoded under the shard's lock: the stored bytes are not shared out (no reference count to
     // move on a hot key).

@@ -6,10 +6,11 @@
 //! * [`SystemClock`], the default, reads the system clock afresh on every call: a clock stepped by NTP
 //!   or a VM resumed after a suspend is seen at once, never hidden behind an anchor taken at start-up.
 //! * One reading may lag by a few milliseconds, never lead: a replay that the in-process store answers
-//!   checks the receipt's expiry by the system's coarse clock (on Linux `CLOCK_REALTIME_COARSE`, the
-//!   time of the kernel's last tick, 4 to 10 ms behind at most; elsewhere the same clock as every other
-//!   reading). A late reading can only keep a finished receipt a tick longer, never drop one early, and
-//!   it costs a few nanoseconds where a fresh reading costs 30 to 40. Everything else — callIds,
+//!   checks the receipt's expiry by the system's coarse clock (on Linux `CLOCK_REALTIME_COARSE`: the
+//!   time as the kernel last updated it on its timer tick, a few milliseconds behind — 3.5 to 12 ms on
+//!   the project's machine, at 250 ticks a second — and never ahead; elsewhere the same clock as every
+//!   other reading). A late reading can only keep a finished receipt a few milliseconds longer, never
+//!   drop one early, and it costs a few nanoseconds where a fresh reading costs 30 to 40. Everything else — callIds,
 //!   windows, claims, leases, completions and the expiry a claim judges — reads the clock afresh.
 //! * [`TokioClock`] follows `tokio::time` from one reading of the wall clock, so that a test with
 //!   tokio's time paused drives leases and TTLs with `tokio::time::advance`, without sleeping.
@@ -90,9 +91,9 @@ pub(crate) fn unix_ms_now() -> u64 {
     }
 }
 
-/// Milliseconds since the Unix epoch by the system's coarse clock: the time of the kernel's last tick
-/// on Linux (`CLOCK_REALTIME_COARSE`), behind [`unix_ms_now`] by up to a tick, never ahead; the same as
-/// [`unix_ms_now`] elsewhere.
+/// Milliseconds since the Unix epoch by the system's coarse clock: on Linux `CLOCK_REALTIME_COARSE`,
+/// the time as the kernel last updated it on its timer tick, behind [`unix_ms_now`] by a few
+/// milliseconds, never ahead; the same as [`unix_ms_now`] elsewhere.
 fn unix_ms_recent() -> u64 {
     #[cfg(target_os = "linux")]
     {
@@ -130,7 +131,7 @@ impl RuntimeClock {
         }
     }
 
-    /// Now, or up to a tick before (never after): the system's coarse clock, or a custom clock's
+    /// Now, or a few milliseconds before (never after): the system's coarse clock, or a custom clock's
     /// `now_ms`. Only for a check that a late reading makes more lenient toward what is already
     /// stored (a finished receipt's expiry), never for a stamp or a lease.
     pub(crate) fn recent_ms(&self) -> u64 {
@@ -173,13 +174,13 @@ mod tests {
     }
 
     #[test]
-    fn the_coarse_clock_lags_by_a_tick_at_most_and_never_leads() {
+    fn the_coarse_clock_lags_by_milliseconds_and_never_leads() {
         let clock = RuntimeClock::System(SystemClock);
         for _ in 0..10_000 {
             let recent = clock.recent_ms();
             let now = clock.now_ms();
-            // Read after it: the coarse reading is never ahead, and behind by a tick (4 ms at
-            // HZ=250, 10 ms at HZ=100), with room for a descheduled thread.
+            // Read after it: the coarse reading is never ahead, and behind by a few milliseconds
+            // (3.5 to 12 here), with room for a descheduled thread.
             assert!(recent <= now, "coarse {recent} ahead of {now}");
             assert!(now - recent < 1_000, "coarse {recent}, {now} now");
         }

@@ -170,7 +170,7 @@ impl Runtime {
         self.inner.clock.now_ms()
     }
 
-    /// Now, or up to a tick before: see `RuntimeClock::recent_ms`.
+    /// Now, or a few milliseconds before: see `RuntimeClock::recent_ms`.
     pub(crate) fn recent_ms(&self) -> u64 {
         self.inner.clock.recent_ms()
     }
