@@ -10,8 +10,9 @@
 //!   time as the kernel last updated it on its timer tick, a few milliseconds behind — 3.5 to 12 ms on
 //!   the project's machine, at 250 ticks a second — and never ahead; elsewhere the same clock as every
 //!   other reading). A late reading can only keep a finished receipt a few milliseconds longer, never
-//!   drop one early, and it costs a few nanoseconds where a fresh reading costs 30 to 40. Everything else — callIds,
-//!   windows, claims, leases, completions and the expiry a claim judges — reads the clock afresh.
+//!   drop one early, and it costs a few nanoseconds where a fresh reading costs 30 to 40. Everything
+//!   else — callIds, windows, claims, leases, completions and the expiry a claim judges — reads the
+//!   clock afresh.
 //! * [`TokioClock`] follows `tokio::time` from one reading of the wall clock, so that a test with
 //!   tokio's time paused drives leases and TTLs with `tokio::time::advance`, without sleeping.
 //! * The stores shared by several processes (PostgreSQL, Redis) do not take this clock's word for

@@ -117,15 +117,6 @@ pub(crate) struct Limiter {
     places: Notify,
 }
 
-/// How a call took its place.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Entered {
-    /// There was one free.
-    AtOnce,
-    /// After a wait for one to be given back: time went by since the call began.
-    AfterWaiting,
-}
-
 /// A call over the limit that waited `max_wait` in vain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Refused {
@@ -165,17 +156,15 @@ impl Limiter {
     }
 
     /// Takes a place if one is free now (always, with the limit off), without a future to make. Every
-    /// `true` must be followed by one [`leave`](Limiter::leave).
+    /// `true` must be followed by one [`leave`](Limiter::leave); on `false`, wait with
+    /// [`wait_for_place`](Limiter::wait_for_place).
     pub(crate) fn enter_now(&self) -> bool {
         self.policy.off || self.try_enter()
     }
 
-    /// Takes a place, waiting for one at most the policy's `max_wait`. Every `Ok` must be followed by
-    /// one [`leave`](Limiter::leave).
-    pub(crate) async fn enter(&self) -> Result<Entered, Refused> {
-        if self.enter_now() {
-            return Ok(Entered::AtOnce);
-        }
+    /// Waits for a place, at most the policy's `max_wait`, after [`enter_now`](Limiter::enter_now)
+    /// found none. Every `Ok` must be followed by one [`leave`](Limiter::leave).
+    pub(crate) async fn wait_for_place(&self) -> Result<(), Refused> {
         let deadline = tokio::time::Instant::now() + self.policy.max_wait;
         let _waiting = Waiting::count(&self.waiting);
         let entered = loop {
@@ -192,7 +181,7 @@ impl Limiter {
             }
         };
         if entered {
-            Ok(Entered::AfterWaiting)
+            Ok(())
         } else {
             Err(Refused {
                 limit: self.limit.load(Ordering::Acquire),
@@ -307,6 +296,17 @@ impl Drop for Waiting<'_> {
 }
 
 #[cfg(test)]
+impl Limiter {
+    /// Takes a place, at once or after a wait: what a call does, in two steps.
+    pub(crate) async fn enter(&self) -> Result<(), Refused> {
+        if self.enter_now() {
+            return Ok(());
+        }
+        self.wait_for_place().await
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -370,11 +370,14 @@ mod tests {
         assert_eq!(limiter.limit(), Some(1), "never below min");
         let waiter = tokio::spawn({
             let limiter = limiter.clone();
-            async move { limiter.enter().await }
+            async move {
+                assert!(!limiter.enter_now(), "no place free at once");
+                limiter.wait_for_place().await
+            }
         });
         tokio::time::sleep(Duration::from_millis(300)).await;
         limiter.leave();
-        assert_eq!(waiter.await.expect("task"), Ok(Entered::AfterWaiting));
+        assert_eq!(waiter.await.expect("task"), Ok(()), "a place after waiting");
     }
 
     #[tokio::test(start_paused = true)]
@@ -387,11 +390,7 @@ mod tests {
         assert_eq!(limiter.waiting.load(Ordering::Acquire), 0);
         assert_eq!(limiter.in_flight.load(Ordering::Acquire), 1);
         limiter.leave();
-        assert_eq!(
-            limiter.enter().await,
-            Ok(Entered::AtOnce),
-            "the place is free"
-        );
+        assert!(limiter.enter_now(), "the place is free at once");
     }
 
     #[tokio::test]

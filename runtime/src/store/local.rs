@@ -48,8 +48,8 @@ pub const DEFAULT_LOCAL_MAX_AGE: Duration = Duration::from_secs(60);
 /// that keeps it: a completion made here keeps it for the completion's `ttl` from then, and a receipt
 /// read from a store with a clock of its own is kept for what that store's time says is left (the
 /// store is asked for it). `max_age` is what a key [forgotten](Store::forget) by another process
-/// costs: this one replays it up to `max_age` longer (forgotten through this store, it goes at once). The cache holds `capacity`
-/// receipts at most, the first kept going first.
+/// costs: this one replays it up to `max_age` longer (forgotten through this store, it goes at once).
+/// The cache holds `capacity` receipts at most, the first kept going first.
 pub struct LocalCache<S> {
     inner: S,
     shards: Box<[Mutex<Shard>]>,

@@ -100,16 +100,8 @@ impl CallIndex {
             return;
         }
         let short = short(call_id);
-        // The oldest claim first: what a bounded or expiring store evicts.
-        if self
-            .ordered
-            .front()
-            .is_some_and(|front| front.is(short, digest))
-        {
-            self.ordered.pop_front();
-            self.drop_front_holes();
-            return;
-        }
+        // What a bounded or expiring store evicts is at or near the front: found in a probe or a few,
+        // and its hole dropped at once by `compact`.
         let start = self.first_at(short.0);
         let found = self
             .ordered
