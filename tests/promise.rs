@@ -433,6 +433,48 @@ async fn owner_back_from_queueing_answers_the_outcome(store: Arc<dyn Store>) {
     owner_back_from(store, "enqueue_compensation").await;
 }
 
+/// The owner's attempt succeeded and the owner stalls before it records that, past its lease; a
+/// duplicate takes the call over, finds through `lookup` that it succeeded and records it. Back, the
+/// owner's completion carries its old fence and is refused: it answers the recorded outcome, and
+/// nothing was charged twice.
+async fn owner_back_from_completing_answers_the_recorded_outcome(store: Arc<dyn Store>) {
+    let svc = Svc::on(store);
+    let (owner, stall) = svc
+        .held_before("complete", [], |svc| async move {
+            svc.with_lookup(&svc.order, 500).await
+        })
+        .await;
+    svc.pass_lease().await;
+    assert_eq!(svc.with_lookup(&svc.order, 500).await, Ok(500));
+    stall.open();
+    assert_eq!(owner.await.unwrap(), Ok(500));
+    let call_id = svc.first_call_id();
+    assert_eq!(svc.state(&call_id).await, Some(ReceiptState::Success));
+    assert!(svc.queued().await.is_empty());
+    assert_eq!(svc.remote.effects(&svc.order), 1);
+    assert_eq!(svc.remote.call_ids().len(), 1, "the duplicate only asked");
+}
+
+/// The caller goes away while its claim is answered (the claim written, the answer not yet back):
+/// the call holds no fence, so nothing releases the key; once the lease ends, a duplicate takes it
+/// over, asks, and sends the one request. The dropped call sent nothing.
+async fn dropped_while_claiming_leaves_the_key_to_its_lease(store: Arc<dyn Store>) {
+    let svc = Svc::on(store);
+    let gate = Gate::new();
+    svc.store.plan("claim", [Act::After(gate.clone())]);
+    let first = tokio::spawn({
+        let svc = svc.clone();
+        async move { svc.with_lookup(&svc.order, 500).await }
+    });
+    gate.reached().await;
+    cancel(first).await;
+    assert!(svc.remote.call_ids().is_empty(), "nothing sent");
+    svc.pass_lease().await;
+    assert_eq!(svc.with_lookup(&svc.order, 500).await, Ok(500));
+    assert_eq!(svc.remote.effects(&svc.order), 1);
+    assert_eq!(svc.remote.call_ids().len(), 1);
+}
+
 support::on_stores!(memory, sqlite if "sqlite", postgres if "postgres", redis if "redis" => {
     an_unknown_is_never_without_its_entry,
     dropped_while_being_queued,
@@ -447,4 +489,6 @@ support::on_stores!(memory, sqlite if "sqlite", postgres if "postgres", redis if
     a_failed_lookup_is_asked_again,
     a_failed_release_is_not_a_plain_failure,
     a_refused_release_answers_the_charge,
+    owner_back_from_completing_answers_the_recorded_outcome,
+    dropped_while_claiming_leaves_the_key_to_its_lease,
 });
