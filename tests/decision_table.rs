@@ -941,6 +941,65 @@ async fn a_replay_on_the_system_clock_ends_with_its_ttl() {
     );
 }
 
+// A first attempt is stamped with its claim's reading of the clock (on the in-process store nothing
+// waits between them): on a clock that moves on every read, it starts at its callId's time, the
+// reading the claim was made with. A retry, after its backoff, reads the clock again.
+#[tokio::test(start_paused = true)]
+async fn a_first_attempt_starts_at_its_claim_s_reading_of_the_clock() {
+    /// Moves one millisecond forward on every read.
+    struct Ticking(std::sync::atomic::AtomicU64);
+    impl samekey::Clock for Ticking {
+        fn now_ms(&self) -> u64 {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+    struct Stamps {
+        rt: Runtime,
+        /// Each attempt's callId time, start and expiry.
+        seen: Mutex<Vec<(u64, u64, u64)>>,
+    }
+    impl Stamps {
+        #[idempotent(key = "id", ttl = "1h", runtime = &self.rt)]
+        async fn stamp(&self, id: u64) -> Result<u64, TestError> {
+            let context = samekey::current();
+            let mut seen = self.seen.lock().unwrap();
+            seen.push((
+                context.call_id().unix_ms(),
+                context.started_ms(),
+                context.expires_at_ms(),
+            ));
+            if seen.len() == 1 {
+                return Err(TestError::Refused);
+            }
+            Ok(context.started_ms())
+        }
+    }
+    let s = Stamps {
+        rt: Runtime::builder()
+            .clock(Ticking(std::sync::atomic::AtomicU64::new(
+                1_800_000_000_000,
+            )))
+            .build()
+            .unwrap(),
+        seen: Mutex::new(Vec::new()),
+    };
+    s.stamp(1).await.unwrap();
+    let seen = s.seen.lock().unwrap().clone();
+    let [(called, first, first_expiry), (called_again, second, _)] = seen[..] else {
+        panic!("two attempts, not {seen:?}");
+    };
+    assert_eq!(called_again, called, "one callId for both attempts");
+    assert_eq!(
+        first, called,
+        "the first attempt starts at its claim's reading"
+    );
+    assert_eq!(first_expiry, first + 3_600_000);
+    assert!(
+        second > first,
+        "a retry reads the clock again: {second} after {first}"
+    );
+}
+
 // The signature and the body keep their meaning: `&mut self` is lent to every attempt, `?` and an early
 // `return` end the attempt with their value, and the callId carries the `prefix`.
 #[tokio::test(start_paused = true)]

@@ -9,6 +9,7 @@
 //! generates ([`Probe`]).
 
 use std::any::Any;
+use std::cell::RefCell;
 use std::fmt::Display;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -30,6 +31,30 @@ pub struct ErrorCodec<E> {
 struct ByMessage {
     #[serde(rename = "samekey.failure")]
     message: String,
+}
+
+/// The largest buffer [`shared_json`] keeps for its thread's next value.
+const SCRATCH_KEPT: usize = 4096;
+
+/// `value` as JSON, in its shared form: written into a buffer kept per thread, then copied once into
+/// the `Arc` the store keeps. One allocation a value instead of `serde_json::to_vec`'s growing `Vec`
+/// and its copy; a buffer grown past [`SCRATCH_KEPT`] by a large value is not kept.
+pub(crate) fn shared_json<T: Serialize + ?Sized>(value: &T) -> serde_json::Result<Arc<[u8]>> {
+    thread_local! {
+        static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    }
+    SCRATCH.with(|scratch| {
+        // Taken already: a `Serialize` impl that encodes another outcome on this thread.
+        let Ok(mut buffer) = scratch.try_borrow_mut() else {
+            return serde_json::to_vec(value).map(Arc::from);
+        };
+        buffer.clear();
+        let encoded = serde_json::to_writer(&mut *buffer, value).map(|()| Arc::from(&buffer[..]));
+        if buffer.capacity() > SCRATCH_KEPT {
+            *buffer = Vec::new();
+        }
+        encoded
+    })
 }
 
 /// A failure stored by its message, as the message codec writes it: what the compensation worker
@@ -194,6 +219,48 @@ impl<E: Display> StoredByMessage for E {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Encodes another value from inside its own `Serialize`, while the thread's buffer is taken.
+    struct Nested(u32);
+
+    impl Serialize for Nested {
+        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            let inner = shared_json(&[self.0, self.0 + 1]).map_err(serde::ser::Error::custom)?;
+            serializer
+                .serialize_str(std::str::from_utf8(&inner).map_err(serde::ser::Error::custom)?)
+        }
+    }
+
+    #[test]
+    fn shared_json_writes_what_to_vec_writes() {
+        let values = [
+            serde_json::json!({"order_id": 7, "amount": 500}),
+            serde_json::json!("x".repeat(3 * SCRATCH_KEPT)),
+            serde_json::json!([]),
+        ];
+        // Twice over: a value is never written after what the previous one left in the buffer.
+        for value in values.iter().chain(values.iter()) {
+            assert_eq!(
+                *shared_json(value).unwrap(),
+                serde_json::to_vec(value).unwrap()[..]
+            );
+        }
+    }
+
+    #[test]
+    fn shared_json_within_a_value_s_own_serialize() {
+        assert_eq!(&*shared_json(&Nested(4)).unwrap(), br#""[4,5]""#);
+        assert_eq!(&*shared_json(&1u8).unwrap(), b"1");
+    }
+
+    #[test]
+    fn shared_json_after_a_failed_encoding() {
+        // A map whose keys are not strings cannot be JSON: the error is returned, half-written bytes
+        // are not kept for the next value.
+        let bad: std::collections::BTreeMap<(u8, u8), u8> = [((1, 2), 3)].into();
+        assert!(shared_json(&bad).is_err());
+        assert_eq!(&*shared_json(&[1, 2]).unwrap(), b"[1,2]");
+    }
 
     /// An error type all of whose fields have defaults reads almost any JSON object as itself.
     #[derive(Debug, Default, PartialEq, Serialize, Deserialize)]
