@@ -43,18 +43,23 @@ pub(crate) fn shared_json<T: Serialize + ?Sized>(value: &T) -> serde_json::Resul
     thread_local! {
         static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     }
-    SCRATCH.with(|scratch| {
-        // Taken already: a `Serialize` impl that encodes another outcome on this thread.
-        let Ok(mut buffer) = scratch.try_borrow_mut() else {
-            return serde_json::to_vec(value).map(Arc::from);
-        };
-        buffer.clear();
-        let encoded = serde_json::to_writer(&mut *buffer, value).map(|()| Arc::from(&buffer[..]));
-        if buffer.capacity() > SCRATCH_KEPT {
-            *buffer = Vec::new();
-        }
-        encoded
-    })
+    let on_its_own = || serde_json::to_vec(value).map(Arc::from);
+    SCRATCH
+        .try_with(|scratch| {
+            // Taken already: a `Serialize` impl that encodes another outcome on this thread.
+            let Ok(mut buffer) = scratch.try_borrow_mut() else {
+                return on_its_own();
+            };
+            buffer.clear();
+            let encoded =
+                serde_json::to_writer(&mut *buffer, value).map(|()| Arc::from(&buffer[..]));
+            if buffer.capacity() > SCRATCH_KEPT {
+                *buffer = Vec::new();
+            }
+            encoded
+        })
+        // The thread is ending and its buffer is gone (a call finished by a thread-local's drop).
+        .unwrap_or_else(|_| on_its_own())
 }
 
 /// A failure stored by its message, as the message codec writes it: what the compensation worker
@@ -251,6 +256,29 @@ mod tests {
     fn shared_json_within_a_value_s_own_serialize() {
         assert_eq!(&*shared_json(&Nested(4)).unwrap(), br#""[4,5]""#);
         assert_eq!(&*shared_json(&1u8).unwrap(), b"1");
+    }
+
+    #[test]
+    fn shared_json_while_its_thread_ends() {
+        /// Encodes a value when its thread's locals are dropped, after the buffer's (made later,
+        /// dropped first).
+        struct AtExit(std::sync::mpsc::Sender<Vec<u8>>);
+        impl Drop for AtExit {
+            fn drop(&mut self) {
+                let _ = self.0.send(shared_json(&[7, 8]).unwrap().to_vec());
+            }
+        }
+        thread_local! {
+            static AT_EXIT: RefCell<Option<AtExit>> = const { RefCell::new(None) };
+        }
+        let (sender, encoded) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            AT_EXIT.with(|at_exit| *at_exit.borrow_mut() = Some(AtExit(sender)));
+            assert_eq!(&*shared_json(&1u8).unwrap(), b"1");
+        })
+        .join()
+        .unwrap();
+        assert_eq!(encoded.recv().unwrap(), b"[7,8]");
     }
 
     #[test]
