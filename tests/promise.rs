@@ -264,6 +264,18 @@ async fn owner_back_after_a_take_over_answers_the_outcome(store: Arc<dyn Store>)
 /// late is removed: a settled call needs none).
 async fn owner_back_from(store: Arc<dyn Store>, step: &'static str) {
     let (svc, owner, stall) = uncertain_call_held_before(store, step).await;
+    owner_back_after_a_take_over(&svc, owner, stall, step).await;
+}
+
+/// The owner, held at `step` (`stall`), past its lease: a duplicate takes the call over, finds through
+/// `lookup` that it succeeded and records it. Back, the owner answers the recorded success, nothing is
+/// queued beside it, and the order was charged once.
+async fn owner_back_after_a_take_over(
+    svc: &Svc,
+    owner: tokio::task::JoinHandle<Result<u64, TestError>>,
+    stall: Gate,
+    step: &str,
+) {
     svc.pass_lease().await;
     assert_eq!(svc.with_lookup(&svc.order, 500).await, Ok(500));
     stall.open();
@@ -444,14 +456,7 @@ async fn owner_back_from_completing_answers_the_recorded_outcome(store: Arc<dyn 
             svc.with_lookup(&svc.order, 500).await
         })
         .await;
-    svc.pass_lease().await;
-    assert_eq!(svc.with_lookup(&svc.order, 500).await, Ok(500));
-    stall.open();
-    assert_eq!(owner.await.unwrap(), Ok(500));
-    let call_id = svc.first_call_id();
-    assert_eq!(svc.state(&call_id).await, Some(ReceiptState::Success));
-    assert!(svc.queued().await.is_empty());
-    assert_eq!(svc.remote.effects(&svc.order), 1);
+    owner_back_after_a_take_over(&svc, owner, stall, "complete").await;
     assert_eq!(svc.remote.call_ids().len(), 1, "the duplicate only asked");
 }
 

@@ -199,7 +199,7 @@ struct Codec<T, E> {
 impl<T: CallOutput, E: CallError> Codec<T, E> {
     fn new(errors: ErrorCodec<E>) -> Codec<T, E> {
         Codec {
-            encode_ok: |v| crate::codec::shared_json(v),
+            encode_ok: crate::codec::shared_json,
             decode_ok: |b| serde_json::from_slice(b),
             errors,
             classify: E::classify,
@@ -1573,7 +1573,7 @@ impl<T, E> Call<T, E> {
     }
 
     fn fail(&mut self, error: E) -> impl Future<Output = Step<T, E>> + use<'_, T, E> {
-        let outcome = self.encoded((self.codec.errors.encode)(&error).map(Arc::from));
+        let outcome = self.encoded((self.codec.errors.encode)(&error));
         self.settle(ReceiptState::Failed, outcome, Err(error))
     }
 

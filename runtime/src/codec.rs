@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 /// How one function's failures are written and read back.
 pub struct ErrorCodec<E> {
-    pub(crate) encode: fn(&E) -> serde_json::Result<Vec<u8>>,
+    pub(crate) encode: fn(&E) -> serde_json::Result<Arc<[u8]>>,
     /// The stored failure: the error itself, or (`Err`) the message it was stored by.
     pub(crate) decode: fn(&[u8]) -> serde_json::Result<Result<E, String>>,
 }
@@ -36,8 +36,8 @@ struct ByMessage {
 /// The largest buffer [`shared_json`] keeps for its thread's next value.
 const SCRATCH_KEPT: usize = 4096;
 
-/// `value` as JSON, in its shared form: written into a buffer kept per thread, then copied once into
-/// the `Arc` the store keeps. One allocation a value instead of `serde_json::to_vec`'s growing `Vec`
+/// `value` as JSON, in its shared form (how a call's outcome, success or failure, is stored): written
+/// into a buffer kept per thread, then copied once into the `Arc` the store keeps. One allocation a value instead of `serde_json::to_vec`'s growing `Vec`
 /// and its copy; a buffer grown past [`SCRATCH_KEPT`] by a large value is not kept.
 pub(crate) fn shared_json<T: Serialize + ?Sized>(value: &T) -> serde_json::Result<Arc<[u8]>> {
     thread_local! {
@@ -168,7 +168,7 @@ pub trait ExactErrors<E> {
 impl<E: Serialize + DeserializeOwned> ExactErrors<E> for &Probe<E> {
     fn codec(&self) -> ErrorCodec<E> {
         ErrorCodec {
-            encode: |e| serde_json::to_vec(e),
+            encode: shared_json,
             // A failure stored by message (by a build whose error type had no serde) still replays. It
             // is tried first: an `E` whose fields all have defaults would read it as itself.
             decode: |b| match serde_json::from_slice::<ByMessage>(b) {
@@ -194,7 +194,7 @@ impl<E> MessageErrors<E> for Probe<E> {
     {
         ErrorCodec {
             encode: |e| {
-                serde_json::to_vec(&ByMessage {
+                shared_json(&ByMessage {
                     message: e.to_string(),
                 })
             },
