@@ -1,4 +1,5 @@
-//! The callId index of one slice of callIds: which key a callId claimed.
+//! The callId index of one slice of callIds: which key a callId claimed, by where its record is (its
+//! shard and its digest's table hash: 9 bytes where the digest is 32).
 //!
 //! Indexed by the callId's time and 64 random bits (16 bytes) rather than by the whole callId (88
 //! bytes, and two label comparisons per probe). Two callIds that share those 16 bytes (the same callId
@@ -17,8 +18,26 @@
 
 use std::collections::VecDeque;
 
-use super::{Digest, FastMap};
+use super::{records, shard_index, Digest, FastMap};
 use crate::call_id::CallId;
+
+/// Where a claimed key's record is: its shard, and its digest's hash in the shard's table. A reader
+/// looks there for the record of the callId it asked for (two records of a shard may share a hash).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Place {
+    pub(super) shard: u8,
+    pub(super) hash: u64,
+}
+
+impl Place {
+    pub(super) fn of(digest: &Digest) -> Place {
+        Place {
+            // Fewer than 256 shards.
+            shard: shard_index(digest) as u8,
+            hash: records::hash(digest),
+        }
+    }
+}
 
 /// The part of a callId the late map is keyed by: its time and random bits.
 type Short = (u64, u64);
@@ -27,16 +46,36 @@ fn short(call_id: &CallId) -> Short {
     (call_id.unix_ms(), call_id.entropy())
 }
 
-/// One claim in the queue; `digest` is `None` once removed (a hole).
+/// One claim in the queue (32 bytes: `Place`'s fields laid out flat, beside the flag); not `live`
+/// once removed (a hole).
 struct Slot {
     ms: u64,
     entropy: u64,
-    digest: Option<Digest>,
+    hash: u64,
+    shard: u8,
+    live: bool,
 }
 
 impl Slot {
-    fn is(&self, (ms, entropy): Short, digest: &Digest) -> bool {
-        self.ms == ms && self.entropy == entropy && self.digest.as_ref() == Some(digest)
+    fn new((ms, entropy): Short, place: Place) -> Slot {
+        Slot {
+            ms,
+            entropy,
+            hash: place.hash,
+            shard: place.shard,
+            live: true,
+        }
+    }
+
+    fn place(&self) -> Option<Place> {
+        self.live.then_some(Place {
+            shard: self.shard,
+            hash: self.hash,
+        })
+    }
+
+    fn is(&self, (ms, entropy): Short, place: Place) -> bool {
+        self.ms == ms && self.entropy == entropy && self.place() == Some(place)
     }
 }
 
@@ -48,54 +87,50 @@ pub(super) struct CallIndex {
     /// Holes in `ordered`.
     holes: usize,
     /// Claims whose callId is older than the newest in `ordered` when they came.
-    late: FastMap<Short, Digest>,
+    late: FastMap<Short, Place>,
     /// Late callIds whose short form another key's callId took first.
-    overflow: FastMap<CallId, Digest>,
+    overflow: FastMap<CallId, Place>,
 }
 
 impl CallIndex {
-    /// Notes that `call_id` claimed `digest`.
-    pub(super) fn insert(&mut self, call_id: &CallId, digest: Digest) {
-        let (ms, entropy) = short(call_id);
-        if self.ordered.back().is_none_or(|last| last.ms <= ms) {
-            self.ordered.push_back(Slot {
-                ms,
-                entropy,
-                digest: Some(digest),
-            });
+    /// Notes that `call_id` claimed the key whose record is at `place`.
+    pub(super) fn insert(&mut self, call_id: &CallId, place: Place) {
+        let short = short(call_id);
+        if self.ordered.back().is_none_or(|last| last.ms <= short.0) {
+            self.ordered.push_back(Slot::new(short, place));
             return;
         }
-        match self.late.entry((ms, entropy)) {
+        match self.late.entry(short) {
             std::collections::hash_map::Entry::Vacant(slot) => {
-                slot.insert(digest);
+                slot.insert(place);
             }
-            std::collections::hash_map::Entry::Occupied(slot) if *slot.get() == digest => {}
+            std::collections::hash_map::Entry::Occupied(slot) if *slot.get() == place => {}
             std::collections::hash_map::Entry::Occupied(_) => {
-                self.overflow.insert(call_id.clone(), digest);
+                self.overflow.insert(call_id.clone(), place);
             }
         }
     }
 
-    /// The key `call_id` claimed, if any (check the record: another callId may share the entry). Of
-    /// one callId on two keys, the later claim.
-    pub(super) fn get(&self, call_id: &CallId) -> Option<Digest> {
+    /// Where the record of the key `call_id` claimed is, if any (check the record: another callId may
+    /// share the entry). Of one callId on two keys, the later claim.
+    pub(super) fn get(&self, call_id: &CallId) -> Option<Place> {
         if !self.overflow.is_empty() {
-            if let Some(digest) = self.overflow.get(call_id) {
-                return Some(*digest);
+            if let Some(place) = self.overflow.get(call_id) {
+                return Some(*place);
             }
         }
         let (ms, entropy) = short(call_id);
         let found = self
             .millisecond(ms)
             .filter(|slot| slot.entropy == entropy)
-            .filter_map(|slot| slot.digest)
+            .filter_map(Slot::place)
             .last();
         found.or_else(|| self.late.get(&(ms, entropy)).copied())
     }
 
-    /// Forgets that `call_id` claimed `digest` (its record went).
-    pub(super) fn remove(&mut self, call_id: &CallId, digest: &Digest) {
-        if !self.overflow.is_empty() && self.overflow.get(call_id) == Some(digest) {
+    /// Forgets that `call_id` claimed the key whose record is at `place` (the record went).
+    pub(super) fn remove(&mut self, call_id: &CallId, place: Place) {
+        if !self.overflow.is_empty() && self.overflow.get(call_id) == Some(&place) {
             self.overflow.remove(call_id);
             return;
         }
@@ -107,14 +142,14 @@ impl CallIndex {
             .ordered
             .range(start..)
             .take_while(|slot| slot.ms == short.0)
-            .position(|slot| slot.is(short, digest));
+            .position(|slot| slot.is(short, place));
         if let Some(i) = found.map(|at| start + at) {
-            self.ordered[i].digest = None;
+            self.ordered[i].live = false;
             self.holes += 1;
             self.compact();
             return;
         }
-        if self.late.get(&short) == Some(digest) {
+        if self.late.get(&short) == Some(&place) {
             self.late.remove(&short);
         }
     }
@@ -151,11 +186,7 @@ impl CallIndex {
     }
 
     fn drop_front_holes(&mut self) {
-        while self
-            .ordered
-            .front()
-            .is_some_and(|slot| slot.digest.is_none())
-        {
+        while self.ordered.front().is_some_and(|slot| !slot.live) {
             self.ordered.pop_front();
             self.holes -= 1;
         }
@@ -165,7 +196,7 @@ impl CallIndex {
     fn compact(&mut self) {
         self.drop_front_holes();
         if self.holes > 64 && self.holes * 2 > self.ordered.len() {
-            self.ordered.retain(|slot| slot.digest.is_some());
+            self.ordered.retain(|slot| slot.live);
             self.holes = 0;
         }
     }
@@ -181,6 +212,13 @@ mod tests {
     use super::*;
     use crate::call_id::Label;
 
+    fn at(n: u8) -> Place {
+        Place {
+            shard: n % 64,
+            hash: u64::from(n),
+        }
+    }
+
     fn call_at(ms: u64) -> CallId {
         CallId::generate_at(Label::from_static("t"), Label::from_static("n"), ms)
     }
@@ -190,20 +228,20 @@ mod tests {
         let mut index = CallIndex::default();
         let call = call_at(7);
         let other = call_at(7);
-        index.insert(&call, [1; 32]);
-        index.insert(&other, [3; 32]);
+        index.insert(&call, at(1));
+        index.insert(&other, at(3));
         // The same callId adopted by a second key: both kept.
-        index.insert(&call, [2; 32]);
+        index.insert(&call, at(2));
         assert_eq!(index.len(), 3);
-        assert_eq!(index.get(&call), Some([2; 32]), "the later claim");
-        assert_eq!(index.get(&other), Some([3; 32]));
-        index.remove(&call, &[2; 32]);
-        assert_eq!(index.get(&call), Some([1; 32]));
-        index.remove(&call, &[1; 32]);
+        assert_eq!(index.get(&call), Some(at(2)), "the later claim");
+        assert_eq!(index.get(&other), Some(at(3)));
+        index.remove(&call, at(2));
+        assert_eq!(index.get(&call), Some(at(1)));
+        index.remove(&call, at(1));
         assert_eq!(index.get(&call), None);
         // A removal of a record the index no longer points to changes nothing.
-        index.remove(&other, &[9; 32]);
-        assert_eq!(index.get(&other), Some([3; 32]));
+        index.remove(&other, at(9));
+        assert_eq!(index.get(&other), Some(at(3)));
     }
 
     #[test]
@@ -212,11 +250,7 @@ mod tests {
             let mut index = CallIndex::default();
             // Milliseconds with repeats and gaps: 0, 0, 0, 3, 3, 3, 6, …
             for i in 0..len {
-                index.ordered.push_back(Slot {
-                    ms: i / 3 * 3,
-                    entropy: i,
-                    digest: Some([0; 32]),
-                });
+                index.ordered.push_back(Slot::new((i / 3 * 3, i), at(0)));
             }
             for ms in 0..=len + 1 {
                 let expected = index.ordered.partition_point(|slot| slot.ms < ms);
@@ -229,7 +263,7 @@ mod tests {
     fn late_callids_holes_and_compaction_against_a_map() {
         use std::collections::HashMap;
         let mut index = CallIndex::default();
-        let mut model: HashMap<String, (CallId, Digest)> = HashMap::new();
+        let mut model: HashMap<String, (CallId, Place)> = HashMap::new();
         // A seeded walk: mostly in order, some late (older) callIds, removals at the front and in
         // the middle, re-claims of removed callIds.
         let mut state = 0x2545_f491_4f6c_dd1d_u64;
@@ -249,9 +283,9 @@ mod tests {
                     step
                 };
                 let call = call_at(ms);
-                let digest = [(next() % 251) as u8; 32];
-                index.insert(&call, digest);
-                model.insert(call.to_string(), (call.clone(), digest));
+                let place = at((next() % 251) as u8);
+                index.insert(&call, place);
+                model.insert(call.to_string(), (call.clone(), place));
                 made.push(call);
             } else if roll < 95 {
                 // Mostly the oldest still held, sometimes any.
@@ -261,19 +295,19 @@ mod tests {
                     (next() as usize) % made.len()
                 };
                 let call = made.remove(pick);
-                if let Some((_, digest)) = model.remove(&call.to_string()) {
-                    index.remove(&call, &digest);
+                if let Some((_, place)) = model.remove(&call.to_string()) {
+                    index.remove(&call, place);
                 }
             } else {
                 let call = &made[(next() as usize) % made.len()];
-                if let Some((_, digest)) = model.get(&call.to_string()) {
-                    index.remove(call, digest);
-                    index.insert(call, *digest);
+                if let Some((_, place)) = model.get(&call.to_string()) {
+                    index.remove(call, *place);
+                    index.insert(call, *place);
                 }
             }
         }
-        for (call, digest) in model.values() {
-            assert_eq!(index.get(call), Some(*digest), "{call}");
+        for (call, place) in model.values() {
+            assert_eq!(index.get(call), Some(*place), "{call}");
         }
         assert_eq!(index.len(), model.len());
         assert!(

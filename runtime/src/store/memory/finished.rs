@@ -6,19 +6,19 @@
 //! front of a queue, touching memory in the order it was written (a heap of expiry times, as before,
 //! sifted through cold entries on every eviction).
 //!
-//! An entry may outlive its receipt (forgotten, or expired and claimed anew): whoever pops it checks
-//! that the record is still the one it names (finished, with the same expiry) before removing it.
+//! An entry names its receipt by its key digest's table hash (8 bytes, not the 32 of the digest: a
+//! claim writes less, and a retained key costs less). An entry may outlive its receipt (forgotten,
+//! or expired and claimed anew): whoever pops it checks that a record is still the one it names
+//! (that hash, finished, with the same expiry) before removing it.
 
 use std::collections::VecDeque;
-
-use super::Digest;
 
 /// Distinct `ttl`s past this share the lane of the nearest one: their receipts may then wait behind
 /// longer-lived ones (memory, not correctness: a read never answers an expired record).
 const MAX_LANES: usize = 16;
 
-/// A finished receipt: when it expires, and its key.
-pub(super) type Finished = (u64, Digest);
+/// A finished receipt: when it expires, and its key digest's table hash.
+pub(super) type Finished = (u64, u64);
 
 struct Lane {
     ttl_ms: u64,
@@ -42,7 +42,7 @@ pub(super) struct Lanes {
 
 impl Lanes {
     /// Notes a receipt that finished, to expire at `expires_at_ms`.
-    pub(super) fn push(&mut self, ttl_ms: u64, expires_at_ms: u64, digest: Digest) {
+    pub(super) fn push(&mut self, ttl_ms: u64, expires_at_ms: u64, hash: u64) {
         let lane = match self.lanes.iter().position(|l| l.ttl_ms == ttl_ms) {
             Some(lane) => lane,
             None if self.lanes.len() < MAX_LANES => {
@@ -59,7 +59,7 @@ impl Lanes {
                 .min_by_key(|(_, l)| l.ttl_ms.abs_diff(ttl_ms))
                 .map_or(0, |(lane, _)| lane),
         };
-        self.lanes[lane].queue.push_back((expires_at_ms, digest));
+        self.lanes[lane].queue.push_back((expires_at_ms, hash));
     }
 
     /// Takes the receipt that expires first, if it expired by `now_ms`.
@@ -98,28 +98,28 @@ impl Lanes {
 mod tests {
     use super::*;
 
-    fn digest(n: u8) -> Digest {
-        [n; 32]
+    fn hash(n: u8) -> u64 {
+        u64::from(n) * 0x0101_0101_0101_0101
     }
 
     #[test]
     fn expiry_follows_each_lane_and_the_oldest_goes_first() {
         let mut lanes = Lanes::default();
         // At t = 0..4, alternating a 10 s ttl and a 1 s ttl.
-        lanes.push(10_000, 10_000, digest(0));
-        lanes.push(1_000, 1_001, digest(1));
-        lanes.push(10_000, 10_002, digest(2));
-        lanes.push(1_000, 1_003, digest(3));
+        lanes.push(10_000, 10_000, hash(0));
+        lanes.push(1_000, 1_001, hash(1));
+        lanes.push(10_000, 10_002, hash(2));
+        lanes.push(1_000, 1_003, hash(3));
         assert_eq!(lanes.pop_expired(1_000), None);
         // The short lane expires first, behind no long-lived receipt.
-        assert_eq!(lanes.pop_expired(2_000), Some((1_001, digest(1))));
-        assert_eq!(lanes.pop_expired(2_000), Some((1_003, digest(3))));
+        assert_eq!(lanes.pop_expired(2_000), Some((1_001, hash(1))));
+        assert_eq!(lanes.pop_expired(2_000), Some((1_003, hash(3))));
         assert_eq!(lanes.pop_expired(2_000), None);
         // Full: the one that finished first goes, whatever its ttl.
-        lanes.push(1_000, 1_004, digest(4));
-        assert_eq!(lanes.pop_oldest(), Some((10_000, digest(0))));
-        assert_eq!(lanes.pop_oldest(), Some((10_002, digest(2))));
-        assert_eq!(lanes.pop_oldest(), Some((1_004, digest(4))));
+        lanes.push(1_000, 1_004, hash(4));
+        assert_eq!(lanes.pop_oldest(), Some((10_000, hash(0))));
+        assert_eq!(lanes.pop_oldest(), Some((10_002, hash(2))));
+        assert_eq!(lanes.pop_oldest(), Some((1_004, hash(4))));
         assert_eq!(lanes.pop_oldest(), None);
         assert_eq!(lanes.len(), 0);
     }
@@ -128,7 +128,7 @@ mod tests {
     fn ttls_past_the_lanes_share_the_nearest() {
         let mut lanes = Lanes::default();
         for ttl in 0..MAX_LANES as u64 + 4 {
-            lanes.push(1_000 * (ttl + 1), 1_000 * (ttl + 1), digest(ttl as u8));
+            lanes.push(1_000 * (ttl + 1), 1_000 * (ttl + 1), hash(ttl as u8));
         }
         assert_eq!(lanes.lanes.len(), MAX_LANES);
         assert_eq!(lanes.len(), MAX_LANES + 4);

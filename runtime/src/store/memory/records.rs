@@ -5,9 +5,10 @@
 use hashbrown::HashTable;
 
 use super::{Digest, Entry};
+use crate::call_id::CallId;
 
 /// The table's hash of a digest: its first 8 bytes (SHA-256 output: already uniform).
-fn hash(digest: &Digest) -> u64 {
+pub(super) fn hash(digest: &Digest) -> u64 {
     let mut word = [0u8; 8];
     word.copy_from_slice(&digest[..8]);
     u64::from_le_bytes(word)
@@ -29,6 +30,15 @@ impl Records {
             .map(|e| &mut **e)
     }
 
+    /// The record `call_id` claimed, among those whose digest hashes to `hash`.
+    pub(super) fn of_call(&self, hash_of: u64, call_id: &CallId) -> Option<&Entry> {
+        self.0
+            .find(hash_of, |e| {
+                hash(e.receipt.key.digest()) == hash_of && &e.receipt.call_id == call_id
+            })
+            .map(|e| &**e)
+    }
+
     /// Adds a record whose key the table does not hold (the caller looked).
     pub(super) fn insert_new(&mut self, entry: Box<Entry>) {
         let digest_hash = hash(entry.receipt.key.digest());
@@ -39,6 +49,23 @@ impl Records {
     pub(super) fn remove(&mut self, digest: &Digest) -> Option<Box<Entry>> {
         self.0
             .find_entry(hash(digest), |e| e.receipt.key.digest() == digest)
+            .ok()
+            .map(|found| found.remove().0)
+    }
+
+    /// Removes the finished record that a lane entry names: its digest hashes to `hash` and it
+    /// expires at `at`. `None` when that record went or changed since (forgotten, or expired and
+    /// claimed anew). Two keys of one shard whose digests share their first 8 bytes (one chance in
+    /// 2⁶⁴ a pair) and that also expire in the same millisecond are one for this look: either is a
+    /// finished receipt as old as the other, and the one left keeps its own lane entry.
+    pub(super) fn remove_finished(&mut self, hash_of: u64, at: u64) -> Option<Box<Entry>> {
+        self.0
+            .find_entry(hash_of, |e| {
+                let r = &e.receipt;
+                hash(r.key.digest()) == hash_of
+                    && r.state.is_terminal()
+                    && r.expires_at_ms == Some(at)
+            })
             .ok()
             .map(|found| found.remove().0)
     }
