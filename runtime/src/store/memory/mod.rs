@@ -1025,6 +1025,52 @@ mod tests {
         }
     }
 
+    /// A lane entry names its record by hash and expiry: one that outlived its receipt (forgotten,
+    /// then claimed anew) never evicts the key's new record, which a lookup by its callId still finds
+    /// (and the old callId no longer does); the key's fences keep growing across it all.
+    #[tokio::test]
+    async fn a_lane_entry_that_outlived_its_receipt_evicts_nothing() {
+        let store = MemoryStore::new();
+        let keys = same_shard("stale", 2);
+        let (key, other) = (&keys[0], &keys[1]);
+        let first_call = CallId::generate_at(Label::from_static("s"), Label::from_static("n"), 10);
+        let claim_as = |call_id: &CallId, now_ms| {
+            acquired(store.claim_now(Claim {
+                key: key.clone(),
+                call_id: call_id.clone(),
+                fingerprint: None,
+                lease_ms: 60_000,
+                now_ms,
+            }))
+        };
+        let first = claim_as(&first_call, 10);
+        finish(&store, key, first, 10, 100);
+        store.forget(key, first).await.unwrap();
+        let second_call = CallId::generate_at(Label::from_static("s"), Label::from_static("n"), 20);
+        let second = claim_as(&second_call, 20);
+        assert!(
+            second > first,
+            "fences grow across a forget: {second:?} after {first:?}"
+        );
+        finish(&store, key, second, 20, 1_000);
+        // The forgotten receipt's entry (expiring at 110) is due when the shard's next claim comes.
+        acquired(claim(&store, other, 200));
+        let kept = store
+            .get(key, 200)
+            .await
+            .unwrap()
+            .expect("the new record stays");
+        assert_eq!(kept.call_id, second_call);
+        let by_call = store.get_by_call_id(&second_call).await.unwrap();
+        assert_eq!(by_call.map(|r| r.fence), Some(second));
+        assert_eq!(store.get_by_call_id(&first_call).await.unwrap(), None);
+        // Its own entry evicts it when it expires, and a claim after that gets a larger fence still.
+        assert_eq!(store.purge_expired(1_020).await.unwrap(), 1);
+        assert_eq!(store.get_by_call_id(&second_call).await.unwrap(), None);
+        let third = claim_as(&first_call, 1_030);
+        assert!(third > second);
+    }
+
     /// A full store evicts a finished receipt of the new key's shard, the first finished first,
     /// expired or not; it never evicts a call in flight or an `UNKNOWN`, and refuses a claim instead.
     #[tokio::test]
