@@ -7,7 +7,7 @@
 //!   one there has expired, in one atomic step (an entry API, a unique index, `SET NX`). Exactly one of any
 //!   number of concurrent claims of one key gets [`Claimed::Acquired`]; the others get the record.
 //! * **Fencing.** Every claim and take-over hands out a [`Fence`] larger than any the store handed out
-//!   before for that key (the in-memory store uses one counter for all keys; a backend may count per
+//!   before for that key (the in-memory store counts per shard of keys; a backend may count per
 //!   key, as long as a key's fences never repeat, even after its record expired). Every write of an
 //!   owner ([`Store::complete`], [`Store::mark_unknown`], [`Store::release`], [`Store::extend_lease`])
 //!   presents its fence and is refused with [`StoreError::Fenced`] if the record now carries another

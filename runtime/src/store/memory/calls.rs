@@ -100,11 +100,12 @@ impl CallIndex {
             self.ordered.push_back(Slot::new(short, place));
             return;
         }
+        // A key is claimed only while it has no live record, so an entry already here is another
+        // key's, even at the same place (two keys of a shard whose digests share a hash).
         match self.late.entry(short) {
             std::collections::hash_map::Entry::Vacant(slot) => {
                 slot.insert(place);
             }
-            std::collections::hash_map::Entry::Occupied(slot) if *slot.get() == place => {}
             std::collections::hash_map::Entry::Occupied(_) => {
                 self.overflow.insert(call_id.clone(), place);
             }
@@ -242,6 +243,23 @@ mod tests {
         // A removal of a record the index no longer points to changes nothing.
         index.remove(&other, at(9));
         assert_eq!(index.get(&other), Some(at(3)));
+    }
+
+    /// One late callId on two keys at the same place (their digests share a shard and a hash): each
+    /// removal forgets one of them, and the other is still found until its own removal.
+    #[test]
+    fn one_late_call_id_on_two_keys_at_one_place() {
+        let mut index = CallIndex::default();
+        index.insert(&call_at(100), at(5));
+        let late = call_at(7);
+        index.insert(&late, at(1));
+        index.insert(&late, at(1));
+        assert_eq!(index.len(), 3);
+        index.remove(&late, at(1));
+        assert_eq!(index.get(&late), Some(at(1)), "the other key's claim");
+        index.remove(&late, at(1));
+        assert_eq!(index.get(&late), None);
+        assert_eq!(index.len(), 1);
     }
 
     #[test]

@@ -987,10 +987,10 @@ mod tests {
     /// `n` keys of `scope` that fall into one shard.
     fn same_shard(scope: &'static str, n: usize) -> Vec<Key> {
         let first = Key::build(scope, &0u64);
-        let shard = first.digest()[31] as usize % SHARDS;
+        let shard = shard_index(first.digest());
         (0u64..)
             .map(|i| Key::build(scope, &i))
-            .filter(|k| k.digest()[31] as usize % SHARDS == shard)
+            .filter(|k| shard_index(k.digest()) == shard)
             .take(n)
             .collect()
     }
@@ -1140,7 +1140,7 @@ mod tests {
         let (first, second) = (Key::build("whole", &0u64), Key::build("whole", &1u64));
         finish(&store, &first, fences[0], 300, 86_400_000);
         finish(&store, &second, fences[1], 310, 86_400_000);
-        let shard = |k: &Key| k.digest()[31] as usize % SHARDS;
+        let shard = |k: &Key| shard_index(k.digest());
         let (a, b) = (shard(&first), shard(&second));
         let newcomer = (1_000u64..)
             .map(|i| Key::build("whole", &i))

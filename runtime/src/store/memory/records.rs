@@ -55,9 +55,10 @@ impl Records {
 
     /// Removes the finished record that a lane entry names: its digest hashes to `hash` and it
     /// expires at `at`. `None` when that record went or changed since (forgotten, or expired and
-    /// claimed anew). Two keys of one shard whose digests share their first 8 bytes (one chance in
-    /// 2⁶⁴ a pair) and that also expire in the same millisecond are one for this look: either is a
-    /// finished receipt as old as the other, and the one left keeps its own lane entry.
+    /// claimed anew). Two keys of one shard whose digests share their first 8 bytes and that also
+    /// expire in the same millisecond are one for this look (by chance, one in 2⁶⁴ a pair; keys
+    /// come from callers, so such a pair can be made on purpose, at about 2³⁵ hashes): either is a
+    /// finished receipt as old as the other, and the other's entry, the same, takes the one left.
     pub(super) fn remove_finished(&mut self, hash_of: u64, at: u64) -> Option<Box<Entry>> {
         self.0
             .find_entry(hash_of, |e| {
