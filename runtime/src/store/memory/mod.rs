@@ -91,6 +91,22 @@ struct Shard {
     fence: u64,
 }
 
+impl Shard {
+    /// Removes the finished record that `next` names (the lanes' next entry in some order), skipping
+    /// entries that outlived their record; `None` when the lanes run out first.
+    fn take_finished(
+        &mut self,
+        mut next: impl FnMut(&mut Lanes) -> Option<finished::Finished>,
+    ) -> Option<Box<Entry>> {
+        while let Some((at, hashed)) = next(&mut self.finished) {
+            if let Some(entry) = self.records.remove_finished(hashed, at) {
+                return Some(entry);
+            }
+        }
+        None
+    }
+}
+
 /// The in-memory [`Store`]. Cheap to create; everything lives as long as the store.
 ///
 /// The embedded in-memory store: the default, needing no server.
@@ -193,7 +209,11 @@ impl MemoryStore {
     }
 
     fn shard(&self, digest: &Digest) -> MutexGuard<'_, Shard> {
-        lock(&self.shards[shard_index(digest)])
+        self.shard_at(shard_index(digest))
+    }
+
+    fn shard_at(&self, index: usize) -> MutexGuard<'_, Shard> {
+        lock(&self.shards[index])
     }
 
     fn calls_of(&self, call_id: &CallId) -> MutexGuard<'_, CallIndex> {
@@ -223,13 +243,11 @@ impl MemoryStore {
     fn evict(&self, shard: &mut Shard, now_ms: u64, limit: usize) -> usize {
         let mut evicted = 0;
         while evicted < limit {
-            let Some((at, hash)) = shard.finished.pop_expired(now_ms) else {
+            let Some(entry) = shard.take_finished(|lanes| lanes.pop_expired(now_ms)) else {
                 break;
             };
-            if let Some(entry) = shard.records.remove_finished(hash, at) {
-                self.let_go(&entry, false);
-                evicted += 1;
-            }
+            self.let_go(&entry, false);
+            evicted += 1;
         }
         evicted
     }
@@ -238,13 +256,11 @@ impl MemoryStore {
     /// caller's new record (the store's count does not move). `false` if it holds none (every record
     /// in flight or `UNKNOWN`).
     fn make_room(&self, shard: &mut Shard, keep_place: bool) -> bool {
-        while let Some((at, hash)) = shard.finished.pop_oldest() {
-            if let Some(entry) = shard.records.remove_finished(hash, at) {
-                self.let_go(&entry, keep_place);
-                return true;
-            }
-        }
-        false
+        let Some(entry) = shard.take_finished(Lanes::pop_oldest) else {
+            return false;
+        };
+        self.let_go(&entry, keep_place);
+        true
     }
 
     /// Takes a place for a new record of `shard`, making room there when the store is full. `false`
@@ -282,7 +298,7 @@ impl MemoryStore {
             let Some((_, i)) = oldest else {
                 return false;
             };
-            if self.make_room(&mut lock(&self.shards[i]), false) {
+            if self.make_room(&mut self.shard_at(i), false) {
                 return true;
             }
             // That shard's oldest went meanwhile: look again.
@@ -579,7 +595,7 @@ impl Store for MemoryStore {
         let Some(place) = self.calls_of(call_id).get(call_id) else {
             return Ok(None);
         };
-        let shard = lock(&self.shards[usize::from(place.shard)]);
+        let shard = self.shard_at(usize::from(place.shard));
         Ok(shard
             .records
             .of_call(place.hash, call_id)
@@ -1069,6 +1085,53 @@ mod tests {
         assert_eq!(store.get_by_call_id(&second_call).await.unwrap(), None);
         let third = claim_as(&first_call, 1_030);
         assert!(third > second);
+    }
+
+    /// Fences are counted per shard, and other keys of the owner's shard move the count while the
+    /// owner stalls past its lease: the take-over still gets a larger fence than the owner's, every
+    /// late write of the owner is fenced out, and the record it reads back is the new owner's outcome.
+    #[tokio::test]
+    async fn a_stalled_owner_is_fenced_out_whatever_its_shard_counted_meanwhile() {
+        let store = MemoryStore::new();
+        let keys = same_shard("stall", 4);
+        let key = &keys[0];
+        let owner = acquired(claim(&store, key, 10));
+        // While it stalls, its shard's other keys are claimed and finished.
+        for (i, other) in keys[1..].iter().enumerate() {
+            let t = 20 + i as u64;
+            let f = acquired(claim(&store, other, t));
+            finish(&store, other, f, t, 86_400_000);
+        }
+        // Its lease (60 s) ends; another caller takes the key over.
+        let past = 10 + 60_000 + 1;
+        let Ok(Claimed::Acquired(taker)) = store.take_over(key, owner, 60_000, past).await else {
+            panic!("an ended lease is taken over");
+        };
+        assert!(taker > owner);
+        let fenced = |e| {
+            matches!(e, Err(StoreError::Fenced { presented, current })
+            if presented == owner.0 && current == taker.0)
+        };
+        assert!(fenced(store.extend_lease(key, owner, 60_000, past).await));
+        let late = Completion {
+            state: ReceiptState::Failed,
+            outcome: None,
+            ttl_ms: 86_400_000,
+        };
+        assert!(fenced(
+            store.complete_now(key, owner, late, past).map(|_| ())
+        ));
+        assert!(fenced(store.release(key, owner).await));
+        let settled = Completion {
+            state: ReceiptState::Success,
+            outcome: Some(Arc::from(&b"500"[..])),
+            ttl_ms: 86_400_000,
+        };
+        store.complete_now(key, taker, settled, past + 1).unwrap();
+        let read = store.get(key, past + 2).await.unwrap().expect("the record");
+        assert_eq!(read.state, ReceiptState::Success);
+        assert_eq!(read.fence, taker);
+        assert_eq!(read.outcome.as_deref(), Some(&b"500"[..]));
     }
 
     /// A full store evicts a finished receipt of the new key's shard, the first finished first,

@@ -14,6 +14,11 @@ pub(super) fn hash(digest: &Digest) -> u64 {
     u64::from_le_bytes(word)
 }
 
+/// The table's hash of a record: its digest's.
+fn hash_of(entry: &Entry) -> u64 {
+    hash(entry.receipt.key.digest())
+}
+
 #[derive(Default)]
 pub(super) struct Records(HashTable<Box<Entry>>);
 
@@ -30,20 +35,19 @@ impl Records {
             .map(|e| &mut **e)
     }
 
-    /// The record `call_id` claimed, among those whose digest hashes to `hash`.
-    pub(super) fn of_call(&self, hash_of: u64, call_id: &CallId) -> Option<&Entry> {
+    /// The record `call_id` claimed, among those whose digest hashes to `hashed`.
+    pub(super) fn of_call(&self, hashed: u64, call_id: &CallId) -> Option<&Entry> {
         self.0
-            .find(hash_of, |e| {
-                hash(e.receipt.key.digest()) == hash_of && &e.receipt.call_id == call_id
+            .find(hashed, |e| {
+                hash_of(e) == hashed && &e.receipt.call_id == call_id
             })
             .map(|e| &**e)
     }
 
     /// Adds a record whose key the table does not hold (the caller looked).
     pub(super) fn insert_new(&mut self, entry: Box<Entry>) {
-        let digest_hash = hash(entry.receipt.key.digest());
-        self.0
-            .insert_unique(digest_hash, entry, |e| hash(e.receipt.key.digest()));
+        let digest_hash = hash_of(&entry);
+        self.0.insert_unique(digest_hash, entry, |e| hash_of(e));
     }
 
     pub(super) fn remove(&mut self, digest: &Digest) -> Option<Box<Entry>> {
@@ -53,19 +57,18 @@ impl Records {
             .map(|found| found.remove().0)
     }
 
-    /// Removes the finished record that a lane entry names: its digest hashes to `hash` and it
+    /// Removes the finished record that a lane entry names: its digest hashes to `hashed` and it
     /// expires at `at`. `None` when that record went or changed since (forgotten, or expired and
     /// claimed anew). Two keys of one shard whose digests share their first 8 bytes and that also
     /// expire in the same millisecond are one for this look (by chance, one in 2⁶⁴ a pair; keys
     /// come from callers, so such a pair can be made on purpose, at about 2³⁵ hashes): either is a
     /// finished receipt as old as the other, and the other's entry, the same, takes the one left.
-    pub(super) fn remove_finished(&mut self, hash_of: u64, at: u64) -> Option<Box<Entry>> {
+    pub(super) fn remove_finished(&mut self, hashed: u64, at: u64) -> Option<Box<Entry>> {
         self.0
-            .find_entry(hash_of, |e| {
-                let r = &e.receipt;
-                hash(r.key.digest()) == hash_of
-                    && r.state.is_terminal()
-                    && r.expires_at_ms == Some(at)
+            .find_entry(hashed, |e| {
+                hash_of(e) == hashed
+                    && e.receipt.state.is_terminal()
+                    && e.receipt.expires_at_ms == Some(at)
             })
             .ok()
             .map(|found| found.remove().0)
