@@ -12,6 +12,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use samekey::journal::What;
 use samekey::store::StoreClock;
 use samekey::{idempotent, CallId, Error, ReceiptState, Runtime, Store, StoreError};
 use support::faulty::{Act, Faulty, Gate};
@@ -81,15 +82,46 @@ impl Svc {
         self.rt.receipt(call_id).await.unwrap().map(|r| r.state)
     }
 
+    /// The key of every call of the test.
+    fn key(&self) -> samekey::Key {
+        samekey::Key::build("promise.charge", &self.order.as_str())
+    }
+
     /// This test's entries in the compensation queue (a shared database holds other tests' too).
     async fn queued(&self) -> Vec<CallId> {
-        let key = samekey::Key::build("promise.charge", &self.order.as_str());
+        let key = self.key();
         let entries = self.rt.compensations().await.unwrap();
         entries
             .into_iter()
             .filter(|e| e.key == key)
             .map(|e| e.call_id)
             .collect()
+    }
+
+    /// A duplicate (`hold`: no lookup) called before the first call's lease ends, on the clock of
+    /// any store: answered within a second.
+    async fn duplicate_in_time(&self) -> Result<u64, TestError> {
+        tokio::time::timeout(Duration::from_secs(1), self.hold(&self.order, 500))
+            .await
+            .expect("the duplicate waited for a claim that should have been given back")
+    }
+
+    /// Waits (up to 10 s) until the key's journal says that a claim whose answer never came was given
+    /// back, and `why`: the task that gave it back journals it after the release.
+    async fn assert_given_back(&self, why: &str) {
+        for _ in 0..1000 {
+            let history = self.rt.history_of_key(&self.key()).await.unwrap();
+            if history.events.iter().any(|e| {
+                matches!(&e.what, What::Released { reason, by } if by == "call" && reason.contains(why))
+            }) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!(
+            "no release journaled: {:?}",
+            self.rt.history_of_key(&self.key()).await
+        );
     }
 
     /// Waits (up to 10 s) until `call_id` is queued for compensation: the drop guard's task does its
@@ -461,23 +493,83 @@ async fn owner_back_from_completing_answers_the_recorded_outcome(store: Arc<dyn 
 }
 
 /// The caller goes away while its claim is answered (the claim written, the answer not yet back):
-/// the call holds no fence, so nothing releases the key; once the lease ends, a duplicate takes it
-/// over, asks, and sends the one request. The dropped call sent nothing.
-async fn dropped_while_claiming_leaves_the_key_to_its_lease(store: Arc<dyn Store>) {
+/// the call never learned its fence, and nothing ran. A task of its own gives the claim back, so a
+/// duplicate of a function without `lookup` (which could only leave a vanished owner's call
+/// `UNKNOWN`) runs at once, without waiting for the lease; the key's journal says why.
+async fn dropped_while_claiming_gives_the_key_back(store: Arc<dyn Store>) {
     let svc = Svc::on(store);
     let gate = Gate::new();
     svc.store.plan("claim", [Act::After(gate.clone())]);
     let first = tokio::spawn({
         let svc = svc.clone();
-        async move { svc.with_lookup(&svc.order, 500).await }
+        async move { svc.hold(&svc.order, 500).await }
     });
     gate.reached().await;
     cancel(first).await;
     assert!(svc.remote.call_ids().is_empty(), "nothing sent");
-    svc.pass_lease().await;
-    assert_eq!(svc.with_lookup(&svc.order, 500).await, Ok(500));
+    assert_eq!(svc.duplicate_in_time().await, Ok(500));
+    assert_eq!(svc.remote.effects(&svc.order), 1);
+    assert!(svc.queued().await.is_empty());
+    svc.assert_given_back("its caller went away").await;
+}
+
+/// The store takes the claim and fails before it answers (a server that crashed after its commit):
+/// the call fails closed, as for any store failure, and its claim, written under a fence it never
+/// learned, is given back once the store answers again. The next call runs, once.
+async fn a_claim_whose_answer_is_lost_is_given_back(store: Arc<dyn Store>) {
+    let svc = Svc::on(store);
+    svc.store.plan("claim", [Act::Lose(unavailable())]);
+    assert_eq!(
+        svc.hold(&svc.order, 500).await,
+        Err(TestError::Samekey(Error::Store(unavailable())))
+    );
+    assert!(svc.remote.call_ids().is_empty(), "failed closed");
+    assert_eq!(svc.duplicate_in_time().await, Ok(500));
     assert_eq!(svc.remote.effects(&svc.order), 1);
     assert_eq!(svc.remote.call_ids().len(), 1);
+    svc.assert_given_back("the store failed while answering it")
+        .await;
+}
+
+/// As above, but the store's answer to the read comes only after the claim's lease could have ended:
+/// a record read then may be a taker's (which continues under the same callId), so the claim is left to its lease,
+/// as any vanished owner's. A duplicate without `lookup` takes it over and holds it `UNKNOWN`; nothing
+/// runs.
+async fn an_unanswered_claim_is_left_to_its_lease_once_it_may_have_ended(store: Arc<dyn Store>) {
+    let svc = Svc::on(store);
+    let reads = Gate::new();
+    svc.store.plan("claim", [Act::Lose(unavailable())]);
+    svc.store.plan("get", [Act::After(reads.clone())]);
+    assert_eq!(
+        svc.hold(&svc.order, 500).await,
+        Err(TestError::Samekey(Error::Store(unavailable())))
+    );
+    tokio::time::timeout(Duration::from_secs(10), reads.reached())
+        .await
+        .expect("nothing asked the store whether the unanswered claim was written");
+    svc.pass_lease().await;
+    reads.open();
+    // The read answers now, too late: the claim must still be there once the task acted on it.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let record = svc.store.inner().get(&svc.key(), svc.rt.now_ms()).await;
+    assert!(
+        matches!(&record, Ok(Some(r)) if r.state == ReceiptState::Processing),
+        "{record:?}"
+    );
+    let out = svc.hold(&svc.order, 500).await;
+    assert!(
+        matches!(out, Err(TestError::Samekey(Error::Unknown { .. }))),
+        "{out:?}"
+    );
+    assert!(svc.remote.call_ids().is_empty(), "nothing ran");
+    let history = svc.rt.history_of_key(&svc.key()).await.unwrap();
+    assert!(
+        !history
+            .events
+            .iter()
+            .any(|e| matches!(e.what, What::Released { .. })),
+        "{history:?}"
+    );
 }
 
 support::on_stores!(memory, sqlite if "sqlite", postgres if "postgres", redis if "redis" => {
@@ -495,5 +587,7 @@ support::on_stores!(memory, sqlite if "sqlite", postgres if "postgres", redis if
     a_failed_release_is_not_a_plain_failure,
     a_refused_release_answers_the_charge,
     owner_back_from_completing_answers_the_recorded_outcome,
-    dropped_while_claiming_leaves_the_key_to_its_lease,
+    dropped_while_claiming_gives_the_key_back,
+    a_claim_whose_answer_is_lost_is_given_back,
+    an_unanswered_claim_is_left_to_its_lease_once_it_may_have_ended,
 });

@@ -8,7 +8,9 @@
 //!
 //! * The key and the callId are fixed in [`begin`], before the first attempt; nothing changes them.
 //! * Nothing runs without a claim: a store that fails makes the call fail closed with
-//!   [`Error::Store`].
+//!   [`Error::Store`]. A claim whose answer never came (the store failed while answering, or the
+//!   caller went away meanwhile) may have been written, and nothing ran under it: a task of its own
+//!   gives it back if the store answers before the claim's lease could end ([`crate::unanswered`]).
 //! * An uncertain outcome is never retried blindly and never reported as a failure: it is looked up by
 //!   callId, retried with the same callId only when the remote dedups (`on_unknown = "rerun"`), or
 //!   recorded `UNKNOWN`, queued for compensation and answered with [`Error::Unknown`].
@@ -52,6 +54,7 @@ use crate::retry::Backoff;
 use crate::runtime::Runtime;
 use crate::stats::Counter;
 use crate::store::{Claim, Claimed, Completion, Store};
+use crate::unanswered::{self, Unanswered};
 
 /// What a duplicate does while the first call still runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -362,6 +365,9 @@ struct Call<T, E> {
     /// The claim was answered at once (the in-process store) and nothing has waited since: the first
     /// attempt starts at `claimed_ms`, without reading the clock again.
     claimed_just_now: bool,
+    /// A claim is on its way to a store that answers asynchronously, sent (stamped `claimed_ms`) at this
+    /// instant: if its answer never comes, it is given back ([`crate::unanswered`]).
+    claim_sent: Option<tokio::time::Instant>,
     /// How the latest attempt ended, if not with a value (for a compensation entry).
     last_outcome: Option<AttemptOutcome>,
     /// The call's encoded inputs, when its function keeps them (`inputs = …`).
@@ -479,6 +485,7 @@ where
         journaled: false,
         claimed_ms: now,
         claimed_just_now: false,
+        claim_sent: None,
         last_outcome: None,
         inputs: None,
         dependency,
@@ -810,16 +817,26 @@ impl<T, E> Call<T, E> {
                 now_ms: now,
             };
             // The in-process store answers at once: no future to make and move.
-            let (claimed, at_once) = match self.rt.memory() {
-                Some(memory) => (memory.claim_now(claim), true),
-                None => (self.rt.store().claim(claim).await, false),
+            let (claimed, sent) = match self.rt.memory() {
+                Some(memory) => (memory.claim_now(claim), None),
+                None => {
+                    self.claimed_ms = now;
+                    self.claim_sent = Some(tokio::time::Instant::now());
+                    let claimed = self.rt.store().claim(claim).await;
+                    (claimed, self.claim_sent.take())
+                }
             };
             match claimed {
-                Err(e) => return self.store_failed(e),
+                Err(e) => {
+                    if let Some(sent) = sent.filter(|_| unanswered::may_have_been_written(&e)) {
+                        self.unanswered(sent, format!("the store failed while answering it: {e}"));
+                    }
+                    return self.store_failed(e);
+                }
                 Ok(Claimed::Acquired(fence)) => {
                     self.fence = Some(fence);
                     self.claimed_ms = now;
-                    self.claimed_just_now = at_once;
+                    self.claimed_just_now = sent.is_none();
                     self.count(Counter::Claims);
                     tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                         attempt = 0u32, fence = fence.0, function = self.spec.name, "claimed");
@@ -860,6 +877,21 @@ impl<T, E> Call<T, E> {
                 }))
             }
         }
+    }
+
+    /// Hands a claim sent at `sent` whose answer never came to a task that gives it back if it was
+    /// written ([`crate::unanswered`]).
+    fn unanswered(&self, sent: tokio::time::Instant, why: String) {
+        Unanswered {
+            key: self.key.clone(),
+            call_id: self.call_id.clone(),
+            sent,
+            stamped_ms: self.claimed_ms,
+            lease: self.lease(),
+            keep_ms: Self::ms(self.spec.ttl),
+            why,
+        }
+        .give_back(&self.rt);
     }
 
     fn store_failed(&mut self, e: StoreError) -> Step<T, E> {
@@ -1710,6 +1742,10 @@ impl<T, E> Drop for Call<T, E> {
     fn drop(&mut self) {
         if std::mem::take(&mut self.admitted) {
             self.dependency.limiter.leave();
+        }
+        if let Some(sent) = self.claim_sent.take() {
+            self.unanswered(sent, "its caller went away".to_owned());
+            return;
         }
         let Some(fence) = self.fence.take() else {
             return;

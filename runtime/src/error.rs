@@ -39,7 +39,9 @@ pub enum Error {
         /// How many attempts were made.
         attempts: u32,
     },
-    /// The store failed; the call failed closed.
+    /// The store failed; the call failed closed: nothing ran. Should the store have written the claim
+    /// before it failed to answer, the claim is given back once the store answers again, before its
+    /// lease could end (else it is left to its lease, as a vanished owner's).
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The stored outcome of an earlier call could not be decoded into this function's types.

@@ -35,6 +35,7 @@ mod stats;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod unanswered;
 
 pub use budget::{RetryBudget, DEFAULT_LOOKUP_BUDGET, DEFAULT_RETRY_BUDGET};
 pub use call_id::{validate_label, validate_node, CallId, Label, ParseCallIdError, TraceId};

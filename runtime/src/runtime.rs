@@ -17,6 +17,7 @@ use crate::key::Key;
 use crate::receipt::Receipt;
 use crate::stats::{Counter, Counters, Stats};
 use crate::store::{MemoryStore, Store};
+use crate::unanswered::Pending;
 
 /// Default lease of a claim when the function has no `timeout`.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -58,6 +59,7 @@ struct Inner {
     calls_begun: AtomicU64,
     counters: Counters,
     dependencies: Dependencies,
+    unanswered: Pending,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -119,6 +121,7 @@ impl Runtime {
                 calls_begun: AtomicU64::new(0),
                 counters: Counters::default(),
                 dependencies: Dependencies::new(policies),
+                unanswered: Pending::default(),
             }),
         }
     }
@@ -177,6 +180,11 @@ impl Runtime {
 
     pub(crate) fn lease(&self) -> Duration {
         self.inner.lease
+    }
+
+    /// The unanswered claims this runtime is giving back.
+    pub(crate) fn unanswered(&self) -> &Pending {
+        &self.inner.unanswered
     }
 
     pub(crate) fn busy_wait(&self) -> Duration {

@@ -23,6 +23,9 @@ pub enum Act {
     After(Gate),
     /// Fails with this error without reaching the store.
     Fail(StoreError),
+    /// Reaches the store, then fails with this error: the operation took effect and its answer was
+    /// lost (a server that crashed after its commit, a connection reset).
+    Lose(StoreError),
 }
 
 /// A gate an operation waits at until the test opens it. Cloning shares it.
@@ -138,6 +141,7 @@ impl Faulty {
         match act {
             None => call.await,
             Some(Act::Fail(e)) => Err(e),
+            Some(Act::Lose(e)) => call.await.and(Err(e)),
             Some(Act::Before(gate)) => {
                 gate.pass().await;
                 call.await

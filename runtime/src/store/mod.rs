@@ -35,6 +35,9 @@
 //!   [`JOURNAL_LIMIT`](crate::journal::JOURNAL_LIMIT) events, for as long as its record lives and at
 //!   least the `keep_ms` of the latest append.
 //! * **Failing closed.** An unreachable store answers [`StoreError::Unavailable`]; callers run nothing.
+//!   A write the store applied before it failed to answer (a crash after the commit) answers an error
+//!   too: a caller whose claim got [`StoreError::Unavailable`] or [`StoreError::Corrupt`] reads the key
+//!   again later and gives back a claim it finds under its callId.
 
 mod local;
 mod memory;

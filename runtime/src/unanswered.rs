@@ -1,0 +1,199 @@
+//! A claim whose answer never came back: the store failed while answering it (a connection reset, a
+//! server that crashed after its commit), or the caller went away while it was on its way (a dropped
+//! future). The claim may have been written, under a fence the call never learned, and nothing ran
+//! under it. Left alone it would hold the key until its lease ended, and then look like an owner that
+//! vanished mid-attempt: a later call would have to ask `lookup`, or leave `UNKNOWN` a call that never
+//! ran.
+//!
+//! So the call hands it to a task of its own, which reads the key's record and, if it is still this
+//! call's `PROCESSING` claim, releases it under the fence it read.
+//!
+//! # Guarantees
+//!
+//! * A read is trusted only if it was answered before the claim's lease could have ended: within
+//!   7/8 of the lease, counted from before the claim was sent, both on a monotonic clock and on the
+//!   runtime's. No one can take a key over before its lease ends, by the store's clock or by the
+//!   caller's, and the lease began no earlier than the claim was sent; so a record read in time that
+//!   carries this call's callId and is `PROCESSING` is this call's own claim, under which nothing ran.
+//! * The release is fenced: a take-over between the read and the release makes the store refuse it.
+//! * Past the window, or without a tokio runtime to run the task, the claim is left to its lease, as
+//!   any vanished owner's: the next call takes it over and asks `lookup`, or leaves it `UNKNOWN`.
+//! * A store that stays down is read at growing intervals (25 ms doubling to 1 s, jittered), and a
+//!   runtime keeps at most [`MAX_PENDING`] such tasks at once: an outage does not become a storm of
+//!   reads when the store comes back.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::call_id::CallId;
+use crate::error::StoreError;
+use crate::journal::{Event, What};
+use crate::key::Key;
+use crate::receipt::ReceiptState;
+use crate::retry::Backoff;
+use crate::runtime::Runtime;
+
+/// At most this many unanswered claims are being given back by one runtime at once; beyond it, a
+/// claim is left to its lease (logged).
+pub(crate) const MAX_PENDING: usize = 1024;
+
+/// How a store failure leaves a claim: `true` when the store may have written it before failing.
+/// A refusal the store makes before writing anything (a store that may lose claims, a full one) is
+/// not such a failure.
+pub(crate) fn may_have_been_written(e: &StoreError) -> bool {
+    matches!(e, StoreError::Unavailable(_) | StoreError::Corrupt(_))
+}
+
+/// The claims a runtime is giving back (see [`MAX_PENDING`]).
+#[derive(Debug, Default)]
+pub(crate) struct Pending(AtomicUsize);
+
+/// A place among a runtime's [`Pending`] claims, given back when dropped.
+struct Place(Runtime);
+
+impl Place {
+    fn take(rt: &Runtime) -> Option<Place> {
+        rt.unanswered()
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_PENDING).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Place(rt.clone()))
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.0.unanswered().0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A claim sent to the store whose answer never came.
+pub(crate) struct Unanswered {
+    pub key: Key,
+    pub call_id: CallId,
+    /// Just before the claim was sent.
+    pub sent: Instant,
+    /// The runtime's time the claim was stamped with.
+    pub stamped_ms: u64,
+    /// The lease the claim asked for.
+    pub lease: Duration,
+    /// How long the key's journal keeps the release (the function's `ttl`).
+    pub keep_ms: u64,
+    /// What became of the answer: `"the store failed while answering it: …"`, `"its caller went
+    /// away"`.
+    pub why: String,
+}
+
+impl Unanswered {
+    /// Gives the claim back in a task of its own, if a tokio runtime is there to run it and the runtime
+    /// has room for one more (else the claim is left to its lease).
+    pub(crate) fn give_back(self, rt: &Runtime) {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                attempt = 0u32, why = %self.why,
+                "claim unanswered and no tokio runtime to give it back; it is left to its lease");
+            return;
+        };
+        let Some(place) = Place::take(rt) else {
+            tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                attempt = 0u32, why = %self.why, pending = MAX_PENDING,
+                "claim unanswered and too many being given back already; it is left to its lease");
+            return;
+        };
+        handle.spawn(async move { self.settle(&place.0).await });
+    }
+
+    async fn settle(self, rt: &Runtime) {
+        let store = rt.store();
+        let window = self.lease - self.lease / 8;
+        let deadline = self.sent + window;
+        let deadline_ms = self.stamped_ms.saturating_add(ms(window));
+        let backoff = Backoff::new(Duration::from_millis(25), Duration::from_secs(1), 0.5);
+        let mut rng = self.call_id.entropy();
+        for n in 0u32.. {
+            // Answered in time, by the runtime's clock too: a record read later may be a taker's,
+            // under this call's callId.
+            let read =
+                match tokio::time::timeout_at(deadline, store.get(&self.key, rt.now_ms())).await {
+                    Ok(read) if rt.now_ms() < deadline_ms => read,
+                    _ => break,
+                };
+            let error = match read {
+                Ok(None) => {
+                    tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                        attempt = 0u32, "unanswered claim was never written");
+                    return;
+                }
+                Ok(Some(record))
+                    if record.call_id == self.call_id
+                        && record.state == ReceiptState::Processing =>
+                {
+                    match store.release(&self.key, record.fence).await {
+                        Ok(()) => {
+                            self.released(rt, record.fence.0).await;
+                            return;
+                        }
+                        // Another owner holds the key now: it resolves it.
+                        Err(
+                            StoreError::Fenced { .. }
+                            | StoreError::NotFound
+                            | StoreError::InvalidTransition { .. },
+                        ) => return,
+                        Err(e) => e,
+                    }
+                }
+                // Another call's record: this claim was never written.
+                Ok(Some(_)) => return,
+                Err(e) => e,
+            };
+            let pause = backoff.delay(n, &mut rng);
+            tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                attempt = 0u32, error = %error, pause_ms = ms(pause), "unanswered claim: store failed; asking again");
+            if Instant::now() + pause >= deadline {
+                break;
+            }
+            tokio::time::sleep(pause).await;
+        }
+        tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+            attempt = 0u32, why = %self.why,
+            "claim unanswered and the store did not answer before its lease could end; it is left to its lease");
+    }
+
+    /// Logs and journals the release.
+    async fn released(&self, rt: &Runtime, fence: u64) {
+        tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+            attempt = 0u32, fence, why = %self.why, "gave back a claim whose answer never came; nothing ran");
+        let event = |at_ms, what| Event {
+            call_id: self.call_id.clone(),
+            at_ms,
+            node: rt.node().to_owned(),
+            what,
+        };
+        let events = [
+            event(self.stamped_ms, What::Claimed { fence }),
+            event(
+                rt.now_ms(),
+                What::Released {
+                    reason: format!("the claim's answer never came ({}); nothing ran", self.why),
+                    by: "call".to_owned(),
+                },
+            ),
+        ];
+        if let Err(e) = rt
+            .store()
+            .append_journal(&self.key, &events, self.keep_ms, rt.now_ms())
+            .await
+        {
+            tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                attempt = 0u32, error = %e, "could not journal the release of an unanswered claim");
+        }
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
