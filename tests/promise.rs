@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use samekey::journal::What;
 use samekey::store::StoreClock;
-use samekey::{idempotent, CallId, Error, ReceiptState, Runtime, Store, StoreError};
+use samekey::{idempotent, CallId, Error, Inbound, ReceiptState, Runtime, Store, StoreError};
 use support::faulty::{Act, Faulty, Gate};
 use support::stores::*;
 use support::{Fault, Remote, TestClock, TestError};
@@ -31,8 +31,13 @@ struct Svc {
 
 impl Svc {
     fn on(store: Arc<dyn Store>) -> Arc<Svc> {
+        let order = format!("o-{:x}", samekey::TraceId::new().as_u128());
+        Svc::on_node(store, TestClock::default(), order)
+    }
+
+    /// A node of its own (runtime, clock, remote side) over `store`, about `order`.
+    fn on_node(store: Arc<dyn Store>, clock: TestClock, order: String) -> Arc<Svc> {
         let store = Arc::new(Faulty::new(store));
-        let clock = TestClock::default();
         Arc::new(Svc {
             rt: Runtime::builder()
                 .node("promise")
@@ -43,7 +48,7 @@ impl Svc {
             remote: Remote::default(),
             store,
             clock,
-            order: format!("o-{:x}", samekey::TraceId::new().as_u128()),
+            order,
         })
     }
 
@@ -572,6 +577,97 @@ async fn an_unanswered_claim_is_left_to_its_lease_once_it_may_have_ended(store: 
     );
 }
 
+/// A callId adopted from an inbound request may be carried by other calls too: a caller retries with
+/// the same `X-Call-Id`, each retry a request of its own. The first request's claim fails (it was never
+/// written) and the retry claims the key under the same callId and runs. Nothing may take the record
+/// under that callId for the first request's unanswered claim and give it back while the retry runs:
+/// the retry records its outcome, and a third request replays it.
+async fn an_unanswered_claim_under_an_adopted_call_id_is_left_alone(store: Arc<dyn Store>) {
+    let svc = Svc::on(store);
+    let call_id = CallId::new("gw", "edge").unwrap();
+    let request = |svc: Arc<Svc>, call_id: CallId| async move {
+        Inbound::new()
+            .call_id(call_id)
+            .scope(svc.hold(&svc.order, 500))
+            .await
+    };
+    // Were the first request's claim handed to a task, the task's read would answer only now that
+    // the retry holds the key.
+    let reads = Gate::new();
+    svc.store.plan("claim", [Act::Fail(unavailable())]);
+    svc.store.plan("get", [Act::Before(reads.clone())]);
+    assert_eq!(
+        request(svc.clone(), call_id.clone()).await,
+        Err(TestError::Samekey(Error::Store(unavailable())))
+    );
+    let (retry, recording) = svc
+        .held_before("complete", [], {
+            let call_id = call_id.clone();
+            move |svc| request(svc, call_id)
+        })
+        .await;
+    reads.open();
+    // Whatever runs in the background meanwhile: the retry's claim stays the retry's.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let record = svc.store.inner().get(&svc.key(), svc.rt.now_ms()).await;
+    assert!(
+        matches!(&record, Ok(Some(r)) if r.state == ReceiptState::Processing && r.call_id == call_id),
+        "{record:?}"
+    );
+    recording.open();
+    assert_eq!(retry.await.unwrap(), Ok(500));
+    assert_eq!(svc.hold(&svc.order, 500).await, Ok(500));
+    assert_eq!(svc.remote.effects(&svc.order), 1);
+}
+
+/// Nodes whose clocks run apart, on a store that judges leases by the caller's clock: a duplicate on a
+/// node 3 s ahead takes over the unanswered claim while, by the first node's clock, the claim's lease
+/// still runs, and re-runs the call under the same callId. The first node's task then reads a
+/// `PROCESSING` record under its callId within its window: the taker's, running. It must stay
+/// (a take-over updates the record, a claim as written never was).
+async fn a_taker_s_record_is_never_given_back_whatever_the_clocks_say(store: Arc<dyn Store>) {
+    if store.clock() == StoreClock::Own {
+        // One clock judges every node's lease there: nothing to run apart.
+        return;
+    }
+    let svc = Svc::on(store.clone());
+    let ahead = TestClock::default();
+    ahead.advance(Duration::from_secs(3));
+    let other_node = Svc::on_node(store, ahead, svc.order.clone());
+    let reads = Gate::new();
+    svc.store.plan("claim", [Act::Lose(unavailable())]);
+    svc.store.plan("get", [Act::Before(reads.clone())]);
+    assert_eq!(
+        svc.rerun(&svc.order, 500).await,
+        Err(TestError::Samekey(Error::Store(unavailable())))
+    );
+    tokio::time::timeout(Duration::from_secs(10), reads.reached())
+        .await
+        .expect("nothing asked the store whether the unanswered claim was written");
+    let (taker, recording) = other_node
+        .held_before("complete", [], |svc| async move {
+            svc.rerun(&svc.order, 500).await
+        })
+        .await;
+    let taken = svc.store.inner().get(&svc.key(), svc.rt.now_ms()).await;
+    reads.open();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let now = svc.store.inner().get(&svc.key(), svc.rt.now_ms()).await;
+    assert!(
+        matches!((&taken, &now), (Ok(Some(a)), Ok(Some(b)))
+            if b.state == ReceiptState::Processing && a.fence == b.fence),
+        "{taken:?} then {now:?}"
+    );
+    recording.open();
+    assert_eq!(taker.await.unwrap(), Ok(500));
+    assert_eq!(other_node.remote.effects(&svc.order), 1);
+    assert_eq!(svc.hold(&svc.order, 500).await, Ok(500), "replayed");
+    assert!(
+        svc.remote.call_ids().is_empty(),
+        "the first node sent nothing"
+    );
+}
+
 support::on_stores!(memory, sqlite if "sqlite", postgres if "postgres", redis if "redis" => {
     an_unknown_is_never_without_its_entry,
     dropped_while_being_queued,
@@ -590,4 +686,6 @@ support::on_stores!(memory, sqlite if "sqlite", postgres if "postgres", redis if
     dropped_while_claiming_gives_the_key_back,
     a_claim_whose_answer_is_lost_is_given_back,
     an_unanswered_claim_is_left_to_its_lease_once_it_may_have_ended,
+    an_unanswered_claim_under_an_adopted_call_id_is_left_alone,
+    a_taker_s_record_is_never_given_back_whatever_the_clocks_say,
 });

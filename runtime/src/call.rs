@@ -10,7 +10,7 @@
 //! * Nothing runs without a claim: a store that fails makes the call fail closed with
 //!   [`Error::Store`]. A claim whose answer never came (the store failed while answering, or the
 //!   caller went away meanwhile) may have been written, and nothing ran under it: a task of its own
-//!   gives it back if the store answers before the claim's lease could end ([`crate::unanswered`]).
+//!   gives it back if the store answers within 7/8 of the claim's lease ([`crate::unanswered`]).
 //! * An uncertain outcome is never retried blindly and never reported as a failure: it is looked up by
 //!   callId, retried with the same callId only when the remote dedups (`on_unknown = "rerun"`), or
 //!   recorded `UNKNOWN`, queued for compensation and answered with [`Error::Unknown`].
@@ -368,6 +368,9 @@ struct Call<T, E> {
     /// A claim is on its way to a store that answers asynchronously, sent (stamped `claimed_ms`) at this
     /// instant: if its answer never comes, it is given back ([`crate::unanswered`]).
     claim_sent: Option<tokio::time::Instant>,
+    /// The callId was adopted from an inbound request: other calls may carry it too (the caller's
+    /// retries, arriving as requests of their own), so a record under it is not surely this call's.
+    adopted: bool,
     /// How the latest attempt ended, if not with a value (for a compensation entry).
     last_outcome: Option<AttemptOutcome>,
     /// The call's encoded inputs, when its function keeps them (`inputs = …`).
@@ -447,7 +450,7 @@ where
         }
     }
     let now = windowed.unwrap_or_else(|| rt.now_ms());
-    let (call_id, trace_id) = context::identify(spec.prefix, rt.node_label(), now);
+    let (call_id, trace_id, adopted) = context::identify(spec.prefix, rt.node_label(), now);
     let rng = rt.jitter_seed(&call_id);
     let dependency = rt.dependency(spec.budget);
     Begun::Run(Run(Call {
@@ -486,6 +489,7 @@ where
         claimed_ms: now,
         claimed_just_now: false,
         claim_sent: None,
+        adopted,
         last_outcome: None,
         inputs: None,
         dependency,
@@ -880,8 +884,15 @@ impl<T, E> Call<T, E> {
     }
 
     /// Hands a claim sent at `sent` whose answer never came to a task that gives it back if it was
-    /// written ([`crate::unanswered`]).
+    /// written ([`crate::unanswered`]). Not under an adopted callId: a record carrying it may be
+    /// another call's, running; such a claim is left to its lease.
     fn unanswered(&self, sent: tokio::time::Instant, why: String) {
+        if self.adopted {
+            tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                attempt = 0u32, why = %why,
+                "claim unanswered under an adopted callId, which other calls may carry; it is left to its lease");
+            return;
+        }
         Unanswered {
             key: self.key.clone(),
             call_id: self.call_id.clone(),

@@ -457,6 +457,11 @@ pub async fn take_over_rules(store: Arc<dyn Store>) {
     assert_eq!(record.state, ReceiptState::Processing);
     assert_eq!(record.call_id, owner, "take-over keeps the recorded callId");
     assert_eq!(record.lease_until_ms, Some(record.updated_ms + 5_000));
+    // What tells a taker's record from the claim as written (`crate::unanswered`).
+    assert!(
+        record.updated_ms > record.created_ms,
+        "a take-over updates the record: {record:?}"
+    );
     match store
         .take_over(&key, fence, 5_000, time.now + 9_000)
         .await

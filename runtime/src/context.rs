@@ -202,8 +202,6 @@ impl Inbound {
     }
 }
 
-/// The callId and traceId of a call that is starting: adopted from an inbound context when one is
-/// waiting, else new; the traceId is inherited from the enclosing call or inbound context.
 /// Whether this task runs in an [`Inbound`] scope whose callId no call has adopted yet.
 pub(crate) fn inbound_pending() -> bool {
     SCOPE
@@ -216,7 +214,11 @@ pub(crate) fn inbound_pending() -> bool {
         .unwrap_or(false)
 }
 
-pub(crate) fn identify(prefix: &'static str, node: &Label, now_ms: u64) -> (CallId, TraceId) {
+/// The callId and traceId of a call that is starting: adopted from an inbound context when one is
+/// waiting, else new; the traceId is inherited from the enclosing call or inbound context. The flag
+/// says whether the callId was adopted: other calls (the caller's retries, arriving as requests of
+/// their own) may carry it too, whereas a new one is this call's alone.
+pub(crate) fn identify(prefix: &'static str, node: &Label, now_ms: u64) -> (CallId, TraceId, bool) {
     let found = SCOPE.try_with(|scope| match scope {
         Scope::Call(outer) => (None, outer.trace_id),
         Scope::Inbound(inbound) => {
@@ -228,7 +230,12 @@ pub(crate) fn identify(prefix: &'static str, node: &Label, now_ms: u64) -> (Call
         }
     });
     let (adopted, trace_id) = found.unwrap_or_else(|_| (None, TraceId::new()));
-    let call_id = adopted
-        .unwrap_or_else(|| CallId::generate_at(Label::from_static(prefix), node.clone(), now_ms));
-    (call_id, trace_id)
+    match adopted {
+        Some(call_id) => (call_id, trace_id, true),
+        None => (
+            CallId::generate_at(Label::from_static(prefix), node.clone(), now_ms),
+            trace_id,
+            false,
+        ),
+    }
 }

@@ -40,8 +40,9 @@ pub enum Error {
         attempts: u32,
     },
     /// The store failed; the call failed closed: nothing ran. Should the store have written the claim
-    /// before it failed to answer, the claim is given back once the store answers again, before its
-    /// lease could end (else it is left to its lease, as a vanished owner's).
+    /// before it failed to answer, a task gives the claim back once the store answers again, within
+    /// 7/8 of its lease (else, or under a callId adopted from an inbound request, the claim is left to
+    /// its lease, as a vanished owner's).
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The stored outcome of an earlier call could not be decoded into this function's types.

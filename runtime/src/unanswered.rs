@@ -10,14 +10,26 @@
 //!
 //! # Guarantees
 //!
-//! * A read is trusted only if it was answered before the claim's lease could have ended: within
-//!   7/8 of the lease, counted from before the claim was sent, both on a monotonic clock and on the
-//!   runtime's. No one can take a key over before its lease ends, by the store's clock or by the
-//!   caller's, and the lease began no earlier than the claim was sent; so a record read in time that
-//!   carries this call's callId and is `PROCESSING` is this call's own claim, under which nothing ran.
-//! * The release is fenced: a take-over between the read and the release makes the store refuse it.
-//! * Past the window, or without a tokio runtime to run the task, the claim is left to its lease, as
-//!   any vanished owner's: the next call takes it over and asks `lookup`, or leaves it `UNKNOWN`.
+//! * Only a record that is this call's claim as written is released: it carries the call's callId,
+//!   is `PROCESSING`, was never updated since it was created (a take-over, a lease extension or a
+//!   callback update it), and, on a store that keeps the caller's time, was stamped with the claim's
+//!   time. The release is fenced with the fence read: a change between the read and the release makes
+//!   the store refuse it.
+//! * And only a record read before the claim's lease could end: the read must be answered within 7/8
+//!   of the lease, counted from just before the claim was sent on a monotonic clock (a store that
+//!   judges by its own clock starts the lease when it applies the claim, later) and from the claim's
+//!   stamp on the runtime's clock (a store that judges by the caller's clock starts it there). Until
+//!   the lease ends nobody can take the key over; the margin of 1/8 covers clocks that run apart, and
+//!   the "never updated" check holds whatever they do.
+//! * Only a callId the call made itself is trusted so: one adopted from an inbound request may be
+//!   carried by other calls too (the caller's retries, each a request of its own), one of which may
+//!   hold the key and be running. A claim under an adopted callId is left to its lease.
+//! * No record found is asked again twice (after 100 and 300 ms) before the task concludes that the
+//!   claim was never written: a statement the server runs on after its client went away may still
+//!   commit.
+//! * Past the window, without a tokio runtime to run the task, or beyond [`MAX_PENDING`] tasks, the
+//!   claim is left to its lease, as any vanished owner's: the next call takes it over and asks
+//!   `lookup`, or leaves it `UNKNOWN`.
 //! * A store that stays down is read at growing intervals (25 ms doubling to 1 s, jittered), and a
 //!   runtime keeps at most [`MAX_PENDING`] such tasks at once: an outage does not become a storm of
 //!   reads when the store comes back.
@@ -31,13 +43,18 @@ use crate::call_id::CallId;
 use crate::error::StoreError;
 use crate::journal::{Event, What};
 use crate::key::Key;
-use crate::receipt::ReceiptState;
+use crate::receipt::{Receipt, ReceiptState};
 use crate::retry::Backoff;
 use crate::runtime::Runtime;
+use crate::store::StoreClock;
 
 /// At most this many unanswered claims are being given back by one runtime at once; beyond it, a
 /// claim is left to its lease (logged).
 pub(crate) const MAX_PENDING: usize = 1024;
+
+/// The pauses before each read that asks again after one found no record: a claim sent just before
+/// its caller went away may still be on its way.
+const ABSENT_PAUSES: [Duration; 2] = [Duration::from_millis(100), Duration::from_millis(300)];
 
 /// How a store failure leaves a claim: `true` when the store may have written it before failing.
 /// A refusal the store makes before writing anything (a store that may lose claims, a full one) is
@@ -109,11 +126,14 @@ impl Unanswered {
 
     async fn settle(self, rt: &Runtime) {
         let store = rt.store();
+        let caller_clock = store.clock() == StoreClock::Caller;
         let window = self.lease - self.lease / 8;
         let deadline = self.sent + window;
         let deadline_ms = self.stamped_ms.saturating_add(ms(window));
         let backoff = Backoff::new(Duration::from_millis(25), Duration::from_secs(1), 0.5);
         let mut rng = self.call_id.entropy();
+        let mut absent = ABSENT_PAUSES.iter();
+        let mut released = None;
         for n in 0u32.. {
             // Answered in time, by the runtime's clock too: a record read later may be a taker's,
             // under this call's callId.
@@ -122,16 +142,26 @@ impl Unanswered {
                     Ok(read) if rt.now_ms() < deadline_ms => read,
                     _ => break,
                 };
-            let error = match read {
+            let (pause, error) = match read {
                 Ok(None) => {
-                    tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                        attempt = 0u32, "unanswered claim was never written");
-                    return;
+                    if let Some(fence) = released {
+                        // A release that was applied although its answer failed.
+                        self.released(rt, fence).await;
+                        return;
+                    }
+                    // The claim may still be on its way to the store (a statement the server runs
+                    // on after its client went away): ask again before concluding.
+                    match absent.next() {
+                        Some(pause) => (*pause, None),
+                        None => {
+                            tracing::debug!(target: "samekey", call_id = %self.call_id,
+                                key = %self.key.short(), attempt = 0u32, "unanswered claim was never written");
+                            return;
+                        }
+                    }
                 }
-                Ok(Some(record))
-                    if record.call_id == self.call_id
-                        && record.state == ReceiptState::Processing =>
-                {
+                Ok(Some(record)) if self.is_own(&record, caller_clock) => {
+                    released = Some(record.fence.0);
                     match store.release(&self.key, record.fence).await {
                         Ok(()) => {
                             self.released(rt, record.fence.0).await;
@@ -143,16 +173,18 @@ impl Unanswered {
                             | StoreError::NotFound
                             | StoreError::InvalidTransition { .. },
                         ) => return,
-                        Err(e) => e,
+                        Err(e) => (backoff.delay(n, &mut rng), Some(e)),
                     }
                 }
-                // Another call's record: this claim was never written.
+                // Another call's record (or one that moved on): this claim was never written, or
+                // is no longer a claim nobody ran under.
                 Ok(Some(_)) => return,
-                Err(e) => e,
+                Err(e) => (backoff.delay(n, &mut rng), Some(e)),
             };
-            let pause = backoff.delay(n, &mut rng);
-            tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                attempt = 0u32, error = %error, pause_ms = ms(pause), "unanswered claim: store failed; asking again");
+            if let Some(error) = error {
+                tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                    attempt = 0u32, error = %error, pause_ms = ms(pause), "unanswered claim: store failed; asking again");
+            }
             if Instant::now() + pause >= deadline {
                 break;
             }
@@ -161,6 +193,16 @@ impl Unanswered {
         tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = 0u32, why = %self.why,
             "claim unanswered and the store did not answer before its lease could end; it is left to its lease");
+    }
+
+    /// Whether `record` is this call's claim, as written and never touched since: its callId,
+    /// `PROCESSING`, never updated (a take-over, a lease extension or a callback would have), and, on a
+    /// store that keeps the caller's time, stamped with this claim's time.
+    fn is_own(&self, record: &Receipt, caller_clock: bool) -> bool {
+        record.call_id == self.call_id
+            && record.state == ReceiptState::Processing
+            && record.updated_ms == record.created_ms
+            && (!caller_clock || record.created_ms == self.stamped_ms)
     }
 
     /// Logs and journals the release.

@@ -192,11 +192,14 @@ impl<S: Store> LocalCache<S> {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Forgets what a claim of `key` knew, and returns it if it was taken under `fence`.
+    /// Forgets what a claim of `key` taken under `fence` knew, and returns it. What a later claim
+    /// (another fence) knew stays.
     fn disown(&self, key: &Key, fence: Fence) -> Option<Owned> {
-        self.owned()
-            .remove(key.digest())
-            .filter(|o| o.fence == fence)
+        let mut owned = self.owned();
+        match owned.get(key.digest()) {
+            Some(o) if o.fence == fence => owned.remove(key.digest()),
+            _ => None,
+        }
     }
 }
 

@@ -35,9 +35,12 @@
 //!   [`JOURNAL_LIMIT`](crate::journal::JOURNAL_LIMIT) events, for as long as its record lives and at
 //!   least the `keep_ms` of the latest append.
 //! * **Failing closed.** An unreachable store answers [`StoreError::Unavailable`]; callers run nothing.
-//!   A write the store applied before it failed to answer (a crash after the commit) answers an error
-//!   too: a caller whose claim got [`StoreError::Unavailable`] or [`StoreError::Corrupt`] reads the key
-//!   again later and gives back a claim it finds under its callId.
+//!   A write the store may have applied before it failed to answer (a crash after the commit, a
+//!   connection reset) must fail with [`StoreError::Unavailable`] or [`StoreError::Corrupt`], never
+//!   with a refusal: the caller then reads the key again and releases its claim if it finds it as
+//!   written (`PROCESSING`, its callId, `updated_ms == created_ms`, and on a [`StoreClock::Caller`]
+//!   store `created_ms` the claim's `now_ms`). So a claim's record is created with `updated_ms` equal
+//!   to `created_ms`, and a take-over updates `updated_ms`.
 
 mod local;
 mod memory;

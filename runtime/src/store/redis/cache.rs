@@ -113,10 +113,14 @@ impl<D: Store> CachedStore<D> {
         drop(self.cache.writes.acquire_many(all).await);
     }
 
-    /// Forgets what a claim of `key` knew, and returns it if it was taken under `fence`.
+    /// Forgets what a claim of `key` taken under `fence` knew, and returns it. What a later claim
+    /// (another fence) knew stays.
     fn disown(&self, key: &Key, fence: Fence) -> Option<Owned> {
         let mut owned = self.cache.owned.lock().unwrap_or_else(|e| e.into_inner());
-        owned.remove(key.digest()).filter(|o| o.fence == fence)
+        match owned.get(key.digest()) {
+            Some(o) if o.fence == fence => owned.remove(key.digest()),
+            _ => None,
+        }
     }
 
     /// The cached finished receipt of `key`: one Redis still holds (its entry expires with the receipt)
