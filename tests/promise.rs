@@ -103,10 +103,11 @@ impl Svc {
             .collect()
     }
 
-    /// A duplicate (`hold`: no lookup) called before the first call's lease ends, on the clock of
-    /// any store: answered within a second.
+    /// A duplicate (`hold`: no lookup) of a call whose claim was given back: it runs (bounded at 10 s,
+    /// well short of the 30 s it would wait for a live claim on a store that judges by the caller's
+    /// clock; on the others a claim left to its lease would answer `Unknown`).
     async fn duplicate_in_time(&self) -> Result<u64, TestError> {
-        tokio::time::timeout(Duration::from_secs(1), self.hold(&self.order, 500))
+        tokio::time::timeout(Duration::from_secs(10), self.hold(&self.order, 500))
             .await
             .expect("the duplicate waited for a claim that should have been given back")
     }
@@ -668,6 +669,23 @@ async fn a_taker_s_record_is_never_given_back_whatever_the_clocks_say(store: Arc
     );
 }
 
+/// The store applies the claim, and the client sends it again after a reset (as the Redis Cluster
+/// client does): the second answer is the record the first wrote, this call's own claim. The call owns
+/// the key under that claim's fence and runs, once; it neither waits for itself nor leaves itself
+/// `UNKNOWN`.
+async fn a_claim_sent_twice_is_the_call_s_own(store: Arc<dyn Store>) {
+    let svc = Svc::on(store);
+    svc.store.plan("claim", [Act::Resend]);
+    let first = tokio::time::timeout(Duration::from_secs(10), svc.hold(&svc.order, 500))
+        .await
+        .expect("the call waited for its own claim");
+    assert_eq!(first, Ok(500));
+    assert_eq!(svc.remote.effects(&svc.order), 1);
+    assert_eq!(svc.hold(&svc.order, 500).await, Ok(500), "replayed");
+    assert_eq!(svc.remote.effects(&svc.order), 1);
+    assert!(svc.queued().await.is_empty());
+}
+
 support::on_stores!(memory, sqlite if "sqlite", postgres if "postgres", redis if "redis" => {
     an_unknown_is_never_without_its_entry,
     dropped_while_being_queued,
@@ -688,4 +706,5 @@ support::on_stores!(memory, sqlite if "sqlite", postgres if "postgres", redis if
     an_unanswered_claim_is_left_to_its_lease_once_it_may_have_ended,
     an_unanswered_claim_under_an_adopted_call_id_is_left_alone,
     a_taker_s_record_is_never_given_back_whatever_the_clocks_say,
+    a_claim_sent_twice_is_the_call_s_own,
 });

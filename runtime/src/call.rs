@@ -10,7 +10,9 @@
 //! * Nothing runs without a claim: a store that fails makes the call fail closed with
 //!   [`Error::Store`]. A claim whose answer never came (the store failed while answering, or the
 //!   caller went away meanwhile) may have been written, and nothing ran under it: a task of its own
-//!   gives it back if the store answers within 7/8 of the claim's lease ([`crate::unanswered`]).
+//!   gives it back if the store answers within 7/8 of the claim's lease and the callId is the call's
+//!   own, not adopted ([`crate::unanswered`]). A claim the store answers as existing although this
+//!   call wrote it (a client that sent it again) is owned, under its fence.
 //! * An uncertain outcome is never retried blindly and never reported as a failure: it is looked up by
 //!   callId, retried with the same callId only when the remote dedups (`on_unknown = "rerun"`), or
 //!   recorded `UNKNOWN`, queued for compensation and answered with [`Error::Unknown`].
@@ -53,7 +55,7 @@ use crate::receipt::{Fence, Receipt, ReceiptState};
 use crate::retry::Backoff;
 use crate::runtime::Runtime;
 use crate::stats::Counter;
-use crate::store::{Claim, Claimed, Completion, Store};
+use crate::store::{Claim, Claimed, Completion, Store, StoreClock};
 use crate::unanswered::{self, Unanswered};
 
 /// What a duplicate does while the first call still runs.
@@ -846,6 +848,11 @@ impl<T, E> Call<T, E> {
                         attempt = 0u32, fence = fence.0, function = self.spec.name, "claimed");
                     return Step::Attempt;
                 }
+                Ok(Claimed::Existing(record))
+                    if sent.is_some() && self.sent_by_this_call(&record, now) =>
+                {
+                    return Box::pin(self.own_claim_answered_again(record, sent)).await;
+                }
                 Ok(Claimed::Existing(record)) => match Box::pin(self.held(record)).await {
                     Held::Step(step) => return step,
                     Held::Reclaim => now = self.rt.now_ms(),
@@ -879,6 +886,47 @@ impl<T, E> Call<T, E> {
                     dependency: self.dependency.name.clone(),
                     limit: refused.limit,
                 }))
+            }
+        }
+    }
+
+    /// Whether an existing `record` is the claim this call sent, stamped `now`, as written: a store
+    /// client that re-sent it after a reset (the Redis Cluster client does) gets it back as existing.
+    fn sent_by_this_call(&self, record: &Receipt, now: u64) -> bool {
+        !self.adopted
+            && unanswered::written_as_sent(
+                record,
+                &self.call_id,
+                now,
+                self.rt.store().clock() == StoreClock::Caller,
+            )
+    }
+
+    /// Owns the key under the fence of this call's own claim, answered again as existing: nobody else
+    /// writes under a callId this call made, and nobody took it over. Its lease ran while the claim was
+    /// sent again, so it is renewed before the attempt; a refusal means another owner holds the key now,
+    /// and a failing store hands the claim to a task that gives it back.
+    async fn own_claim_answered_again(
+        &mut self,
+        record: Receipt,
+        sent: Option<tokio::time::Instant>,
+    ) -> Step<T, E> {
+        tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+            attempt = 0u32, fence = record.fence.0, "the store answered this call's own claim as existing (sent again); it is this call's");
+        self.fence = Some(record.fence);
+        self.count(Counter::Claims);
+        match self.extend_lease(Duration::ZERO).await {
+            Ok(()) => Step::Attempt,
+            Err(e) if lost(&e) => self.fenced_out(None).await,
+            Err(e) => {
+                self.fence = None;
+                if let Some(sent) = sent {
+                    self.unanswered(
+                        sent,
+                        format!("the store failed while renewing its lease: {e}"),
+                    );
+                }
+                self.store_failed(e)
             }
         }
     }

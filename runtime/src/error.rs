@@ -39,10 +39,11 @@ pub enum Error {
         /// How many attempts were made.
         attempts: u32,
     },
-    /// The store failed; the call failed closed: nothing ran. Should the store have written the claim
-    /// before it failed to answer, a task gives the claim back once the store answers again, within
-    /// 7/8 of its lease (else, or under a callId adopted from an inbound request, the claim is left to
-    /// its lease, as a vanished owner's).
+    /// The store failed; the call failed closed: nothing ran. Should the store have written the
+    /// call's claim before it failed to answer, a task gives the claim back once the store answers
+    /// again within 7/8 of its lease. Otherwise (later, under a callId adopted from an inbound request,
+    /// without a tokio runtime, beyond 1 024 such tasks, or a take-over's answer lost: the earlier
+    /// owner may have run) the key is left to its lease, as a vanished owner's.
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The stored outcome of an earlier call could not be decoded into this function's types.

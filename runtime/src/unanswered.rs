@@ -11,8 +11,8 @@
 //! # Guarantees
 //!
 //! * Only a record that is this call's claim as written is released: it carries the call's callId,
-//!   is `PROCESSING`, was never updated since it was created (a take-over, a lease extension or a
-//!   callback update it), and, on a store that keeps the caller's time, was stamped with the claim's
+//!   is `PROCESSING`, was never updated since it was created (a take-over or a callback's state
+//!   updates it), and, on a store that keeps the caller's time, was stamped with the claim's
 //!   time. The release is fenced with the fence read: a change between the read and the release makes
 //!   the store refuse it.
 //! * And only a record read before the claim's lease could end: the read must be answered within 7/8
@@ -24,15 +24,16 @@
 //! * Only a callId the call made itself is trusted so: one adopted from an inbound request may be
 //!   carried by other calls too (the caller's retries, each a request of its own), one of which may
 //!   hold the key and be running. A claim under an adopted callId is left to its lease.
-//! * No record found is asked again twice (after 100 and 300 ms) before the task concludes that the
-//!   claim was never written: a statement the server runs on after its client went away may still
-//!   commit.
+//! * No record found is asked again twice (after a pause of 100 ms, then of 300 ms) before the task
+//!   concludes that the claim was never written: a statement the server runs on after its client went
+//!   away may still commit. A claim that lands later still is left to its lease.
 //! * Past the window, without a tokio runtime to run the task, or beyond [`MAX_PENDING`] tasks, the
 //!   claim is left to its lease, as any vanished owner's: the next call takes it over and asks
 //!   `lookup`, or leaves it `UNKNOWN`.
 //! * A store that stays down is read at growing intervals (25 ms doubling to 1 s, jittered), and a
-//!   runtime keeps at most [`MAX_PENDING`] such tasks at once: an outage does not become a storm of
-//!   reads when the store comes back.
+//!   runtime keeps at most [`MAX_PENDING`] such tasks at once, so the reads an outage causes are
+//!   bounded (a claim that failed before it left the process, a pool that timed out, is asked about
+//!   too: the error does not say).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -61,6 +62,23 @@ const ABSENT_PAUSES: [Duration; 2] = [Duration::from_millis(100), Duration::from
 /// not such a failure.
 pub(crate) fn may_have_been_written(e: &StoreError) -> bool {
     matches!(e, StoreError::Unavailable(_) | StoreError::Corrupt(_))
+}
+
+/// Whether `record` is the claim that `call_id` (made by its call, not adopted) sent stamped
+/// `stamped_ms`, as written and never touched since: that callId, `PROCESSING`, never updated (a
+/// take-over, or a callback's state, would have updated it), and, on a store that keeps the caller's
+/// time (`caller_clock`), stamped with the claim's time. Nobody else writes a record under a callId a
+/// call made, and nobody took this one over.
+pub(crate) fn written_as_sent(
+    record: &Receipt,
+    call_id: &CallId,
+    stamped_ms: u64,
+    caller_clock: bool,
+) -> bool {
+    record.call_id == *call_id
+        && record.state == ReceiptState::Processing
+        && record.updated_ms == record.created_ms
+        && (!caller_clock || record.created_ms == stamped_ms)
 }
 
 /// The claims a runtime is giving back (see [`MAX_PENDING`]).
@@ -160,7 +178,9 @@ impl Unanswered {
                         }
                     }
                 }
-                Ok(Some(record)) if self.is_own(&record, caller_clock) => {
+                Ok(Some(record))
+                    if written_as_sent(&record, &self.call_id, self.stamped_ms, caller_clock) =>
+                {
                     released = Some(record.fence.0);
                     match store.release(&self.key, record.fence).await {
                         Ok(()) => {
@@ -176,9 +196,15 @@ impl Unanswered {
                         Err(e) => (backoff.delay(n, &mut rng), Some(e)),
                     }
                 }
-                // Another call's record (or one that moved on): this claim was never written, or
-                // is no longer a claim nobody ran under.
-                Ok(Some(_)) => return,
+                // Another call's record (or one that moved on): this claim was never written, was
+                // given back by a release whose answer failed, or is no longer a claim nobody ran
+                // under.
+                Ok(Some(_)) => {
+                    if let Some(fence) = released {
+                        self.released(rt, fence).await;
+                    }
+                    return;
+                }
                 Err(e) => (backoff.delay(n, &mut rng), Some(e)),
             };
             if let Some(error) = error {
@@ -192,17 +218,7 @@ impl Unanswered {
         }
         tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = 0u32, why = %self.why,
-            "claim unanswered and the store did not answer before its lease could end; it is left to its lease");
-    }
-
-    /// Whether `record` is this call's claim, as written and never touched since: its callId,
-    /// `PROCESSING`, never updated (a take-over, a lease extension or a callback would have), and, on a
-    /// store that keeps the caller's time, stamped with this claim's time.
-    fn is_own(&self, record: &Receipt, caller_clock: bool) -> bool {
-        record.call_id == self.call_id
-            && record.state == ReceiptState::Processing
-            && record.updated_ms == record.created_ms
-            && (!caller_clock || record.created_ms == self.stamped_ms)
+            "claim unanswered and not settled within 7/8 of its lease; it is left to its lease");
     }
 
     /// Logs and journals the release.

@@ -26,6 +26,9 @@ pub enum Act {
     /// Reaches the store, then fails with this error: the operation took effect and its answer was
     /// lost (a server that crashed after its commit, a connection reset).
     Lose(StoreError),
+    /// Reaches the store twice, and answers the second time: a client that re-sent the operation
+    /// after a reset, once the first had taken effect (the Redis Cluster client does). `claim` only.
+    Resend,
 }
 
 /// A gate an operation waits at until the test opens it. Cloning shares it.
@@ -140,6 +143,7 @@ impl Faulty {
             .and_then(VecDeque::pop_front);
         match act {
             None => call.await,
+            Some(Act::Resend) => panic!("Act::Resend is for claim only"),
             Some(Act::Fail(e)) => Err(e),
             Some(Act::Lose(e)) => call.await.and(Err(e)),
             Some(Act::Before(gate)) => {
@@ -158,6 +162,21 @@ impl Faulty {
 #[async_trait]
 impl Store for Faulty {
     async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError> {
+        let resend = {
+            let mut plan = self.plan.lock().unwrap();
+            let next = plan.get_mut("claim");
+            match next {
+                Some(acts) if matches!(acts.front(), Some(Act::Resend)) => {
+                    acts.pop_front().is_some()
+                }
+                _ => false,
+            }
+        };
+        if resend && !self.down.load(Ordering::SeqCst) {
+            self.ops.lock().unwrap().push("claim");
+            self.inner.claim(claim.clone()).await?;
+            return self.inner.claim(claim).await;
+        }
         self.run("claim", self.inner.claim(claim)).await
     }
     async fn take_over(&self, key: &Key, f: Fence, l: u64, n: u64) -> Result<Claimed, StoreError> {

@@ -216,8 +216,11 @@ impl<S: Store> Store for LocalCache<S> {
             Claimed::Existing(receipt) => self.keep_read(receipt, now_ms).await,
             Claimed::Acquired(fence) => {
                 let mut owned = self.owned();
-                // Bounded like the receipts: past it, a completion is kept at its first read.
-                if owned.len() < self.shard_capacity.saturating_mul(SHARDS) {
+                // Bounded like the receipts: past it, a completion is kept at its first read. An
+                // earlier owner's entry for the key is replaced.
+                if owned.contains_key(&digest)
+                    || owned.len() < self.shard_capacity.saturating_mul(SHARDS)
+                {
                     owned.insert(
                         digest,
                         Owned {
@@ -240,7 +243,15 @@ impl<S: Store> Store for LocalCache<S> {
         lease_ms: u64,
         now_ms: u64,
     ) -> Result<Claimed, StoreError> {
-        self.inner.take_over(key, expected, lease_ms, now_ms).await
+        let taken = self
+            .inner
+            .take_over(key, expected, lease_ms, now_ms)
+            .await?;
+        if let Claimed::Acquired(_) = taken {
+            // What an earlier owner of the key knew is superseded.
+            self.owned().remove(key.digest());
+        }
+        Ok(taken)
     }
 
     async fn extend_lease(
@@ -250,7 +261,15 @@ impl<S: Store> Store for LocalCache<S> {
         lease_ms: u64,
         now_ms: u64,
     ) -> Result<(), StoreError> {
-        self.inner.extend_lease(key, fence, lease_ms, now_ms).await
+        let extended = self.inner.extend_lease(key, fence, lease_ms, now_ms).await;
+        if let Err(
+            StoreError::Fenced { .. } | StoreError::NotFound | StoreError::InvalidTransition { .. },
+        ) = extended
+        {
+            // The key is no longer this owner's.
+            self.disown(key, fence);
+        }
+        extended
     }
 
     async fn complete(

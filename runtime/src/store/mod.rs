@@ -40,7 +40,7 @@
 //!   with a refusal: the caller then reads the key again and releases its claim if it finds it as
 //!   written (`PROCESSING`, its callId, `updated_ms == created_ms`, and on a [`StoreClock::Caller`]
 //!   store `created_ms` the claim's `now_ms`). So a claim's record is created with `updated_ms` equal
-//!   to `created_ms`, and a take-over updates `updated_ms`.
+//!   to `created_ms`, and a take-over sets `updated_ms` later than `created_ms`.
 
 mod local;
 mod memory;

@@ -251,9 +251,16 @@ impl<D: Store> Store for CachedStore<D> {
         lease_ms: u64,
         now_ms: u64,
     ) -> Result<Claimed, StoreError> {
-        self.durable
+        let taken = self
+            .durable
             .take_over(key, expected, lease_ms, now_ms)
-            .await
+            .await?;
+        if let Claimed::Acquired(_) = taken {
+            // What an earlier owner of the key knew is superseded.
+            let mut owned = self.cache.owned.lock().unwrap_or_else(|e| e.into_inner());
+            owned.remove(key.digest());
+        }
+        Ok(taken)
     }
 
     async fn extend_lease(
@@ -263,9 +270,18 @@ impl<D: Store> Store for CachedStore<D> {
         lease_ms: u64,
         now_ms: u64,
     ) -> Result<(), StoreError> {
-        self.durable
+        let extended = self
+            .durable
             .extend_lease(key, fence, lease_ms, now_ms)
-            .await
+            .await;
+        if let Err(
+            StoreError::Fenced { .. } | StoreError::NotFound | StoreError::InvalidTransition { .. },
+        ) = extended
+        {
+            // The key is no longer this owner's.
+            self.disown(key, fence);
+        }
+        extended
     }
 
     fn clock(&self) -> StoreClock {
