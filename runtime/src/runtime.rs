@@ -502,8 +502,12 @@ impl Builder {
     /// A function with a `timeout` does not use this setting: its lease is its timeout plus the
     /// larger of the timeout and one second (`timeout = "3s"` holds the key 6 s at a time), since no
     /// attempt outlives its timeout.
+    ///
+    /// At least one millisecond (a shorter lease is taken as 1 ms): a take-over then always comes at a
+    /// later millisecond than the claim it takes over, which is how a claim as written is told from a
+    /// taken-over one.
     pub fn lease(mut self, lease: Duration) -> Builder {
-        self.settings.lease = lease;
+        self.settings.lease = lease.max(Duration::from_millis(1));
         self
     }
 

@@ -829,7 +829,18 @@ impl Store for RedisStore {
             return Ok(Claimed::Acquired(fence));
         }
         match parse_record(claim.key.scope(), &answer_fields(&answer)?)? {
-            Some(record) => Ok(Claimed::Existing(record)),
+            Some(record) => {
+                if record.call_id == claim.call_id {
+                    // This claim's own record: the client sent the script again after a reset, once
+                    // the first had taken the key. Its indexes were never written; the call may own it.
+                    let entry = Unindexed {
+                        call_id: claim.call_id,
+                        created_ms: record.created_ms,
+                    };
+                    self.index_soon(&claim.key, entry);
+                }
+                Ok(Claimed::Existing(record))
+            }
             None => Err(StoreError::Unavailable(
                 "the key's record changed during the claim".into(),
             )),
