@@ -207,6 +207,13 @@ async fn uncertain_call_held_before(
     (svc, task, gate)
 }
 
+/// Waits (up to 10 s) until the task that gives an unanswered claim back reads the key, held at `reads`.
+async fn until_asked(reads: &Gate) {
+    tokio::time::timeout(Duration::from_secs(10), reads.reached())
+        .await
+        .expect("nothing asked the store whether the unanswered claim was written");
+}
+
 /// The caller of a held call goes away.
 async fn cancel(task: tokio::task::JoinHandle<Result<u64, TestError>>) {
     task.abort();
@@ -538,9 +545,9 @@ async fn a_claim_whose_answer_is_lost_is_given_back(store: Arc<dyn Store>) {
 }
 
 /// As above, but the store's answer to the read comes only after the claim's lease could have ended:
-/// a record read then may be a taker's (which continues under the same callId), so the claim is left to its lease,
-/// as any vanished owner's. A duplicate without `lookup` takes it over and holds it `UNKNOWN`; nothing
-/// runs.
+/// a record read then may be a taker's (which continues under the same callId), so the claim is left
+/// to its lease, as any vanished owner's. A duplicate without `lookup` takes it over and holds it
+/// `UNKNOWN`; nothing runs.
 async fn an_unanswered_claim_is_left_to_its_lease_once_it_may_have_ended(store: Arc<dyn Store>) {
     let svc = Svc::on(store);
     let reads = Gate::new();
@@ -550,9 +557,7 @@ async fn an_unanswered_claim_is_left_to_its_lease_once_it_may_have_ended(store: 
         svc.hold(&svc.order, 500).await,
         Err(TestError::Samekey(Error::Store(unavailable())))
     );
-    tokio::time::timeout(Duration::from_secs(10), reads.reached())
-        .await
-        .expect("nothing asked the store whether the unanswered claim was written");
+    until_asked(&reads).await;
     svc.pass_lease().await;
     reads.open();
     // The read answers now, too late: the claim must still be there once the task acted on it.
@@ -642,9 +647,7 @@ async fn a_taker_s_record_is_never_given_back_whatever_the_clocks_say(store: Arc
         svc.rerun(&svc.order, 500).await,
         Err(TestError::Samekey(Error::Store(unavailable())))
     );
-    tokio::time::timeout(Duration::from_secs(10), reads.reached())
-        .await
-        .expect("nothing asked the store whether the unanswered claim was written");
+    until_asked(&reads).await;
     let (taker, recording) = other_node
         .held_before("complete", [], |svc| async move {
             svc.rerun(&svc.order, 500).await
