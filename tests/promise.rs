@@ -185,6 +185,11 @@ fn unavailable() -> StoreError {
     StoreError::Unavailable("connection reset (test)".into())
 }
 
+/// The call failed closed on the store's `unavailable()`.
+fn failed_closed(out: Result<u64, TestError>) {
+    assert_eq!(out, Err(TestError::Samekey(Error::Store(unavailable()))));
+}
+
 /// An uncertain call (`hold`, its reply lost: handed to compensation) in a task of its own, held just
 /// before `step`, with the gate that lets it on.
 async fn uncertain_call_held_before(
@@ -334,14 +339,10 @@ async fn owner_back_after_a_take_over(
     assert_eq!(svc.remote.effects(&svc.order), 1);
 }
 
-/// Issue 6, case 6: the owner stalls right after it extended its lease for a backoff; meanwhile the key
-/// is taken over and the call run to its end under the same callId. Back, the owner confirms its key
-/// before sending again, finds it lost, and answers the recorded outcome: nothing is sent twice.
-async fn owner_confirms_its_key_before_a_retry(store: Arc<dyn Store>) {
-    let svc = Svc::on(store);
-    svc.remote.script([Fault::Unavailable]);
-    let stall = Gate::new();
-    svc.store.plan("extend_lease", [Act::After(stall.clone())]);
+/// Runs `rerun` as the owner until `stall` holds it at the store, lets its lease pass while a duplicate
+/// takes the call over and runs it to its end, then lets the owner on: both answer the one outcome,
+/// which took effect once.
+async fn owner_stalled_past_a_take_over(svc: &Arc<Svc>, stall: &Gate) {
     let owner = tokio::spawn({
         let svc = svc.clone();
         async move { svc.rerun(&svc.order, 500).await }
@@ -352,6 +353,17 @@ async fn owner_confirms_its_key_before_a_retry(store: Arc<dyn Store>) {
     stall.open();
     assert_eq!(owner.await.unwrap(), Ok(500));
     assert_eq!(svc.remote.effects(&svc.order), 1);
+}
+
+/// Issue 6, case 6: the owner stalls right after it extended its lease for a backoff; meanwhile the key
+/// is taken over and the call run to its end under the same callId. Back, the owner confirms its key
+/// before sending again, finds it lost, and answers the recorded outcome: nothing is sent twice.
+async fn owner_confirms_its_key_before_a_retry(store: Arc<dyn Store>) {
+    let svc = Svc::on(store);
+    svc.remote.script([Fault::Unavailable]);
+    let stall = Gate::new();
+    svc.store.plan("extend_lease", [Act::After(stall.clone())]);
+    owner_stalled_past_a_take_over(&svc, &stall).await;
     assert_eq!(
         svc.remote.call_ids().len(),
         2,
@@ -505,14 +517,9 @@ async fn owner_back_from_completing_answers_the_recorded_outcome(store: Arc<dyn 
     assert_eq!(svc.remote.call_ids().len(), 1, "the duplicate only asked");
 }
 
-/// The caller goes away while its claim is answered (the claim written, the answer not yet back):
-/// the call never learned its fence, and nothing ran. A task of its own gives the claim back, so a
-/// duplicate of a function without `lookup` (which could only leave a vanished owner's call
-/// `UNKNOWN`) runs at once, without waiting for the lease; the key's journal says why.
-async fn dropped_while_claiming_gives_the_key_back(store: Arc<dyn Store>) {
-    let svc = Svc::on(store);
-    let gate = Gate::new();
-    svc.store.plan("claim", [Act::After(gate.clone())]);
+/// Starts `hold`, whose caller goes away once `gate` holds it at the store, before anything was sent; a
+/// duplicate then runs the call (its key given back), once, with nothing queued.
+async fn dropped_then_duplicated(svc: &Arc<Svc>, gate: &Gate) {
     let first = tokio::spawn({
         let svc = svc.clone();
         async move { svc.hold(&svc.order, 500).await }
@@ -523,6 +530,17 @@ async fn dropped_while_claiming_gives_the_key_back(store: Arc<dyn Store>) {
     assert_eq!(svc.duplicate_in_time().await, Ok(500));
     assert_eq!(svc.remote.effects(&svc.order), 1);
     assert!(svc.queued().await.is_empty());
+}
+
+/// The caller goes away while its claim is answered (the claim written, the answer not yet back):
+/// the call never learned its fence, and nothing ran. A task of its own gives the claim back, so a
+/// duplicate of a function without `lookup` (which could only leave a vanished owner's call
+/// `UNKNOWN`) runs at once, without waiting for the lease; the key's journal says why.
+async fn dropped_while_claiming_gives_the_key_back(store: Arc<dyn Store>) {
+    let svc = Svc::on(store);
+    let gate = Gate::new();
+    svc.store.plan("claim", [Act::After(gate.clone())]);
+    dropped_then_duplicated(&svc, &gate).await;
     svc.assert_given_back("its caller went away").await;
 }
 
@@ -532,10 +550,7 @@ async fn dropped_while_claiming_gives_the_key_back(store: Arc<dyn Store>) {
 async fn a_claim_whose_answer_is_lost_is_given_back(store: Arc<dyn Store>) {
     let svc = Svc::on(store);
     svc.store.plan("claim", [Act::Lose(unavailable())]);
-    assert_eq!(
-        svc.hold(&svc.order, 500).await,
-        Err(TestError::Samekey(Error::Store(unavailable())))
-    );
+    failed_closed(svc.hold(&svc.order, 500).await);
     assert!(svc.remote.call_ids().is_empty(), "failed closed");
     assert_eq!(svc.duplicate_in_time().await, Ok(500));
     assert_eq!(svc.remote.effects(&svc.order), 1);
@@ -553,10 +568,7 @@ async fn an_unanswered_claim_is_left_to_its_lease_once_it_may_have_ended(store: 
     let reads = Gate::new();
     svc.store.plan("claim", [Act::Lose(unavailable())]);
     svc.store.plan("get", [Act::After(reads.clone())]);
-    assert_eq!(
-        svc.hold(&svc.order, 500).await,
-        Err(TestError::Samekey(Error::Store(unavailable())))
-    );
+    failed_closed(svc.hold(&svc.order, 500).await);
     until_asked(&reads).await;
     svc.pass_lease().await;
     reads.open();
@@ -602,10 +614,7 @@ async fn an_unanswered_claim_under_an_adopted_call_id_is_left_alone(store: Arc<d
     let reads = Gate::new();
     svc.store.plan("claim", [Act::Fail(unavailable())]);
     svc.store.plan("get", [Act::Before(reads.clone())]);
-    assert_eq!(
-        request(svc.clone(), call_id.clone()).await,
-        Err(TestError::Samekey(Error::Store(unavailable())))
-    );
+    failed_closed(request(svc.clone(), call_id.clone()).await);
     let (retry, recording) = svc
         .held_before("complete", [], {
             let call_id = call_id.clone();
@@ -643,10 +652,7 @@ async fn a_taker_s_record_is_never_given_back_whatever_the_clocks_say(store: Arc
     let reads = Gate::new();
     svc.store.plan("claim", [Act::Lose(unavailable())]);
     svc.store.plan("get", [Act::Before(reads.clone())]);
-    assert_eq!(
-        svc.rerun(&svc.order, 500).await,
-        Err(TestError::Samekey(Error::Store(unavailable())))
-    );
+    failed_closed(svc.rerun(&svc.order, 500).await);
     until_asked(&reads).await;
     let (taker, recording) = other_node
         .held_before("complete", [], |svc| async move {
@@ -689,6 +695,31 @@ async fn a_claim_sent_twice_is_the_call_s_own(store: Arc<dyn Store>) {
     assert!(svc.queued().await.is_empty());
 }
 
+/// The call owns its own claim, answered again as existing, and stalls while renewing its lease, past
+/// the lease; a duplicate takes the call over and runs it to its end under the same callId. Back, the
+/// owner's renewal carries the old fence and is refused: it answers the recorded outcome, and nothing
+/// was sent twice.
+async fn owner_back_from_renewing_its_own_claim_answers_the_recorded_outcome(
+    store: Arc<dyn Store>,
+) {
+    let svc = Svc::on(store);
+    let stall = Gate::new();
+    svc.store.plan("claim", [Act::Resend]);
+    svc.store.plan("extend_lease", [Act::Before(stall.clone())]);
+    owner_stalled_past_a_take_over(&svc, &stall).await;
+    assert_eq!(svc.remote.call_ids().len(), 1, "the owner sent nothing");
+}
+
+/// The caller goes away while the call renews the lease of its own claim, answered again as existing:
+/// nothing ran, so the claim is released and a duplicate runs, once.
+async fn dropped_while_renewing_its_own_claim_gives_the_key_back(store: Arc<dyn Store>) {
+    let svc = Svc::on(store);
+    let gate = Gate::new();
+    svc.store.plan("claim", [Act::Resend]);
+    svc.store.plan("extend_lease", [Act::Before(gate.clone())]);
+    dropped_then_duplicated(&svc, &gate).await;
+}
+
 support::on_stores!(memory, sqlite if "sqlite", postgres if "postgres", redis if "redis" => {
     an_unknown_is_never_without_its_entry,
     dropped_while_being_queued,
@@ -710,4 +741,6 @@ support::on_stores!(memory, sqlite if "sqlite", postgres if "postgres", redis if
     an_unanswered_claim_under_an_adopted_call_id_is_left_alone,
     a_taker_s_record_is_never_given_back_whatever_the_clocks_say,
     a_claim_sent_twice_is_the_call_s_own,
+    owner_back_from_renewing_its_own_claim_answers_the_recorded_outcome,
+    dropped_while_renewing_its_own_claim_gives_the_key_back,
 });

@@ -41,6 +41,7 @@ use serde::Serialize;
 
 use crate::call_id::{CallId, TraceId};
 use crate::classify::{Classify, ErrorClass, RemoteStatus};
+use crate::clock::ms;
 use crate::codec::{ErrorCodec, Keeper};
 use crate::compensation::CompensationEntry;
 use crate::context::{self, Context};
@@ -644,10 +645,6 @@ impl<T, E> Call<T, E> {
         }
     }
 
-    fn ms(d: Duration) -> u64 {
-        u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-    }
-
     /// Whether this call's story is more than its receipt tells: more than one attempt, a lookup,
     /// an uncertain outcome, a take-over, or something journaled already.
     fn worth_journaling(&self) -> bool {
@@ -689,7 +686,7 @@ impl<T, E> Call<T, E> {
         }
         let events = std::mem::take(&mut self.journal);
         self.journaled = true;
-        let keep = Self::ms(self.spec.ttl);
+        let keep = ms(self.spec.ttl);
         let written = self
             .rt
             .store()
@@ -706,7 +703,7 @@ impl<T, E> Call<T, E> {
     async fn back_off(&mut self, delay: Duration) {
         self.note(What::Backoff {
             attempt: self.attempts,
-            delay_ms: Self::ms(delay),
+            delay_ms: ms(delay),
         });
         tokio::join!(self.flush(), tokio::time::sleep(delay));
     }
@@ -819,14 +816,14 @@ impl<T, E> Call<T, E> {
                 key: self.key.clone(),
                 call_id: self.call_id.clone(),
                 fingerprint: self.fingerprint,
-                lease_ms: Self::ms(self.lease()),
+                lease_ms: ms(self.lease()),
                 now_ms: now,
             };
+            self.claimed_ms = now;
             // The in-process store answers at once: no future to make and move.
             let (claimed, sent) = match self.rt.memory() {
                 Some(memory) => (memory.claim_now(claim), None),
                 None => {
-                    self.claimed_ms = now;
                     self.claim_sent = Some(tokio::time::Instant::now());
                     let claimed = self.rt.store().claim(claim).await;
                     (claimed, self.claim_sent.take())
@@ -841,21 +838,20 @@ impl<T, E> Call<T, E> {
                 }
                 Ok(Claimed::Acquired(fence)) => {
                     self.fence = Some(fence);
-                    self.claimed_ms = now;
                     self.claimed_just_now = sent.is_none();
                     self.count(Counter::Claims);
                     tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                         attempt = 0u32, fence = fence.0, function = self.spec.name, "claimed");
                     return Step::Attempt;
                 }
-                Ok(Claimed::Existing(record))
-                    if sent.is_some() && self.sent_by_this_call(&record, now) =>
-                {
-                    return Box::pin(self.own_claim_answered_again(record, sent)).await;
-                }
-                Ok(Claimed::Existing(record)) => match Box::pin(self.held(record)).await {
-                    Held::Step(step) => return step,
-                    Held::Reclaim => now = self.rt.now_ms(),
+                Ok(Claimed::Existing(record)) => match sent {
+                    Some(sent) if self.sent_by_this_call(&record) => {
+                        return Box::pin(self.own_claim_answered_again(record, sent)).await;
+                    }
+                    _ => match Box::pin(self.held(record)).await {
+                        Held::Step(step) => return step,
+                        Held::Reclaim => now = self.rt.now_ms(),
+                    },
                 },
             }
         }
@@ -890,14 +886,15 @@ impl<T, E> Call<T, E> {
         }
     }
 
-    /// Whether an existing `record` is the claim this call sent, stamped `now`, as written: a store
-    /// client that re-sent it after a reset (the Redis Cluster client does) gets it back as existing.
-    fn sent_by_this_call(&self, record: &Receipt, now: u64) -> bool {
+    /// Whether an existing `record` is the claim this call sent (stamped `claimed_ms`), as written: a
+    /// store client that re-sent it after a reset (the Redis Cluster client does) gets it back as
+    /// existing.
+    fn sent_by_this_call(&self, record: &Receipt) -> bool {
         !self.adopted
             && unanswered::written_as_sent(
                 record,
                 &self.call_id,
-                now,
+                self.claimed_ms,
                 self.rt.store().clock() == StoreClock::Caller,
             )
     }
@@ -909,7 +906,7 @@ impl<T, E> Call<T, E> {
     async fn own_claim_answered_again(
         &mut self,
         record: Receipt,
-        sent: Option<tokio::time::Instant>,
+        sent: tokio::time::Instant,
     ) -> Step<T, E> {
         tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = 0u32, fence = record.fence.0, "the store answered this call's own claim as existing (sent again); it is this call's");
@@ -917,15 +914,13 @@ impl<T, E> Call<T, E> {
         self.count(Counter::Claims);
         match self.extend_lease(Duration::ZERO).await {
             Ok(()) => Step::Attempt,
-            Err(e) if lost(&e) => self.fenced_out(None).await,
+            Err(e) if e.lost_key() => self.fenced_out(None).await,
             Err(e) => {
                 self.fence = None;
-                if let Some(sent) = sent {
-                    self.unanswered(
-                        sent,
-                        format!("the store failed while renewing its lease: {e}"),
-                    );
-                }
+                self.unanswered(
+                    sent,
+                    format!("the store failed while renewing its lease: {e}"),
+                );
                 self.store_failed(e)
             }
         }
@@ -947,7 +942,7 @@ impl<T, E> Call<T, E> {
             sent,
             stamped_ms: self.claimed_ms,
             lease: self.lease(),
-            keep_ms: Self::ms(self.spec.ttl),
+            keep_ms: ms(self.spec.ttl),
             why,
         }
         .give_back(&self.rt);
@@ -1040,7 +1035,7 @@ impl<T, E> Call<T, E> {
         let fence = match self
             .rt
             .store()
-            .take_over(&self.key, record.fence, Self::ms(self.lease()), now)
+            .take_over(&self.key, record.fence, ms(self.lease()), now)
             .await
         {
             Err(StoreError::NotFound) => return Err(None),
@@ -1136,7 +1131,7 @@ impl<T, E> Call<T, E> {
             self.attempts,
             self.fence.unwrap_or(Fence(0)),
             started,
-            started.saturating_add(Self::ms(self.spec.ttl)),
+            started.saturating_add(ms(self.spec.ttl)),
         );
         let context = if self.plain {
             context.unprotected()
@@ -1272,7 +1267,7 @@ impl<T, E> Call<T, E> {
         let Some(fence) = self.fence else {
             return Ok(());
         };
-        let lease = Self::ms(wait.saturating_add(self.lease()));
+        let lease = ms(wait.saturating_add(self.lease()));
         self.rt
             .store()
             .extend_lease(&self.key, fence, lease, self.rt.now_ms())
@@ -1414,7 +1409,7 @@ impl<T, E> Call<T, E> {
                     .delay(self.lookups_failed - 1, &mut self.rng);
                 tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                     attempt = self.attempts, error = %e, failed_lookups = self.lookups_failed,
-                    delay_ms = Self::ms(delay), "lookup failed; asking again");
+                    delay_ms = ms(delay), "lookup failed; asking again");
                 if let Err(step) = self.hold_lease(delay).await {
                     return step;
                 }
@@ -1455,8 +1450,8 @@ impl<T, E> Call<T, E> {
         }
         if at_least > self.rt.max_retry_after() {
             tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                attempt = self.attempts, retry_after_ms = Self::ms(at_least),
-                max_retry_after_ms = Self::ms(self.rt.max_retry_after()),
+                attempt = self.attempts, retry_after_ms = ms(at_least),
+                max_retry_after_ms = ms(self.rt.max_retry_after()),
                 "retry-after beyond max_retry_after; stopping");
             return self.exhausted().await;
         }
@@ -1472,7 +1467,7 @@ impl<T, E> Call<T, E> {
         let spec = self.spec;
         spec.metrics.retry(spec.scope, spec.budget_name(), class);
         tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-            attempt = self.attempts, delay_ms = Self::ms(delay), "backing off");
+            attempt = self.attempts, delay_ms = ms(delay), "backing off");
         self.back_off(delay).await;
         // The sleep is where an owner stalls past its lease: confirm, under the fence, that the key is
         // still this call's before anything is sent again.
@@ -1487,7 +1482,7 @@ impl<T, E> Call<T, E> {
     async fn hold_lease(&mut self, wait: Duration) -> Result<(), Step<T, E>> {
         match self.extend_lease(wait).await {
             Ok(()) => Ok(()),
-            Err(e) if lost(&e) => {
+            Err(e) if e.lost_key() => {
                 tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                     attempt = self.attempts, error = %e, "lease refused: another owner holds the key");
                 Err(self.fenced_out(None).await)
@@ -1520,7 +1515,7 @@ impl<T, E> Call<T, E> {
             match self.rt.store().release(&self.key, fence).await {
                 // Gone already (evicted): nothing of this call's is left to release.
                 Ok(()) | Err(StoreError::NotFound) => {}
-                Err(e) if lost(&e) => {
+                Err(e) if e.lost_key() => {
                     tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                         attempt = self.attempts, error = %e, "release refused: another owner holds the key");
                     return self.fenced_out(None).await;
@@ -1582,7 +1577,7 @@ impl<T, E> Call<T, E> {
         };
         match handed {
             Ok(()) => {}
-            Err(e) if lost(&e) => {
+            Err(e) if e.lost_key() => {
                 tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                     attempt = self.attempts, error = %e, "mark unknown refused: another owner holds the key");
                 // Boxed: a call fenced out with an uncertain outcome comes back here, keyless.
@@ -1698,7 +1693,7 @@ impl<T, E> Call<T, E> {
         let completion = Completion {
             state,
             outcome,
-            ttl_ms: Self::ms(self.spec.ttl),
+            ttl_ms: ms(self.spec.ttl),
         };
         let written = match self.rt.memory() {
             // The in-process store answers at once: no future to make and move.
@@ -1727,7 +1722,7 @@ impl<T, E> Call<T, E> {
                 }
                 self.done(out)
             }
-            Err(e) if lost(&e) => {
+            Err(e) if e.lost_key() => {
                 self.recording = None;
                 tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                     attempt = self.attempts, state = %state, error = %e, "outcome refused: another owner holds the key");
@@ -1754,14 +1749,6 @@ impl<T, E> Call<T, E> {
             }
         }
     }
-}
-
-/// Whether a refused owner's write means that the key is no longer this owner's.
-fn lost(e: &StoreError) -> bool {
-    matches!(
-        e,
-        StoreError::Fenced { .. } | StoreError::NotFound | StoreError::InvalidTransition { .. }
-    )
 }
 
 /// Queues an owner's call for compensation, then marks it `UNKNOWN`.
@@ -1821,7 +1808,7 @@ impl<T, E> Drop for Call<T, E> {
         let key = self.key.clone();
         let call_id = self.call_id.clone();
         let took_over = self.took_over;
-        let ttl = Self::ms(self.spec.ttl);
+        let ttl = ms(self.spec.ttl);
         let mut journal = std::mem::take(&mut self.journal);
         let mut entry = self.entry(String::new(), self.rt.now_ms());
         handle.spawn(async move {
@@ -1843,7 +1830,7 @@ impl<T, E> Drop for Call<T, E> {
                             ("recorded its outcome", Ok(()))
                         }
                         // Another owner holds the key: it resolves the call.
-                        Err(e) if lost(&e) => ("left to the owner that took it over", Err(e)),
+                        Err(e) if e.lost_key() => ("left to the owner that took it over", Err(e)),
                         Err(e) => {
                             entry.reason = format!(
                                 "call was cancelled; its outcome {state} could not be recorded: {e}"

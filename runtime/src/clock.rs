@@ -72,7 +72,8 @@ impl Clock for TokioClock {
     }
 }
 
-fn ms(d: std::time::Duration) -> u64 {
+/// A duration in whole milliseconds, saturating at `u64::MAX`.
+pub(crate) fn ms(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 

@@ -24,6 +24,7 @@ use serde::Serialize;
 
 use crate::call_id::CallId;
 use crate::classify::{Classify, ErrorClass, RemoteStatus};
+use crate::clock::ms;
 use crate::codec::message_bytes;
 use crate::compensation::{CompensationEntry, CompensationState};
 use crate::error::{Error, StoreError};
@@ -927,11 +928,7 @@ impl Compensator {
             .await
         {
             Ok(()) => {}
-            Err(
-                StoreError::Fenced { .. }
-                | StoreError::NotFound
-                | StoreError::InvalidTransition { .. },
-            ) => {
+            Err(e) if e.lost_key() => {
                 w.pass.lost += 1;
                 return Ok(());
             }
@@ -1176,8 +1173,4 @@ fn humane(d: Duration) -> String {
         s if s % 60 == 0 => format!("{}m", s / 60),
         s => format!("{s}s"),
     }
-}
-
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

@@ -238,6 +238,17 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// Whether an owner's write was refused because the key is no longer that owner's: another owner
+    /// took it over (`Fenced`), it is gone (`NotFound`), or it moved on (`InvalidTransition`).
+    pub(crate) fn lost_key(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Fenced { .. } | StoreError::NotFound | StoreError::InvalidTransition { .. }
+        )
+    }
+}
+
 /// What to do about a call [`Error::NotFinished`] refused.
 fn not_finished_hint(state: ReceiptState) -> &'static str {
     match state {

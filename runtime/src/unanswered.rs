@@ -41,6 +41,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::call_id::CallId;
+use crate::clock::ms;
 use crate::error::StoreError;
 use crate::journal::{Event, What};
 use crate::key::Key;
@@ -188,11 +189,7 @@ impl Unanswered {
                             return;
                         }
                         // Another owner holds the key now: it resolves it.
-                        Err(
-                            StoreError::Fenced { .. }
-                            | StoreError::NotFound
-                            | StoreError::InvalidTransition { .. },
-                        ) => return,
+                        Err(e) if e.lost_key() => return,
                         Err(e) => (backoff.delay(n, &mut rng), Some(e)),
                     }
                 }
@@ -250,8 +247,4 @@ impl Unanswered {
                 attempt = 0u32, error = %e, "could not journal the release of an unanswered claim");
         }
     }
-}
-
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

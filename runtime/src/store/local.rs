@@ -262,10 +262,7 @@ impl<S: Store> Store for LocalCache<S> {
         now_ms: u64,
     ) -> Result<(), StoreError> {
         let extended = self.inner.extend_lease(key, fence, lease_ms, now_ms).await;
-        if let Err(
-            StoreError::Fenced { .. } | StoreError::NotFound | StoreError::InvalidTransition { .. },
-        ) = extended
-        {
+        if extended.as_ref().is_err_and(StoreError::lost_key) {
             // The key is no longer this owner's.
             self.disown(key, fence);
         }

@@ -274,10 +274,7 @@ impl<D: Store> Store for CachedStore<D> {
             .durable
             .extend_lease(key, fence, lease_ms, now_ms)
             .await;
-        if let Err(
-            StoreError::Fenced { .. } | StoreError::NotFound | StoreError::InvalidTransition { .. },
-        ) = extended
-        {
+        if extended.as_ref().is_err_and(StoreError::lost_key) {
             // The key is no longer this owner's.
             self.disown(key, fence);
         }
