@@ -112,7 +112,10 @@ enum Refusal {
     /// A response of a status the policy does not store (5xx by default): answered, not kept; the
     /// key is given back so that the client may retry.
     NotStored(StoredResponse),
-    /// The inner service failed (its error is handed back as it is); the key is given back.
+    /// The inner service failed (its error is handed back as it is). Its outcome is unknown: the
+    /// usual error is a timeout under the layer (tower's `Timeout`), which drops the handler after it
+    /// may have taken effect. The call is recorded `UNKNOWN` and queued for compensation; the key is
+    /// not given back.
     ServiceFailed,
     /// A streamed response of a status the policy does not store: handed to its client as it is; the
     /// key is given back.
@@ -141,9 +144,8 @@ impl From<Error> for Refusal {
 impl Classify for Refusal {
     fn classify(&self) -> ErrorClass {
         match self {
-            Refusal::NotStored(_) | Refusal::ServiceFailed | Refusal::Streamed(_) => {
-                ErrorClass::Rejected
-            }
+            Refusal::NotStored(_) | Refusal::Streamed(_) => ErrorClass::Rejected,
+            Refusal::ServiceFailed => ErrorClass::Unknown,
             Refusal::Samekey(e) => e.classify(),
         }
     }
@@ -220,6 +222,8 @@ pub fn store_2xx_and_4xx(status: StatusCode) -> bool {
 /// | a malformed key (not an sf-string, over 255 characters) | **400** |
 /// | a body over the limit (1 MiB by default) | **413**; nothing runs |
 /// | a response not stored (5xx) | answered as it is; the key is given back, so the client may retry |
+/// | the inner service fails (an `Err`: a timeout under the layer, tower's `TimeoutLayer`, the handler dropped after it may have taken effect) | the error, as it is (to the layer above, e.g. axum's `HandleErrorLayer`); the outcome is unknown: the call is recorded `UNKNOWN` and queued for compensation, the key is not given back |
+/// | the key again after a service error (or a crashed handler) | **409** (`outcome-unknown`, with `Retry-After`), or the outcome once the call is settled; the handler does not run again (unless [`rerun_unknown`](IdempotencyLayer::rerun_unknown)) |
 /// | a streamed response (its body's `size_hint` has no upper bound: `Body::from_stream`, SSE) | passed to the first client as it is, not buffered; a **409** (`stream-not-replayable`, the first response's status as `first_status`, no `Retry-After`) is stored for the key at once, so a retry is refused and the handler never runs twice (a streamed 5xx gives the key back, as any 5xx) |
 /// | the key again after a streamed response | that **409**, marked `Idempotent-Replayed: true` |
 ///
@@ -230,10 +234,13 @@ pub fn store_2xx_and_4xx(status: StatusCode) -> bool {
 /// `ttl`, expiry, journal and compensation as any call. The handler runs to its end even when the
 /// client goes away (it is spawned), so a client that retries gets the response it missed.
 ///
-/// A request whose handler crashed mid-way (its process died) leaves the key's outcome unknown: the
-/// next request with the key is answered **409** (`outcome-unknown`) and the call is queued for the
-/// compensation worker, unless [`rerun_unknown`](IdempotencyLayer::rerun_unknown) says the handler may
-/// run again under the same callId (its own effects idempotent).
+/// A request whose handler crashed mid-way (its process died), or whose inner service answered an
+/// `Err` (a timeout under the layer), leaves the key's outcome unknown: the next request with the key
+/// is answered **409** (`outcome-unknown`) and the call is queued for the compensation worker, unless
+/// [`rerun_unknown`](IdempotencyLayer::rerun_unknown) says the handler may run again under the same
+/// callId (its own effects idempotent). An error is never taken for "nothing ran": a timeout drops the
+/// handler wherever it was, after its effect as well as before. To give a key back, answer a response
+/// the policy does not store (a 5xx) instead of an error.
 ///
 /// Build the layer once: its settings are kept for the life of the process.
 #[derive(Clone)]
@@ -332,9 +339,10 @@ impl IdempotencyLayer {
         self.with(|c| c.store_when = store)
     }
 
-    /// After a request whose handler crashed mid-way, run the handler again for the next request with
-    /// its key (under the same callId) instead of answering 409: for handlers whose effects are
-    /// idempotent themselves.
+    /// After a request whose handler crashed mid-way or whose inner service answered an error (a
+    /// timeout under the layer), run the handler again for the next request with its key (under the
+    /// same callId) instead of answering 409: for handlers whose effects are idempotent themselves.
+    /// The request that failed still gets its error.
     pub fn rerun_unknown(self) -> IdempotencyLayer {
         self.with(|c| c.rerun_unknown = true)
     }

@@ -869,6 +869,99 @@ async fn a_handler_that_died_is_not_run_again_unless_allowed() {
     );
 }
 
+/// A charge that takes effect and then runs past the timeout under the layer (tower's, answered 408
+/// by axum's `HandleErrorLayer` above it, as axum's docs set them up): the service's error is an
+/// unknown outcome, not "nothing ran" — the retry with the key is a 409 (`outcome-unknown`) and the
+/// handler does not run twice; with `rerun_unknown`, it runs again once, under the same callId.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_error_under_the_layer_is_an_unknown_outcome() {
+    use axum::error_handling::HandleErrorLayer;
+    use tower::ServiceBuilder;
+
+    #[derive(Default)]
+    struct Charges {
+        runs: AtomicU32,
+        call_ids: std::sync::Mutex<Vec<Option<String>>>,
+    }
+
+    /// Charges, then (the first time) takes longer than the timeout to answer.
+    async fn charge(State(charges): State<Arc<Charges>>) -> (StatusCode, &'static str) {
+        let run = charges.runs.fetch_add(1, Ordering::SeqCst) + 1;
+        let call_id = samekey::try_current().map(|cx| cx.call_id().to_string());
+        charges.call_ids.lock().unwrap().push(call_id);
+        if run == 1 {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        }
+        (StatusCode::CREATED, "charged")
+    }
+
+    async fn serve_charges(layer: IdempotencyLayer) -> (String, Arc<Charges>) {
+        let charges = Arc::new(Charges::default());
+        let app = Router::new()
+            .route("/charges", post(charge))
+            .with_state(charges.clone())
+            .layer(
+                ServiceBuilder::new()
+                    .layer(HandleErrorLayer::new(|_: tower::BoxError| async {
+                        StatusCode::REQUEST_TIMEOUT
+                    }))
+                    .layer(layer)
+                    .layer(tower::timeout::TimeoutLayer::new(Duration::from_millis(50))),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (base, charges)
+    }
+
+    let client = reqwest::Client::new();
+    let rt = Runtime::builder().node("api-1").build().unwrap();
+    let (base, charges) = serve_charges(IdempotencyLayer::new().runtime(&rt)).await;
+    let key = fresh_key();
+    let post = || {
+        client
+            .post(format!("{base}/charges"))
+            .header("idempotency-key", &key)
+            .send()
+    };
+    let timed_out = post().await.unwrap();
+    assert_eq!(timed_out.status(), 408, "the timeout's answer, as it is");
+    for _ in 0..2 {
+        let retry = post().await.unwrap();
+        assert_eq!(retry.status(), 409);
+        assert!(retry.headers().get("retry-after").is_some());
+        assert_eq!(
+            problem_type(retry).await,
+            "urn:samekey:problem:outcome-unknown"
+        );
+    }
+    assert_eq!(charges.runs.load(Ordering::SeqCst), 1, "charged once");
+
+    let rt = Runtime::builder().node("api-1").build().unwrap();
+    let (base, charges) = serve_charges(IdempotencyLayer::new().runtime(&rt).rerun_unknown()).await;
+    let key = fresh_key();
+    let post = || {
+        client
+            .post(format!("{base}/charges"))
+            .header("idempotency-key", &key)
+            .send()
+    };
+    assert_eq!(post().await.unwrap().status(), 408);
+    let rerun = post().await.unwrap();
+    assert_eq!(rerun.status(), 201);
+    assert!(rerun.headers().get("idempotent-replayed").is_none());
+    let replayed = post().await.unwrap();
+    assert_eq!(replayed.status(), 201);
+    assert_eq!(
+        replayed.headers().get("idempotent-replayed").unwrap(),
+        "true"
+    );
+    assert_eq!(charges.runs.load(Ordering::SeqCst), 2, "run again, once");
+    let call_ids = charges.call_ids.lock().unwrap().clone();
+    assert!(call_ids[0].is_some());
+    assert_eq!(call_ids[0], call_ids[1], "under the same callId");
+}
+
 /// Beside tower-http's request-id and trace layers: each reads and writes its own headers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_layers_compose_with_tower_http() {
