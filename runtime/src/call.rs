@@ -44,7 +44,7 @@ use crate::classify::{Classify, ErrorClass, RemoteStatus};
 use crate::clock::ms;
 use crate::codec::{ErrorCodec, Keeper};
 use crate::compensation::CompensationEntry;
-use crate::context::{self, Context};
+use crate::context::{self, Context, Places};
 use crate::dependency::Dependency;
 use crate::error::{Error, StoreError};
 use crate::journal::{AttemptOutcome, Event, LookupOutcome, What};
@@ -382,6 +382,9 @@ struct Call<T, E> {
     dependency: Arc<Dependency>,
     /// The call holds a place in its dependency's concurrency limit (given back on drop).
     admitted: bool,
+    /// The places the calls this one is nested in hold: where one of them holds a place in this
+    /// call's limiter, the call runs on it rather than wait for a place of its own.
+    enclosing: Places,
     /// The limiter's round when the latest attempt was sent.
     round: u32,
 }
@@ -453,7 +456,12 @@ where
         }
     }
     let now = windowed.unwrap_or_else(|| rt.now_ms());
-    let (call_id, trace_id, adopted) = context::identify(spec.prefix, rt.node_label(), now);
+    let context::Identity {
+        call_id,
+        trace_id,
+        adopted,
+        places,
+    } = context::identify(spec.prefix, rt.node_label(), now);
     let rng = rt.jitter_seed(&call_id);
     let dependency = rt.dependency(spec.budget);
     Begun::Run(Run(Call {
@@ -497,6 +505,7 @@ where
         inputs: None,
         dependency,
         admitted: false,
+        enclosing: places,
         round: 0,
     }))
 }
@@ -868,6 +877,14 @@ impl<T, E> Call<T, E> {
     /// Waits for the call's place in its dependency's concurrency limit, which had none free;
     /// refused ([`Error::Overloaded`]) after `max_wait`, before anything is claimed.
     async fn wait_for_place(&mut self) -> Result<(), Step<T, E>> {
+        if self.enclosing.holds(self.limiter_addr()) {
+            // Nested in a call that holds a place in this limit, given back only once this call has
+            // answered: waiting for a place would be waiting for itself.
+            tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                attempt = 0u32, dependency = %self.dependency.name,
+                "concurrency limit full; running on the enclosing call's place");
+            return Ok(());
+        }
         match self.dependency.limiter.wait_for_place().await {
             Ok(()) => {
                 self.admitted = true;
@@ -884,6 +901,11 @@ impl<T, E> Call<T, E> {
                 }))
             }
         }
+    }
+
+    /// The address that names this call's limiter in a [`Places`].
+    fn limiter_addr(&self) -> usize {
+        std::ptr::from_ref(&self.dependency.limiter) as usize
     }
 
     /// Whether an existing `record` is the claim this call sent (stamped `claimed_ms`), as written: a
@@ -1132,6 +1154,11 @@ impl<T, E> Call<T, E> {
             self.fence.unwrap_or(Fence(0)),
             started,
             started.saturating_add(ms(self.spec.ttl)),
+            if self.admitted {
+                self.enclosing.with(self.limiter_addr())
+            } else {
+                self.enclosing
+            },
         );
         let context = if self.plain {
             context.unprotected()

@@ -39,6 +39,38 @@ pub struct Context {
     started_ms: u64,
     expires_at_ms: u64,
     protected: bool,
+    places: Places,
+}
+
+/// The concurrency limiters in which the running call and the calls it is nested in hold a place
+/// (each named by its address, which its call keeps alive by holding the limiter's dependency).
+///
+/// A call nested in another (an `#[idempotent]` call made inside a body) that finds its dependency's
+/// limit full does not wait when one of them holds a place in that limiter: it runs on its parent's
+/// place. Waiting would be waiting for itself, since the parent gives its place back only once the
+/// nested call has answered (the limit at 1, it would never find one). Up to [`Places::DEPTH`]
+/// distinct limiters are kept; a chain through more (rare: each is a dependency of its own) keeps the
+/// innermost, and a call nested under the others takes a place as any call does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Places([usize; Places::DEPTH]);
+
+impl Places {
+    pub(crate) const DEPTH: usize = 4;
+
+    /// Whether a place is held in the limiter at `limiter`.
+    pub(crate) fn holds(&self, limiter: usize) -> bool {
+        limiter != 0 && self.0.contains(&limiter)
+    }
+
+    /// These places and one in the limiter at `limiter`.
+    pub(crate) fn with(mut self, limiter: usize) -> Places {
+        if limiter == 0 || self.holds(limiter) {
+            return self;
+        }
+        self.0.rotate_right(1);
+        self.0[0] = limiter;
+        self
+    }
 }
 
 impl Context {
@@ -50,6 +82,7 @@ impl Context {
         fence: Fence,
         started_ms: u64,
         expires_at_ms: u64,
+        places: Places,
     ) -> Context {
         Context {
             call_id,
@@ -60,6 +93,7 @@ impl Context {
             started_ms,
             expires_at_ms,
             protected: true,
+            places,
         }
     }
 
@@ -214,28 +248,63 @@ pub(crate) fn inbound_pending() -> bool {
         .unwrap_or(false)
 }
 
-/// The callId and traceId of a call that is starting: adopted from an inbound context when one is
-/// waiting, else new; the traceId is inherited from the enclosing call or inbound context. The flag
-/// says whether the callId was adopted: other calls (the caller's retries, arriving as requests of
-/// their own) may carry it too, whereas a new one is this call's alone.
-pub(crate) fn identify(prefix: &'static str, node: &Label, now_ms: u64) -> (CallId, TraceId, bool) {
+/// Who a starting call is: its callId, its traceId, whether the callId was adopted, and the places
+/// the calls it is nested in hold.
+pub(crate) struct Identity {
+    pub(crate) call_id: CallId,
+    pub(crate) trace_id: TraceId,
+    /// The callId was adopted from an inbound context: other calls (the caller's retries, arriving
+    /// as requests of their own) may carry it too, whereas a new one is this call's alone.
+    pub(crate) adopted: bool,
+    /// The places held by the enclosing calls (none outside a call).
+    pub(crate) places: Places,
+}
+
+/// The identity of a call that is starting: its callId adopted from an inbound context when one is
+/// waiting, else new; its traceId inherited from the enclosing call or inbound context.
+pub(crate) fn identify(prefix: &'static str, node: &Label, now_ms: u64) -> Identity {
     let found = SCOPE.try_with(|scope| match scope {
-        Scope::Call(outer) => (None, outer.trace_id),
+        Scope::Call(outer) => (None, outer.trace_id, outer.places),
         Scope::Inbound(inbound) => {
             let adopted = match &inbound.call_id {
                 Some(id) if !inbound.adopted.swap(true, Ordering::AcqRel) => Some(id.clone()),
                 _ => None,
             };
-            (adopted, inbound.trace_id.unwrap_or_default())
+            (
+                adopted,
+                inbound.trace_id.unwrap_or_default(),
+                Places::default(),
+            )
         }
     });
-    let (adopted, trace_id) = found.unwrap_or_else(|_| (None, TraceId::new()));
-    match adopted {
-        Some(call_id) => (call_id, trace_id, true),
+    let (adopted, trace_id, places) =
+        found.unwrap_or_else(|_| (None, TraceId::new(), Places::default()));
+    let (call_id, adopted) = match adopted {
+        Some(call_id) => (call_id, true),
         None => (
             CallId::generate_at(Label::from_static(prefix), node.clone(), now_ms),
-            trace_id,
             false,
         ),
+    };
+    Identity {
+        call_id,
+        trace_id,
+        adopted,
+        places,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Places;
+
+    #[test]
+    fn places_keep_the_innermost_limiters_once_each() {
+        let places = Places::default().with(1).with(2).with(1);
+        assert!(places.holds(1) && places.holds(2));
+        assert!(!places.holds(0), "0 names no limiter");
+        let deep = (1..=Places::DEPTH + 1).fold(Places::default(), Places::with);
+        assert!(!deep.holds(1), "the outermost is the one let go");
+        assert!((2..=Places::DEPTH + 1).all(|n| deep.holds(n)));
     }
 }

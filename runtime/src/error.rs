@@ -141,7 +141,8 @@ pub enum Error {
     },
     /// The dependency answered "rate limited", its [concurrency limit](crate::concurrency) is full, and
     /// no place freed up within the limit's `max_wait`. Refused before claiming: nothing ran and no key
-    /// is held, so the same call may be made again later. Classified `RateLimited`.
+    /// is held, so the same call may be made again later. Classified `Unknown`, as `InProgress` and
+    /// `Exhausted` are: see [`Error`]'s [`Classify`] impl.
     #[error("dependency `{dependency}` is rate limited: {limit} calls in flight allowed, and no place freed up in time; nothing ran")]
     Overloaded {
         /// The dependency (`budget = "…"`, or `runtime`).
@@ -155,12 +156,28 @@ pub enum Error {
     DefaultAlreadySet,
 }
 
+/// How samekey's own answers classify, for an error type that delegates to it (`PayError::Samekey(e)
+/// => e.classify()`): what matters is what they say when passed up (with `?`) from a call nested in
+/// another `#[idempotent]` call's body, to that outer call.
+///
+/// * `Unknown` and `Store` are `Unknown`: the outcome is not established.
+/// * `InProgress`, `Exhausted` and `Overloaded` are `Unknown` too. Nothing ran in the call that
+///   answered them, but the outer body may have acted before it (charged, then found the nested
+///   call's key busy), so the outer call never retries blindly and never gives its own key back on
+///   their strength: it asks its `lookup`, re-runs under its callId (`on_unknown = "rerun"`), or is
+///   recorded `UNKNOWN` and queued for compensation. (Converted into an `io::Error`, they keep the
+///   kind `WouldBlock`.)
+/// * Everything else is `Permanent`, `MissingKey` and `InvalidKey` included: an answer that stands.
 impl Classify for Error {
     fn classify(&self) -> ErrorClass {
         match self {
-            Error::InProgress { .. } | Error::Exhausted { .. } => ErrorClass::Retryable,
             Error::Unknown { .. } | Error::Store(_) => ErrorClass::Unknown,
-            Error::Overloaded { .. } => ErrorClass::RateLimited { retry_after: None },
+            // Nothing ran in the call that answered them; but passed up from a call nested in another
+            // one's body, they say nothing about what the outer body did before it, so the outer
+            // call must never take them for "known not executed" (retry, or give its key back).
+            Error::InProgress { .. } | Error::Exhausted { .. } | Error::Overloaded { .. } => {
+                ErrorClass::Unknown
+            }
             Error::KeyReuse { .. }
             | Error::Decode { .. }
             | Error::NotReplayable { .. }
@@ -180,16 +197,17 @@ impl Classify for Error {
 
 /// So that a function returning `io::Result<T>` can be `#[idempotent]`: the `io::Error` carries the
 /// samekey error (`get_ref()` and `downcast_ref::<samekey::Error>()` give it back) and keeps its
-/// [`ErrorClass`]; its kind is `TimedOut` for an uncertain outcome (`Unknown`, a store failure),
-/// `WouldBlock` for "not now" (`InProgress`, `Exhausted`), and `Other` otherwise.
+/// [`ErrorClass`]; its kind is `WouldBlock` for "not now" (`InProgress`, `Exhausted`, `Overloaded`),
+/// `TimedOut` for an uncertain outcome (`Unknown`, a store failure), and `Other` otherwise.
 impl From<Error> for std::io::Error {
     fn from(e: Error) -> std::io::Error {
         use std::io::ErrorKind;
-        let kind = match e.classify() {
-            ErrorClass::Unknown => ErrorKind::TimedOut,
-            ErrorClass::Retryable | ErrorClass::RateLimited { .. } => ErrorKind::WouldBlock,
-            ErrorClass::Rejected => ErrorKind::InvalidInput,
-            ErrorClass::Permanent => ErrorKind::Other,
+        let kind = match &e {
+            Error::InProgress { .. } | Error::Exhausted { .. } | Error::Overloaded { .. } => {
+                ErrorKind::WouldBlock
+            }
+            e if e.classify() == ErrorClass::Unknown => ErrorKind::TimedOut,
+            _ => ErrorKind::Other,
         };
         std::io::Error::new(kind, e)
     }
@@ -277,7 +295,7 @@ mod tests {
                 Error::InProgress {
                     call_id: call_id.clone(),
                 },
-                ErrorClass::Retryable,
+                ErrorClass::Unknown,
             ),
             (
                 Error::MissingKey {
