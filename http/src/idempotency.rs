@@ -117,9 +117,9 @@ enum Refusal {
     /// may have taken effect. The call is recorded `UNKNOWN` and queued for compensation; the key is
     /// not given back.
     ServiceFailed,
-    /// A streamed response of a status the policy does not store: handed to its client as it is; the
-    /// key is given back.
-    Streamed(StatusCode),
+    /// A response passed to its client unbuffered (a stream, or a body over the limit) of a status the
+    /// policy does not store: handed to its client as it is; the key is given back.
+    Unbuffered(StatusCode),
     /// samekey's answer: key reused, in progress, unknown, the store failing.
     Samekey(Error),
 }
@@ -129,7 +129,9 @@ impl std::fmt::Display for Refusal {
         match self {
             Refusal::NotStored(r) => write!(f, "a response of status {} is not stored", r.status),
             Refusal::ServiceFailed => f.write_str("the service failed"),
-            Refusal::Streamed(status) => write!(f, "a streamed response of status {status}"),
+            Refusal::Unbuffered(status) => {
+                write!(f, "an unbuffered response of status {status} is not stored")
+            }
             Refusal::Samekey(e) => e.fmt(f),
         }
     }
@@ -144,7 +146,7 @@ impl From<Error> for Refusal {
 impl Classify for Refusal {
     fn classify(&self) -> ErrorClass {
         match self {
-            Refusal::NotStored(_) | Refusal::Streamed(_) => ErrorClass::Rejected,
+            Refusal::NotStored(_) | Refusal::Unbuffered(_) => ErrorClass::Rejected,
             Refusal::ServiceFailed => ErrorClass::Unknown,
             Refusal::Samekey(e) => e.classify(),
         }
@@ -225,7 +227,8 @@ pub fn store_2xx_and_4xx(status: StatusCode) -> bool {
 /// | the inner service fails (an `Err`: a timeout under the layer, tower's `TimeoutLayer`, the handler dropped after it may have taken effect) | the error, as it is (to the layer above, e.g. axum's `HandleErrorLayer`); the outcome is unknown: the call is recorded `UNKNOWN` and queued for compensation, the key is not given back |
 /// | the key again after a service error (or a crashed handler) | **409** (`outcome-unknown`, with `Retry-After`), or the outcome once the call is settled; the handler does not run again (unless [`rerun_unknown`](IdempotencyLayer::rerun_unknown)) |
 /// | a streamed response (its body's `size_hint` has no upper bound: `Body::from_stream`, SSE) | passed to the first client as it is, not buffered; a **409** (`stream-not-replayable`, the first response's status as `first_status`, no `Retry-After`) is stored for the key at once, so a retry is refused and the handler never runs twice (a streamed 5xx gives the key back, as any 5xx) |
-/// | the key again after a streamed response | that **409**, marked `Idempotent-Replayed: true` |
+/// | a response over the limit (its body's `size_hint` upper bound is over [`max_body`](IdempotencyLayer::max_body)) | passed to the first client as it is, not buffered, as a stream is; a **409** (`response-not-replayable`, with `first_status` and `max_body`, no `Retry-After`) is stored for the key at once (a 5xx over the limit gives the key back, as any 5xx) |
+/// | the key again after a streamed or over-limit response | that **409**, marked `Idempotent-Replayed: true` |
 ///
 /// Refusals carry an RFC 9457 `application/problem+json` body. A key is scoped by method, route (axum's
 /// `MatchedPath` with feature `axum`, else the path) and, through [`principal`](IdempotencyLayer::principal),
@@ -305,9 +308,10 @@ impl IdempotencyLayer {
     }
 
     /// The largest request (and stored response) body, in bytes (default 1 MiB). A larger request is
-    /// a 413; a larger response is not stored whole — a 500 problem is stored in its place, so that a
-    /// retry does not run the handler again. (A streamed response is not buffered at all: see
-    /// [`IdempotencyLayer`].)
+    /// a 413, and nothing runs. A response that may be larger (its body's `size_hint` upper bound is
+    /// over the limit) is not buffered: it goes to its client as it is, and the key is settled with a
+    /// 409 (`response-not-replayable`, the response's status as `first_status`), so that a retry does
+    /// not run the handler again — as for a streamed response (see [`IdempotencyLayer`]).
     pub fn max_body(self, bytes: usize) -> IdempotencyLayer {
         self.with(|c| c.max_body = bytes)
     }
@@ -601,19 +605,21 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let failed: Mutex<Option<S::Error>> = Mutex::new(None);
-    let streamed: Mutex<Option<Response<ResBody>>> = Mutex::new(None);
+    let unbuffered: Mutex<Option<Response<ResBody>>> = Mutex::new(None);
     let handle = async {
         match inner.call(request).await {
-            Ok(response) if response.body().size_hint().upper().is_none() => {
-                let status = response.status();
-                *streamed.lock().unwrap_or_else(|p| p.into_inner()) = Some(response);
-                if (config.store_when)(status) {
-                    Ok(stream_not_replayable(status))
-                } else {
-                    Err(Refusal::Streamed(status))
+            Ok(response) => match Unbuffered::of(&response, config.max_body) {
+                None => keep(response, &config).await,
+                Some(why) => {
+                    let status = response.status();
+                    *unbuffered.lock().unwrap_or_else(|p| p.into_inner()) = Some(response);
+                    if (config.store_when)(status) {
+                        Ok(why.not_replayable(status, config.max_body))
+                    } else {
+                        Err(Refusal::Unbuffered(status))
+                    }
                 }
-            }
-            Ok(response) => keep(response, &config).await,
+            },
             Err(e) => {
                 *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
                 Err(Refusal::ServiceFailed)
@@ -634,8 +640,9 @@ where
     if let Some(e) = failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
         return Err(e);
     }
-    // The handler ran and answered with a stream: it goes to this client whatever was recorded.
-    if let Some(response) = streamed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+    // The handler ran and answered with a stream or a body over the limit: it goes to this client as
+    // it is, whatever was recorded.
+    if let Some(response) = unbuffered.lock().unwrap_or_else(|p| p.into_inner()).take() {
         return Ok(response);
     }
     let replayed = report.is_some_and(|r| r.answer() == Answer::Replayed);
@@ -643,7 +650,7 @@ where
         Ok(stored) => stored,
         Err(Refusal::NotStored(stored)) => stored,
         Err(Refusal::Samekey(e)) => return Ok(refused(&e, config.retry_after)),
-        Err(Refusal::ServiceFailed | Refusal::Streamed(_)) => {
+        Err(Refusal::ServiceFailed | Refusal::Unbuffered(_)) => {
             return Ok(Problem::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "handler-failed",
@@ -665,25 +672,64 @@ where
     Ok(response)
 }
 
-/// What is stored for a key whose first request was answered with a stream: a 409 that says so, with
-/// the stream's status (`first_status`) and no `Retry-After` (a retry cannot get the stream again).
-fn stream_not_replayable(status: StatusCode) -> StoredResponse {
-    let problem = Problem::new(
-        StatusCode::CONFLICT,
-        "stream-not-replayable",
-        "Streamed response not replayable",
-        format!(
-            "the first request with this Idempotency-Key was answered with a stream (status {}), which is not stored and cannot be replayed; the request is not run again for this key: use a new key to run it again",
-            status.as_u16()
-        ),
-    )
-    .with("first_status", status.as_u16());
-    let response: Response<Bytes> = problem.response();
-    let (parts, body) = response.into_parts();
-    StoredResponse::keep(&parts, &body)
+/// Why a handler's response is passed to its client as it is, not buffered and stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unbuffered {
+    /// A stream: its body's `size_hint` has no upper bound (`Body::from_stream`, SSE).
+    Stream,
+    /// A body that may be over the limit: its `size_hint`'s upper bound is.
+    TooLarge,
 }
 
-/// Buffers a handler's response (up to the limit) and sorts it by the storage policy.
+impl Unbuffered {
+    /// Whether `response` is passed through unbuffered, and why; `None` for a body that fits the
+    /// limit (whose `size_hint` says so).
+    fn of<B: Body>(response: &Response<B>, max_body: usize) -> Option<Unbuffered> {
+        match response.body().size_hint().upper() {
+            None => Some(Unbuffered::Stream),
+            Some(upper) if upper > u64::try_from(max_body).unwrap_or(u64::MAX) => {
+                Some(Unbuffered::TooLarge)
+            }
+            Some(_) => None,
+        }
+    }
+
+    /// What is stored for a key whose first request was answered unbuffered: a 409 that says so,
+    /// with the first response's status (`first_status`) and no `Retry-After` (a retry cannot get that
+    /// response again): `stream-not-replayable` for a stream, `response-not-replayable` (with
+    /// `max_body`) for a body over the limit.
+    fn not_replayable(self, status: StatusCode, max_body: usize) -> StoredResponse {
+        let problem = match self {
+            Unbuffered::Stream => Problem::new(
+                StatusCode::CONFLICT,
+                "stream-not-replayable",
+                "Streamed response not replayable",
+                format!(
+                    "the first request with this Idempotency-Key was answered with a stream (status {}), which is not stored and cannot be replayed; the request is not run again for this key: use a new key to run it again",
+                    status.as_u16()
+                ),
+            ),
+            Unbuffered::TooLarge => Problem::new(
+                StatusCode::CONFLICT,
+                "response-not-replayable",
+                "Response not replayable",
+                format!(
+                    "the first request with this Idempotency-Key was answered (status {}) with a body over {max_body} bytes, too large to store and replay; it took effect, and is not run again for this key: use a new key to run it again",
+                    status.as_u16()
+                ),
+            )
+            .with("max_body", max_body),
+        }
+        .with("first_status", status.as_u16());
+        let response: Response<Bytes> = problem.response();
+        let (parts, body) = response.into_parts();
+        StoredResponse::keep(&parts, &body)
+    }
+}
+
+/// Buffers a handler's response, whose `size_hint` says it fits the limit, and sorts it by the
+/// storage policy. A body that cannot be read (it fails, or runs past the size its hint promised) is
+/// lost to its client too: a 500 problem (`response-unreadable`) is stored and answered in its place.
 async fn keep<B>(response: Response<B>, config: &Config) -> Result<StoredResponse, Refusal>
 where
     B: Body<Data = Bytes>,
@@ -693,25 +739,22 @@ where
     let stored = match Limited::new(body, config.max_body).collect().await {
         Ok(collected) => StoredResponse::keep(&parts, &collected.to_bytes()),
         Err(e) => {
-            let too_large = e
+            let past_its_hint = e
                 .downcast_ref::<http_body_util::LengthLimitError>()
                 .is_some();
+            let why = if past_its_hint {
+                format!(
+                    "its body ran past the size it announced, over {} bytes",
+                    config.max_body
+                )
+            } else {
+                e.to_string()
+            };
             let problem = Problem::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                if too_large {
-                    "response-too-large"
-                } else {
-                    "response-unreadable"
-                },
+                "response-unreadable",
                 "Response not stored",
-                if too_large {
-                    format!(
-                        "the response to this request was over {} bytes, too large to store and replay; it took effect, and is not run again for this Idempotency-Key",
-                        config.max_body
-                    )
-                } else {
-                    format!("the response to this request could not be read ({e}); it is not run again for this Idempotency-Key")
-                },
+                format!("the response to this request could not be read ({why}); it is not run again for this Idempotency-Key"),
             );
             let response: Response<Bytes> = problem.response();
             let (parts, body) = response.into_parts();

@@ -1,6 +1,7 @@
 //! The layers over real HTTP on loopback (axum serving, reqwest asking): every status of the
-//! Idempotency-Key layer, replays with their header, 4xx stored and 5xx not, streamed responses
-//! passed through and refused on retry, keys scoped by method and route, the call context adopted,
+//! Idempotency-Key layer, replays with their header, 4xx stored and 5xx not, streamed responses and
+//! responses over the limit passed through and refused on retry, a service error under the layer an
+//! unknown outcome, keys scoped by method and route, the call context adopted,
 //! refused and filled — on the memory store, and on SQLite, PostgreSQL and Redis when built with
 //! their features (the servers' URLs from `SAMEKEY_PG_URL` and `SAMEKEY_REDIS_URL`).
 
@@ -32,6 +33,7 @@ struct Counts {
     panicky: AtomicU32,
     refused: AtomicU32,
     streams: AtomicU32,
+    big: AtomicU32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -86,8 +88,20 @@ async fn panicky(State(counts): State<Arc<Counts>>) -> &'static str {
     "done"
 }
 
-async fn big() -> String {
-    "x".repeat(4096)
+/// A created order whose answer (4 KiB) is over the layer's limit (1 KiB in these tests).
+async fn big(State(counts): State<Arc<Counts>>) -> impl IntoResponse {
+    let n = counts.big.fetch_add(1, Ordering::SeqCst) + 1;
+    (
+        StatusCode::CREATED,
+        [("location", format!("/orders/big-{n}"))],
+        "x".repeat(4096),
+    )
+}
+
+/// A 503 over the limit.
+async fn big_failing(State(counts): State<Arc<Counts>>) -> impl IntoResponse {
+    counts.big.fetch_add(1, Ordering::SeqCst);
+    (StatusCode::SERVICE_UNAVAILABLE, "u".repeat(4096))
 }
 
 /// A 4xx: stored and replayed like a success.
@@ -231,6 +245,7 @@ async fn serve_on(
         .route("/flaky", post(flaky))
         .route("/slow", post(slow))
         .route("/big", post(big))
+        .route("/big-failing", post(big_failing))
         .route("/panicky", post(panicky))
         .route("/ids", post(ids).get(ids))
         .with_state(counts.clone())
@@ -400,19 +415,47 @@ async fn idempotency_statuses(store: Arc<dyn Store>) {
     );
     assert_eq!(server.counts.flaky.load(Ordering::SeqCst), 2);
 
-    // A response over the limit is not stored whole: its problem is, and nothing runs twice.
+    // A response over the limit goes to its client as it is, not stored: the key is settled with a
+    // 409 that says so (as for a stream), and nothing runs twice.
     let key = fresh_key();
     let big = server.post("/big", Some(&key)).send().await.unwrap();
-    assert_eq!(big.status(), 500);
-    assert_eq!(
-        problem_type(big).await,
-        "urn:samekey:problem:response-too-large"
-    );
-    let big_again = server.post("/big", Some(&key)).send().await.unwrap();
-    assert_eq!(
-        big_again.headers().get("idempotent-replayed").unwrap(),
-        "true"
-    );
+    assert_eq!(big.status(), 201);
+    assert!(big.headers().get("idempotent-replayed").is_none());
+    assert_eq!(big.headers().get("location").unwrap(), "/orders/big-1");
+    assert_eq!(big.text().await.unwrap(), "x".repeat(4096));
+    for _ in 0..2 {
+        let big_again = server.post("/big", Some(&key)).send().await.unwrap();
+        assert_eq!(big_again.status(), 409);
+        assert_eq!(
+            big_again.headers().get("idempotent-replayed").unwrap(),
+            "true"
+        );
+        assert!(
+            big_again.headers().get("retry-after").is_none(),
+            "retrying will not help"
+        );
+        let body = problem(big_again).await;
+        assert_eq!(
+            body["type"], "urn:samekey:problem:response-not-replayable",
+            "{body}"
+        );
+        assert_eq!(body["first_status"], 201, "{body}");
+        assert_eq!(body["max_body"], 1024, "{body}");
+    }
+    assert_eq!(server.counts.big.load(Ordering::SeqCst), 1, "ran once");
+    // A 5xx over the limit goes to its client as well, and gives the key back, as any 5xx.
+    let key = fresh_key();
+    for run in 1..=2 {
+        let failed = server
+            .post("/big-failing", Some(&key))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(failed.status(), 503);
+        assert!(failed.headers().get("idempotent-replayed").is_none());
+        assert_eq!(failed.text().await.unwrap(), "u".repeat(4096));
+        assert_eq!(server.counts.big.load(Ordering::SeqCst), 1 + run);
+    }
 
     // 409 with Retry-After while the first is still running; the first still gets its answer.
     let key = fresh_key();
