@@ -158,3 +158,50 @@ async fn a_nested_refusal_never_gives_the_outer_key_back() {
     shop.ship_gate.notify_waiters();
     assert_eq!(shipping.await.unwrap(), Ok(7));
 }
+
+/// Charges on a bounded in-memory store, one record at most.
+struct Bounded {
+    rt: Runtime,
+    charges: AtomicU32,
+}
+
+impl Bounded {
+    #[idempotent(key = "order", scope = "bounded.charge", runtime = &self.rt)]
+    async fn charge(&self, order: u64) -> Result<u64, TestError> {
+        self.charges.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        Ok(order * 100)
+    }
+}
+
+/// Defect 4 of issue 24: the typical state of a full store, a duplicate parked on a call in flight.
+/// The first call's completion wakes the duplicate; before it reads, a new key evicts the finished
+/// receipt to make room. The duplicate used to find nothing, claim afresh and charge again; it is
+/// handed the settled receipt and replays it.
+#[tokio::test(start_paused = true)]
+async fn a_duplicate_woken_on_a_full_store_replays_the_receipt_it_waited_for() {
+    let shop = Arc::new(Bounded {
+        rt: Runtime::builder()
+            .node("bounded")
+            .clock(TokioClock::new())
+            .store(samekey::MemoryStore::with_capacity(1))
+            .build()
+            .unwrap(),
+        charges: AtomicU32::new(0),
+    });
+    let (first, duplicate) = tokio::join!(shop.charge(1), async {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let shop = shop.clone();
+        tokio::spawn(async move { shop.charge(1).await })
+    });
+    assert_eq!(first, Ok(100));
+    // In the same poll as the first call's completion, before the woken duplicate runs: a new key
+    // takes the store's only place.
+    assert_eq!(shop.charge(2).await, Ok(200));
+    assert_eq!(duplicate.await.unwrap(), Ok(100), "the first call's result");
+    assert_eq!(
+        shop.charges.load(Ordering::SeqCst),
+        2,
+        "order 1 charged once"
+    );
+}

@@ -64,18 +64,36 @@ type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<PreHashed>>;
 
 struct Entry {
     receipt: Receipt,
-    waiters: Option<Arc<Notify>>,
+    /// The duplicates parked on this record while it is `PROCESSING`.
+    waiters: Option<Arc<Waiters>>,
     /// The `SUCCESS` outcome decoded by a replay, for the next ones (see `Keeper`): lives and dies
     /// with the record, which never changes once it succeeded.
     kept: Option<Kept>,
 }
 
 impl Entry {
-    fn wake(&self) {
-        if let Some(n) = &self.waiters {
-            n.notify_waiters();
+    /// Wakes the record's waiters after a change; a record that settled (no longer `PROCESSING`) is
+    /// handed to them with the wake-up. Waiters that come after (the record taken over, `PROCESSING`
+    /// again) wait on a new [`Waiters`] of their own.
+    fn wake(&mut self) {
+        if let Some(waiters) = self.waiters.take() {
+            if self.receipt.state != ReceiptState::Processing {
+                let _ = waiters.settled.set(self.receipt.clone());
+            }
+            waiters.notify.notify_waiters();
         }
     }
+}
+
+/// The duplicates waiting for one record to settle, and the record as it settled.
+///
+/// Handed over with the wake-up rather than read again afterwards, since a woken waiter reads only
+/// once it is polled, and meanwhile a full store may evict the finished record for a new key (or a
+/// short `ttl` end it): the waiter would find nothing and run the call a second time.
+#[derive(Default)]
+struct Waiters {
+    notify: Arc<Notify>,
+    settled: std::sync::OnceLock<Receipt>,
 }
 
 #[derive(Default)]
@@ -126,7 +144,9 @@ impl Shard {
 /// one that finished first in the new key's shard, or, when that shard holds none, the one that
 /// finished first in the whole store. (Keys spread evenly over the 64 shards, so the first is about the
 /// oldest of the store, and costs no look beyond the shard the claim locks anyway.) A duplicate that
-/// comes after its receipt was evicted runs again, as after its `ttl`. Calls in flight
+/// comes after its receipt was evicted runs again, as after its `ttl`; a duplicate that waits for a
+/// call in flight is handed the receipt as it settles, so an eviction between the wake-up and its
+/// read never makes it run again. Calls in flight
 /// (`PROCESSING`) and `UNKNOWN` receipts are never evicted: a store full of them refuses new claims
 /// with [`StoreError::Full`], and the call fails closed (nothing runs) instead of losing a claim.
 /// Size it above the calls in flight at peak plus the duplicates' window: at 1 000 calls a second,
@@ -222,14 +242,14 @@ impl MemoryStore {
 
     /// Removes the record of `digest` (and its callId index entry), waking its waiters.
     fn remove(&self, shard: &mut Shard, digest: &Digest) {
-        if let Some(entry) = shard.records.remove(digest) {
-            self.let_go(&entry, false);
+        if let Some(mut entry) = shard.records.remove(digest) {
+            self.let_go(&mut entry, false);
         }
     }
 
     /// What goes with a record removed from its shard: its waiters woken, its callId index entry,
     /// and, in a bounded store, its place, unless `keep_place` (the caller's new record takes it).
-    fn let_go(&self, entry: &Entry, keep_place: bool) {
+    fn let_go(&self, entry: &mut Entry, keep_place: bool) {
         entry.wake();
         let receipt = &entry.receipt;
         self.calls_of(&receipt.call_id)
@@ -243,10 +263,10 @@ impl MemoryStore {
     fn evict(&self, shard: &mut Shard, now_ms: u64, limit: usize) -> usize {
         let mut evicted = 0;
         while evicted < limit {
-            let Some(entry) = shard.take_finished(|lanes| lanes.pop_expired(now_ms)) else {
+            let Some(mut entry) = shard.take_finished(|lanes| lanes.pop_expired(now_ms)) else {
                 break;
             };
-            self.let_go(&entry, false);
+            self.let_go(&mut entry, false);
             evicted += 1;
         }
         evicted
@@ -256,10 +276,10 @@ impl MemoryStore {
     /// caller's new record (the store's count does not move). `false` if it holds none (every record
     /// in flight or `UNKNOWN`).
     fn make_room(&self, shard: &mut Shard, keep_place: bool) -> bool {
-        let Some(entry) = shard.take_finished(Lanes::pop_oldest) else {
+        let Some(mut entry) = shard.take_finished(Lanes::pop_oldest) else {
             return false;
         };
-        self.let_go(&entry, keep_place);
+        self.let_go(&mut entry, keep_place);
         true
     }
 
@@ -331,15 +351,15 @@ impl MemoryStore {
         &self,
         key: &Key,
         now_ms: u64,
-    ) -> Result<Option<Receipt>, Pin<Box<OwnedNotified>>> {
+    ) -> Result<Option<Receipt>, (Pin<Box<OwnedNotified>>, Arc<Waiters>)> {
         let mut shard = self.shard(key.digest());
         match shard.records.get_mut(key.digest()) {
             Some(entry) if !entry.receipt.expired(now_ms) => {
                 if entry.receipt.state == ReceiptState::Processing {
-                    let notify = entry.waiters.get_or_insert_with(Default::default).clone();
-                    let mut waiter = Box::pin(notify.notified_owned());
+                    let waiters = entry.waiters.get_or_insert_with(Default::default).clone();
+                    let mut waiter = Box::pin(waiters.notify.clone().notified_owned());
                     waiter.as_mut().enable();
-                    Err(waiter)
+                    Err((waiter, waiters))
                 } else {
                     Ok(Some(entry.receipt.clone()))
                 }
@@ -608,12 +628,15 @@ impl Store for MemoryStore {
         timeout: Duration,
         now_ms: u64,
     ) -> Result<Option<Receipt>, StoreError> {
-        let notified = match self.settled_or_waiter(key, now_ms) {
+        let (notified, waiters) = match self.settled_or_waiter(key, now_ms) {
             Ok(settled) => return Ok(settled),
-            Err(notified) => notified,
+            Err(waiting) => waiting,
         };
         let started = tokio::time::Instant::now();
         let _ = tokio::time::timeout(timeout, notified).await;
+        if let Some(settled) = waiters.settled.get() {
+            return Ok(Some(settled.clone()));
+        }
         let waited = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.get(key, now_ms.saturating_add(waited)).await
     }
@@ -1277,5 +1300,32 @@ mod tests {
         );
         let record = out.unwrap();
         assert!(record.is_none_or(|r| r.call_id.to_string().contains("second")));
+    }
+
+    /// Defect 4 of issue 24: a bounded store that is full evicts the oldest finished receipt for a
+    /// new key, and used to evict one whose duplicates had just been woken by its completion and had
+    /// not read it yet: they found nothing and ran the call again. The settled record is handed to
+    /// them with the wake-up.
+    #[tokio::test(start_paused = true)]
+    async fn a_full_store_never_takes_a_settled_record_from_its_waiters() {
+        let store = Arc::new(MemoryStore::with_capacity(1));
+        let keys = same_shard("handed", 2);
+        let fence = acquired(claim(&store, &keys[0], 1_000));
+        let waiter = tokio::spawn({
+            let (store, key) = (store.clone(), keys[0].clone());
+            async move {
+                store
+                    .wait_settled(&key, Duration::from_secs(30), 1_000)
+                    .await
+            }
+        });
+        tokio::task::yield_now().await;
+        finish(&store, &keys[0], fence, 1_010, 60_000);
+        // Before the waiter reads, a new key takes the only place: the settled record goes.
+        acquired(claim(&store, &keys[1], 1_011));
+        assert_eq!(store.get(&keys[0], 1_011).await.unwrap(), None, "evicted");
+        let settled = waiter.await.unwrap().unwrap().expect("the settled record");
+        assert_eq!(settled.state, ReceiptState::Success);
+        assert_eq!(settled.fence, fence);
     }
 }
