@@ -50,7 +50,7 @@ pub use context::{CallContext, CallContextLayer, CallIdSource, RequestIds};
 pub use idempotency::{
     store_2xx_and_4xx, Idempotency, IdempotencyLayer, StoredResponse, MAX_KEY_LEN,
 };
-pub use message::{Envelope, Inbox};
+pub use message::{AttributeError, Envelope, Inbox};
 pub use problem::Problem;
 #[cfg(feature = "axum")]
 pub use receipt::receipts;

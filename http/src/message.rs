@@ -1,13 +1,21 @@
 //! Messages: the callId and traceId of a logical call in a message's attributes and in its body, and
 //! an inbox that does a redelivered message's work once (seed 003 §4, the consumer's side).
+//!
+//! A message's identity is its call's callId and its number among the messages that call's attempt
+//! made (`seq`, from 0): the n-th message of every attempt of a call has the same identity, so a
+//! publish retried after a lost acknowledgement repeats its messages' identities, while two messages
+//! of one call (two line items, two events) have identities of their own.
 
-use std::fmt::Display;
+use std::fmt::{self, Display};
 use std::future::Future;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use samekey_runtime::__private::{KeyBuilder, MessageErrors as _, OnBusy, OnUnknown, Probe, Spec};
-use samekey_runtime::{CallId, Classify, Error, Inbound, ParseCallIdError, Runtime, TraceId};
+use samekey_runtime::{
+    CallId, Classify, Context, Error, Inbound, KeyEncoder, KeyPart, ParseCallIdError, Runtime,
+    TraceId,
+};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -15,19 +23,28 @@ use crate::once;
 
 /// The attribute (header) that carries a message's callId.
 pub const ATTR_CALL_ID: &str = "x-call-id";
+/// The attribute (header) that carries a message's number among those its call made
+/// ([`Envelope::seq`]), in decimal.
+pub const ATTR_MESSAGE_SEQ: &str = "x-message-seq";
 /// The attribute (header) that carries a message's traceId.
 pub const ATTR_TRACE_ID: &str = "x-trace-id";
 
 /// A message with the identity of the call that sent it: the body a producer publishes (JSON with
-/// `call_id`, `trace_id`, `payload`) and, through [`Envelope::attributes`], the broker's attributes —
-/// so that a consumer that reads only one of the two still has them.
+/// `call_id`, `seq`, `trace_id`, `payload`) and, through [`Envelope::attributes`], the broker's
+/// attributes — so that a consumer that reads only one of the two still has them.
 ///
 /// Publish from inside an `#[idempotent]` call: every attempt of that call (a publish retried after a
-/// timeout) sends the same callId, and the consumer's [`Inbox`] does the work once.
+/// timeout) sends its messages with the same identities — the call's callId and each message's
+/// [`seq`](Envelope::seq) — and the consumer's [`Inbox`] does each message's work once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Envelope<T> {
     /// The callId of the logical call the message belongs to.
     pub call_id: CallId,
+    /// The message's number among the messages its call's attempt made, from 0 (see
+    /// [`Envelope::new`]): with the callId, the message's identity. A body without it (an envelope
+    /// from before it was added) reads as 0, the first message of its call.
+    #[serde(default)]
+    pub seq: u64,
     /// The traceId of its business chain.
     pub trace_id: TraceId,
     /// The message itself.
@@ -35,12 +52,16 @@ pub struct Envelope<T> {
 }
 
 impl<T> Envelope<T> {
-    /// A message of the current `#[idempotent]` call (its callId and traceId); outside one, new ids
-    /// (callId prefix `msg`, the default runtime's node).
+    /// A message of the current `#[idempotent]` call: its callId and traceId, and the next number
+    /// of the running attempt ([`Context::next_message_seq`]: 0 for the attempt's first message, 1
+    /// for its second, …, counted anew on each attempt). An attempt that makes its messages in the
+    /// same order as the one before makes them with the same identities. Outside a call, new ids
+    /// (callId prefix `msg`, the default runtime's node) and `seq` 0.
     pub fn new(payload: T) -> Envelope<T> {
         match samekey_runtime::try_current() {
             Some(cx) => Envelope {
                 call_id: cx.call_id().clone(),
+                seq: Context::next_message_seq().unwrap_or(0),
                 trace_id: cx.trace_id(),
                 payload,
             },
@@ -51,6 +72,7 @@ impl<T> Envelope<T> {
                     .expect("`msg` and `node` are valid labels");
                 Envelope {
                     call_id,
+                    seq: 0,
                     trace_id: TraceId::new(),
                     payload,
                 }
@@ -58,45 +80,176 @@ impl<T> Envelope<T> {
         }
     }
 
-    /// The message's attributes: `x-call-id` and `x-trace-id`, for the broker's headers.
-    pub fn attributes(&self) -> [(&'static str, String); 2] {
+    /// The message's attributes: `x-call-id`, `x-message-seq` and `x-trace-id`, for the broker's
+    /// headers.
+    pub fn attributes(&self) -> [(&'static str, String); 3] {
         [
             (ATTR_CALL_ID, self.call_id.to_string()),
+            (ATTR_MESSAGE_SEQ, self.seq.to_string()),
             (ATTR_TRACE_ID, self.trace_id.to_string()),
         ]
     }
 
     /// A message read from a body without envelope and its attributes (`get` reads one by name): the
-    /// callId must be there and valid; a missing traceId is a new one.
+    /// callId must be there and valid; a missing `x-message-seq` is 0 (a producer from before it was
+    /// added), one that is not a decimal number an error; a missing traceId is a new one.
     pub fn from_attributes(
         payload: T,
         get: impl Fn(&str) -> Option<String>,
-    ) -> Result<Envelope<T>, ParseCallIdError> {
+    ) -> Result<Envelope<T>, AttributeError> {
         let call_id = get(ATTR_CALL_ID).unwrap_or_default().parse()?;
+        let seq = match get(ATTR_MESSAGE_SEQ) {
+            Some(text) => text.parse().map_err(|_| AttributeError::Seq(text))?,
+            None => 0,
+        };
         let trace_id = match get(ATTR_TRACE_ID) {
             Some(text) => text.parse()?,
             None => TraceId::new(),
         };
         Ok(Envelope {
             call_id,
+            seq,
             trace_id,
             payload,
         })
     }
 
     /// The message's identity as an inbound context: run a handler in [`Inbound::scope`] and the
-    /// first `#[idempotent]` call it makes keeps the message's callId.
+    /// first `#[idempotent]` call it makes keeps the callId of the message's work — the message's
+    /// callId for the first message of its call (`seq` 0), else that callId with `.<seq>` after its
+    /// prefix (`ord.1-1710000000000-9f3c2a7d41b0e855-node07` for the second message of
+    /// `ord-1710000000000-9f3c2a7d41b0e855-node07`, the prefix shortened to fit its 32 characters):
+    /// the same on every redelivery, and never one call's for another's work. Every call in the
+    /// scope has the message's traceId.
     pub fn inbound(&self) -> Inbound {
-        Inbound::new()
-            .call_id(self.call_id.clone())
-            .trace_id(self.trace_id)
+        let inbound = Inbound::new().trace_id(self.trace_id);
+        match self.work_call_id() {
+            Some(call_id) => inbound.call_id(call_id),
+            // Not reached for a valid callId; the work's call then makes a callId of its own.
+            None => inbound,
+        }
+    }
+
+    /// The callId of the message's work (see [`Envelope::inbound`]); `None` if it cannot be made.
+    fn work_call_id(&self) -> Option<CallId> {
+        if self.seq == 0 {
+            return Some(self.call_id.clone());
+        }
+        let suffix = format!(".{}", self.seq);
+        let prefix = self.call_id.prefix();
+        // ASCII (a valid prefix): any byte is a character boundary.
+        let kept = prefix
+            .get(..prefix.len().min(MAX_LABEL_LEN.saturating_sub(suffix.len())))
+            .unwrap_or(prefix);
+        format!(
+            "{kept}{suffix}-{}-{:016x}-{}",
+            self.call_id.unix_ms(),
+            self.call_id.entropy(),
+            self.call_id.node()
+        )
+        .parse()
+        .ok()
     }
 }
 
-/// A consumer's inbox: runs a message's handler **at most once per callId** — a message redelivered
-/// (by the broker, or republished by a producer that retried) gets the first delivery's outcome
-/// without running again — claimed and recorded in the runtime's store like any `#[idempotent]` call
-/// (key: the inbox's scope and the callId).
+/// The longest callId prefix, in bytes (the runtime's limit).
+const MAX_LABEL_LEN: usize = 32;
+
+/// Why a message's attributes do not make an [`Envelope`] ([`Envelope::from_attributes`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttributeError {
+    /// The callId is missing or invalid, or the traceId invalid.
+    Ids(ParseCallIdError),
+    /// `x-message-seq` is not a decimal number (its text).
+    Seq(String),
+}
+
+impl Display for AttributeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AttributeError::Ids(e) => e.fmt(f),
+            AttributeError::Seq(text) => write!(
+                f,
+                "invalid {ATTR_MESSAGE_SEQ} `{text}`: a message's number must be a decimal number"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for AttributeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            AttributeError::Ids(e) => Some(e),
+            AttributeError::Seq(_) => None,
+        }
+    }
+}
+
+impl From<ParseCallIdError> for AttributeError {
+    fn from(e: ParseCallIdError) -> AttributeError {
+        AttributeError::Ids(e)
+    }
+}
+
+/// A payload's JSON value as a `verify` part: its kinds kept apart, an object's members in the order
+/// of their names (so that a map whose order varies, a `HashMap`, fingerprints alike), a number by its
+/// JSON text. `None` (no JSON encoding) refuses it: the delivery fails with `Error::InvalidKey`.
+struct Payload(Option<serde_json::Value>);
+
+impl KeyPart for Payload {
+    fn encode_key(&self, out: &mut KeyEncoder) {
+        match &self.0 {
+            Some(value) => json(value, out),
+            None => out.refuse("the message's payload has no JSON encoding"),
+        }
+    }
+}
+
+fn json(value: &serde_json::Value, out: &mut KeyEncoder) {
+    use serde_json::Value;
+    match value {
+        Value::Null => out.unit(),
+        Value::Bool(b) => out.boolean(*b),
+        Value::Number(n) => {
+            out.variant("number", 1);
+            out.str(&n.to_string());
+        }
+        Value::String(s) => out.str(s),
+        Value::Array(items) => {
+            out.seq(items.len());
+            for item in items {
+                json(item, out);
+            }
+        }
+        Value::Object(members) => {
+            let mut members: Vec<_> = members.iter().collect();
+            members.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            out.map(members.len());
+            for (name, value) in members {
+                out.str(name);
+                json(value, out);
+            }
+        }
+    }
+}
+
+/// A consumer's inbox: runs a message's handler **at most once per message identity** (its callId
+/// and [`seq`](Envelope::seq)) — a message redelivered (by the broker, or republished by a producer
+/// that retried) gets its first delivery's outcome without running again, and each message of a call
+/// that published several is worked — claimed and recorded in the runtime's store like any
+/// `#[idempotent]` call, under the callId of the message's work ([`Envelope::inbound`]).
+///
+/// | delivery | answer |
+/// |---|---|
+/// | a message's first | its handler runs, under the message's traceId |
+/// | the same message again (same callId, `seq`, payload) | the first delivery's outcome; the handler does not run |
+/// | another message of the same call (another `seq`) | its own handler run: a message of its own |
+/// | the identity of a message already delivered with another payload | `samekey::Error::KeyReuse`; nothing runs |
+/// | a payload with no JSON encoding | `samekey::Error::InvalidKey`; nothing runs |
+///
+/// The key is the inbox's scope, the callId and, from the second message of a call on, its `seq` (a
+/// call's first message keeps the key it had before messages were numbered); the payload's JSON
+/// value is the call's `verify` fingerprint (object members in name order).
 ///
 /// The handler runs once per delivery; its error decides what the broker should do: a `Retryable`,
 /// `RateLimited` or `Rejected` one gives the key back (nack: the redelivery runs it again), a
@@ -148,11 +301,14 @@ impl Inbox {
         })
     }
 
-    /// Runs `handler` on the message's payload, under its callId and traceId, unless a delivery of
-    /// the same callId already did: then answers that delivery's outcome (a failure by its message, as
-    /// `samekey::Error::Failed`, through `E: From<samekey::Error>`).
+    /// Runs `handler` on the message's payload, under the callId of its work and its traceId, unless a
+    /// delivery of the same message (callId and `seq`) already did: then answers that delivery's
+    /// outcome (a failure by its message, as `samekey::Error::Failed`, through
+    /// `E: From<samekey::Error>`). A delivery of that identity with another payload is
+    /// `samekey::Error::KeyReuse`, and nothing runs.
     pub async fn deliver<T, R, E, F, Fut>(&self, message: Envelope<T>, handler: F) -> Result<R, E>
     where
+        T: Serialize,
         F: FnOnce(T) -> Fut,
         Fut: Future<Output = Result<R, E>>,
         R: Serialize + DeserializeOwned,
@@ -160,10 +316,18 @@ impl Inbox {
     {
         let inbound = message.inbound();
         let Envelope {
-            call_id, payload, ..
+            call_id,
+            seq,
+            payload,
+            ..
         } = message;
         let mut key = KeyBuilder::new(&self.scope);
         key.part(call_id.as_str());
+        if seq != 0 {
+            key.part(&seq);
+        }
+        let mut verify = KeyBuilder::new(&self.scope);
+        verify.verify_part(&Payload(serde_json::to_value(&payload).ok()), "payload");
         let spec = self.spec();
         let runtime = self.runtime.as_ref();
         inbound
@@ -171,7 +335,7 @@ impl Inbox {
                 runtime,
                 spec,
                 key,
-                None,
+                Some(verify),
                 Probe::<E>::new().codec(),
                 || handler(payload),
                 // One attempt per delivery (no retries): never asked for twice.

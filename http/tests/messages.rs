@@ -1,8 +1,10 @@
 //! Messages: a producer that retried publishes one callId twice, the consumer's inbox does the work
-//! once, its handler's own calls under the message's traceId; the ids survive the broker's
-//! attributes; a handler that asks for a redelivery gets one; on SQLite, a redelivery after the
-//! consumer restarts is not worked again.
+//! once, its handler's own calls under the message's traceId; a call that publishes two messages has
+//! both worked, each once, with identities that its retried attempt repeats; another payload under
+//! one identity is a key reuse; the ids survive the broker's attributes; a handler that asks for a
+//! redelivery gets one; on SQLite, a redelivery after the consumer restarts is not worked again.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -211,4 +213,267 @@ async fn a_redelivery_after_a_restart_is_not_worked_again() {
         "run 2: shipped o-5"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A call that publishes one message per line item; the first attempt's acknowledgement is lost
+/// after the broker took both, so the call retries and the broker holds each twice.
+struct Invoices {
+    rt: Runtime,
+    broker: Arc<Broker>,
+}
+
+impl Invoices {
+    #[idempotent(key = "order", runtime = &self.rt, backoff = "1ms..2ms")]
+    async fn publish_lines(&self, order: &str) -> Result<(), ShipError> {
+        for item in ["book", "pen"] {
+            let message = Envelope::new(format!("{order}:{item}"));
+            self.broker
+                .queue
+                .lock()
+                .unwrap()
+                .push(serde_json::to_string(&message).unwrap());
+        }
+        if self.broker.publishes.fetch_add(1, Ordering::SeqCst) == 0 {
+            return Err(ShipError::Unavailable);
+        }
+        Ok(())
+    }
+
+    /// The envelopes of one attempt, as made.
+    #[idempotent(key = "order", runtime = &self.rt)]
+    async fn make_two(&self, order: &str) -> Result<Vec<Envelope<String>>, ShipError> {
+        Ok(vec![
+            Envelope::new(format!("{order}:book")),
+            Envelope::new(format!("{order}:pen")),
+        ])
+    }
+}
+
+/// The broker's bodies, read back as envelopes.
+fn read(bodies: &[String]) -> Vec<Envelope<String>> {
+    bodies
+        .iter()
+        .map(|body| serde_json::from_str(body).unwrap())
+        .collect()
+}
+
+/// Both messages of one call are worked, once each; a redelivery of either (the retried publish's
+/// copy) is answered its own first outcome without running again. Each message's work runs under a
+/// callId of its own: the message's for the first, another for the second.
+#[tokio::test]
+async fn a_call_that_publishes_two_messages_has_both_worked_once() {
+    let rt = Runtime::builder().node("orders-1").build().unwrap();
+    let broker = Arc::new(Broker::default());
+    let invoices = Invoices {
+        rt: rt.clone(),
+        broker: broker.clone(),
+    };
+    invoices.publish_lines("o-7").await.unwrap();
+    let deliveries = read(&broker.queue.lock().unwrap());
+    assert_eq!(deliveries.len(), 4, "two messages, published twice");
+
+    let inbox = Inbox::new("billing.on_line").runtime(&rt);
+    let worked = &Mutex::new(Vec::new());
+    let mut answers = Vec::new();
+    for message in deliveries.iter().cloned() {
+        let answer = inbox
+            .deliver(message, |line| async move {
+                let call_id = samekey::current().call_id().to_string();
+                worked.lock().unwrap().push((line.clone(), call_id));
+                Ok::<_, ShipError>(format!("billed {line}"))
+            })
+            .await
+            .unwrap();
+        answers.push(answer);
+    }
+    assert_eq!(
+        answers,
+        [
+            "billed o-7:book",
+            "billed o-7:pen",
+            "billed o-7:book",
+            "billed o-7:pen"
+        ],
+        "each delivery answered its own message's outcome"
+    );
+    let worked = worked.lock().unwrap().clone();
+    let lines: Vec<&str> = worked.iter().map(|(line, _)| line.as_str()).collect();
+    assert_eq!(lines, ["o-7:book", "o-7:pen"], "each worked once");
+    assert_eq!(
+        worked[0].1,
+        deliveries[0].call_id.to_string(),
+        "the first message's work adopts its callId"
+    );
+    assert_ne!(worked[0].1, worked[1].1, "two calls, two callIds");
+    let first = &deliveries[0].call_id;
+    assert_eq!(
+        worked[1].1,
+        format!(
+            "{}.1-{}-{:016x}-{}",
+            first.prefix(),
+            first.unix_ms(),
+            first.entropy(),
+            first.node()
+        ),
+        "the second message's work: the callId with its seq after the prefix"
+    );
+}
+
+/// A callId whose prefix is as long as allowed gives the work of its later messages a callId all
+/// the same (the prefix shortened), one per message.
+#[tokio::test]
+async fn a_long_prefix_still_makes_a_call_id_per_message() {
+    let rt = Runtime::builder().node("billing-1").build().unwrap();
+    let inbox = Inbox::new("billing.on_line").runtime(&rt);
+    let call_id = samekey::CallId::new(&"p".repeat(32), "orders-1").unwrap();
+    let seen = &Mutex::new(Vec::new());
+    for seq in [0, 7, 12345678901234567890] {
+        let message = Envelope {
+            call_id: call_id.clone(),
+            seq,
+            trace_id: TraceId::new(),
+            payload: seq,
+        };
+        let worked = inbox
+            .deliver(message, |seq| async move {
+                seen.lock()
+                    .unwrap()
+                    .push(samekey::current().call_id().clone());
+                Ok::<_, ShipError>(seq)
+            })
+            .await
+            .unwrap();
+        assert_eq!(worked, seq);
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 3, "each worked");
+    assert_eq!(seen[0], call_id);
+    assert_eq!(seen[1].prefix(), format!("{}.7", "p".repeat(30)));
+    assert_eq!(
+        seen[2].prefix(),
+        format!("{}.12345678901234567890", "p".repeat(11))
+    );
+    assert!(seen[1..]
+        .iter()
+        .all(|id| id.unix_ms() == call_id.unix_ms() && id.entropy() == call_id.entropy()));
+}
+
+/// The retried attempt makes the same messages with the same identities (so a republished copy is
+/// a redelivery); the two messages of one attempt have identities of their own, in the body and in
+/// the attributes.
+#[tokio::test]
+async fn a_retried_publish_carries_the_same_identities() {
+    let rt = Runtime::builder().node("orders-1").build().unwrap();
+    let broker = Arc::new(Broker::default());
+    let invoices = Invoices {
+        rt: rt.clone(),
+        broker: broker.clone(),
+    };
+    invoices.publish_lines("o-8").await.unwrap();
+    let bodies = broker.queue.lock().unwrap().clone();
+    let deliveries = read(&bodies);
+    let attributes: Vec<_> = deliveries.iter().map(|m| m.attributes()).collect();
+    assert_eq!(bodies[0], bodies[2], "the book, twice, the same");
+    assert_eq!(bodies[1], bodies[3], "the pen, twice, the same");
+    assert_eq!(attributes[0], attributes[2]);
+    assert_eq!(attributes[1], attributes[3]);
+    assert_ne!(
+        attributes[0], attributes[1],
+        "two messages of one attempt, two identities"
+    );
+    let seqs: Vec<serde_json::Value> = bodies
+        .iter()
+        .map(|body| serde_json::from_str::<serde_json::Value>(body).unwrap()["seq"].clone())
+        .collect();
+    assert_eq!(seqs, [0, 1, 0, 1], "numbered from 0 in each attempt");
+    let seq_attribute = |attributes: &[(&str, String)]| {
+        attributes
+            .iter()
+            .find(|(name, _)| *name == "x-message-seq")
+            .map(|(_, value)| value.clone())
+    };
+    assert_eq!(seq_attribute(&attributes[1]).as_deref(), Some("1"));
+
+    // Read back from the attributes alone; an old envelope without a seq reads as the first.
+    let second = &deliveries[1];
+    let read_back = Envelope::from_attributes(second.payload.clone(), |name| {
+        attributes[1]
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.clone())
+    })
+    .unwrap();
+    assert_eq!(&read_back, second);
+    let mut old: serde_json::Value = serde_json::from_str(&bodies[0]).unwrap();
+    old.as_object_mut().unwrap().remove("seq");
+    let old: Envelope<String> = serde_json::from_value(old).unwrap();
+    assert_eq!(old, deliveries[0]);
+    let bad = Envelope::from_attributes(1u8, |name| match name {
+        "x-message-seq" => Some("one".to_owned()),
+        _ => attributes[0]
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.clone()),
+    });
+    assert!(bad.is_err(), "a seq that is not a number");
+
+    // Another attempt, made apart, numbers its messages alike.
+    let made = invoices.make_two("o-9").await.unwrap();
+    assert_eq!(
+        made[0].attributes()[0],
+        made[1].attributes()[0],
+        "one callId"
+    );
+    assert_ne!(made[0].attributes(), made[1].attributes());
+}
+
+/// A delivery with the identity of a message already worked but another payload is a reuse of that
+/// identity, not a redelivery: `KeyReuse`, and nothing runs; the real redelivery is replayed.
+#[tokio::test]
+async fn another_payload_under_one_identity_is_key_reuse() {
+    let rt = Runtime::builder().node("shipping-1").build().unwrap();
+    let inbox = Inbox::new("shipping.on_paid").runtime(&rt);
+    let message = Envelope::new("o-10".to_owned());
+    let run_counter = AtomicU32::new(0);
+    let runs = &run_counter;
+    let handler = |order: String| async move {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, ShipError>(format!("shipped {order}"))
+    };
+    assert_eq!(
+        inbox.deliver(message.clone(), handler).await.unwrap(),
+        "shipped o-10"
+    );
+    let forged = Envelope {
+        payload: "o-11".to_owned(),
+        ..message.clone()
+    };
+    let reused = inbox.deliver(forged, handler).await;
+    assert!(
+        matches!(
+            reused,
+            Err(ShipError::Samekey(samekey::Error::KeyReuse { .. }))
+        ),
+        "{reused:?}"
+    );
+    assert_eq!(
+        inbox.deliver(message, handler).await.unwrap(),
+        "shipped o-10"
+    );
+    assert_eq!(run_counter.load(Ordering::SeqCst), 1, "worked once");
+
+    // The same payload read back into a map of another order is the same payload: a redelivery.
+    let lines: HashMap<String, u32> = (0..32).map(|n| (format!("line-{n}"), n)).collect();
+    let message = Envelope::new(lines);
+    let body = serde_json::to_string(&message).unwrap();
+    let handler = |lines: HashMap<String, u32>| async move {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, ShipError>(lines.len())
+    };
+    assert_eq!(inbox.deliver(message, handler).await.unwrap(), 32);
+    for _ in 0..4 {
+        let redelivered: Envelope<HashMap<String, u32>> = serde_json::from_str(&body).unwrap();
+        assert_eq!(inbox.deliver(redelivered, handler).await.unwrap(), 32);
+    }
+    assert_eq!(run_counter.load(Ordering::SeqCst), 2, "worked once more");
 }

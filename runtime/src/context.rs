@@ -9,9 +9,11 @@
 //!   traceId, so a chain shares one traceId.
 //! * An inbound callId is adopted by the **first** `#[idempotent]` call in its scope only: it identifies
 //!   one call, and handing it to a second call would make two calls share an identity.
+//! * Each attempt numbers the messages it makes from 0 ([`Context::next_message_seq`]), so the n-th
+//!   message of every attempt of a call gets the same number.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::call_id::{CallId, Label, TraceId};
@@ -35,6 +37,8 @@ pub struct Context {
     trace_id: TraceId,
     key: Key,
     attempt: u32,
+    /// The messages this attempt made so far ([`Context::next_message_seq`]).
+    messages: MessageCount,
     fence: Fence,
     started_ms: u64,
     expires_at_ms: u64,
@@ -89,6 +93,7 @@ impl Context {
             trace_id,
             key,
             attempt,
+            messages: MessageCount::default(),
             fence,
             started_ms,
             expires_at_ms,
@@ -133,6 +138,23 @@ impl Context {
         self.attempt
     }
 
+    /// The number of the next message (an envelope, an event) made by the running attempt: 0 for
+    /// its first, counted anew for each attempt, so that the n-th message of every attempt of a call
+    /// gets the same number and a retried publish repeats the first's `(callId, number)` — as long
+    /// as the attempt makes its messages in the same order. `None` outside an `#[idempotent]` call.
+    ///
+    /// It counts on the running attempt's own context, not on a copy of it ([`current()`] answers a
+    /// copy, which does not count).
+    pub fn next_message_seq() -> Option<u64> {
+        SCOPE
+            .try_with(|scope| match scope {
+                Scope::Call(context) => Some(context.messages.0.fetch_add(1, Ordering::Relaxed)),
+                Scope::Inbound(_) => None,
+            })
+            .ok()
+            .flatten()
+    }
+
     /// The fencing token under which this attempt owns the key: a store write made by the body in its
     /// own transaction (`PgStore::complete_in`) presents it.
     pub fn fence(&self) -> Fence {
@@ -153,6 +175,17 @@ impl Context {
     /// context twice (itself, and the task-local's copy).
     pub(crate) fn scope<F: Future>(self, f: F) -> impl Future<Output = F::Output> {
         SCOPE.scope(Scope::Call(self), f)
+    }
+}
+
+/// How many messages an attempt made ([`Context::next_message_seq`]). A copy of a context takes the
+/// count as it stands and does not count further for the attempt.
+#[derive(Debug, Default)]
+struct MessageCount(AtomicU64);
+
+impl Clone for MessageCount {
+    fn clone(&self) -> MessageCount {
+        MessageCount(AtomicU64::new(self.0.load(Ordering::Relaxed)))
     }
 }
 
