@@ -48,8 +48,12 @@ pub const DEFAULT_LOCAL_MAX_AGE: Duration = Duration::from_secs(60);
 /// that keeps it: a completion made here keeps it for the completion's `ttl` from then, and a receipt
 /// read from a store with a clock of its own is kept for what that store's time says is left (the
 /// store is asked for it). `max_age` is what a key [forgotten](Store::forget) by another process
-/// costs: this one replays it up to `max_age` longer (forgotten through this store, it goes at once).
-/// The cache holds `capacity` receipts at most, the first kept going first.
+/// costs: this one replays it up to `max_age` longer. Forgotten through this store, it goes at once,
+/// and no answer the store gave before the forget is kept after it: a claim or a read that found the
+/// receipt, or a completion, whose answer was still on its way when the forget went through keeps
+/// nothing (nor does one of another key in the same of its 16 shards, kept at its next read instead),
+/// so the next claim of the key reaches the wrapped store. The cache holds `capacity` receipts at
+/// most, the first kept going first.
 pub struct LocalCache<S> {
     inner: S,
     shards: Box<[Mutex<Shard>]>,
@@ -72,7 +76,14 @@ struct Owned {
 struct Shard {
     receipts: HashMap<[u8; 32], Kept>,
     order: VecDeque<[u8; 32]>,
+    /// How many forgets of the shard's keys went through this cache: a receipt the store answered
+    /// to a read that started before one is not kept after it.
+    forgets: u64,
 }
+
+/// A shard's count of forgets when a read of the store started (see [`Shard::forgets`]).
+#[derive(Clone, Copy)]
+struct Seen(u64);
 
 struct Kept {
     receipt: Receipt,
@@ -124,20 +135,29 @@ impl<S: Store> LocalCache<S> {
         lock(&self.shards[usize::from(key.digest()[30]) % SHARDS])
     }
 
-    /// The kept receipt of `key`, if its time has not run out at `now_ms`.
-    fn hit(&self, key: &Key, now_ms: u64) -> Option<Receipt> {
+    /// The kept receipt of `key`, if its time has not run out at `now_ms`; else what its shard has
+    /// seen of forgets, for the read of the store that follows.
+    fn hit(&self, key: &Key, now_ms: u64) -> Result<Receipt, Seen> {
         let mut shard = self.shard(key);
-        let kept = shard.receipts.get(key.digest())?;
+        let seen = Seen(shard.forgets);
+        let Some(kept) = shard.receipts.get(key.digest()) else {
+            return Err(seen);
+        };
         if kept.until_ms > now_ms {
-            return Some(kept.receipt.clone());
+            return Ok(kept.receipt.clone());
         }
         shard.receipts.remove(key.digest());
-        None
+        Err(seen)
     }
 
-    /// Keeps `receipt`, read from the store just now, if it is finished: until it expires (by its
-    /// store's clock) or for `max_age`.
-    async fn keep_read(&self, receipt: &Receipt, now_ms: u64) {
+    /// What the shard of `key` has seen of forgets, before a write whose answer may be kept.
+    fn seen(&self, key: &Key) -> Seen {
+        Seen(self.shard(key).forgets)
+    }
+
+    /// Keeps `receipt`, read from the store just now by a read that started when its shard had
+    /// `seen` forgets, if it is finished: until it expires (by its store's clock) or for `max_age`.
+    async fn keep_read(&self, receipt: &Receipt, now_ms: u64, seen: Seen) {
         let Some(expires_at_ms) = receipt.expires_at_ms else {
             return;
         };
@@ -153,17 +173,22 @@ impl<S: Store> LocalCache<S> {
             },
         };
         let left = expires_at_ms.saturating_sub(store_now_ms);
-        self.keep(receipt.clone(), now_ms, left);
+        self.keep(receipt.clone(), now_ms, left, seen);
     }
 
-    /// Keeps a finished `receipt` for `left_ms` from `now_ms` (at most `max_age`).
-    fn keep(&self, receipt: Receipt, now_ms: u64, left_ms: u64) {
+    /// Keeps a finished `receipt` for `left_ms` from `now_ms` (at most `max_age`), unless a forget
+    /// of its shard's keys went through since the store was asked for it (when the shard had `seen`
+    /// forgets): the store may have answered the receipt before that forget deleted it.
+    fn keep(&self, receipt: Receipt, now_ms: u64, left_ms: u64, seen: Seen) {
         let until_ms = now_ms.saturating_add(left_ms.min(self.max_age_ms));
         if until_ms <= now_ms || !receipt.state.is_terminal() {
             return;
         }
         let digest = *receipt.key.digest();
         let mut shard = self.shard(&receipt.key);
+        if shard.forgets != seen.0 {
+            return;
+        }
         let kept = Kept { receipt, until_ms };
         if shard.receipts.insert(digest, kept).is_some() {
             return;
@@ -177,13 +202,19 @@ impl<S: Store> LocalCache<S> {
         }
         // Entries of receipts dropped at their time leave the order queue when they reach its front.
         if shard.order.len() > 2 * self.shard_capacity {
-            let Shard { receipts, order } = &mut *shard;
+            let Shard {
+                receipts, order, ..
+            } = &mut *shard;
             order.retain(|d| receipts.contains_key(d));
         }
     }
 
-    fn drop_kept(&self, key: &Key) {
-        self.shard(key).receipts.remove(key.digest());
+    /// Drops the kept receipt of `key`, forgotten in the store, and counts the forget: no answer
+    /// the store gave before it is kept after it.
+    fn forgotten(&self, key: &Key) {
+        let mut shard = self.shard(key);
+        shard.forgets = shard.forgets.wrapping_add(1);
+        shard.receipts.remove(key.digest());
     }
 
     fn owned(&self) -> MutexGuard<'_, HashMap<[u8; 32], Owned>> {
@@ -206,14 +237,15 @@ impl<S: Store> LocalCache<S> {
 #[async_trait]
 impl<S: Store> Store for LocalCache<S> {
     async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError> {
-        if let Some(receipt) = self.hit(&claim.key, claim.now_ms) {
-            return Ok(Claimed::Existing(receipt));
-        }
+        let seen = match self.hit(&claim.key, claim.now_ms) {
+            Ok(receipt) => return Ok(Claimed::Existing(receipt)),
+            Err(seen) => seen,
+        };
         let (digest, now_ms) = (*claim.key.digest(), claim.now_ms);
         let (call_id, fingerprint) = (claim.call_id.clone(), claim.fingerprint);
         let claimed = self.inner.claim(claim).await?;
         match &claimed {
-            Claimed::Existing(receipt) => self.keep_read(receipt, now_ms).await,
+            Claimed::Existing(receipt) => self.keep_read(receipt, now_ms, seen).await,
             Claimed::Acquired(fence) => {
                 let mut owned = self.owned();
                 // Bounded like the receipts: past it, a completion is kept at its first read. An
@@ -277,6 +309,8 @@ impl<S: Store> Store for LocalCache<S> {
         now_ms: u64,
     ) -> Result<Transition, StoreError> {
         let owned = self.disown(key, fence);
+        // Before the store commits: a forget can only follow the commit.
+        let seen = self.seen(key);
         let (state, outcome, ttl_ms) = (
             completion.state,
             completion.outcome.clone(),
@@ -298,7 +332,7 @@ impl<S: Store> Store for LocalCache<S> {
                 created_ms: owned.created_ms,
                 updated_ms: now_ms,
             };
-            self.keep(receipt, now_ms, ttl_ms);
+            self.keep(receipt, now_ms, ttl_ms, seen);
         }
         Ok(transition)
     }
@@ -320,20 +354,22 @@ impl<S: Store> Store for LocalCache<S> {
 
     async fn forget(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
         self.disown(key, fence);
-        self.drop_kept(key);
         let forgotten = self.inner.forget(key, fence).await;
-        // A read that kept the receipt meanwhile.
-        self.drop_kept(key);
+        // Once the store answered, whatever it answered (a forget it applied may have failed to
+        // answer): the receipt goes, and so does any answer to a read, a claim or a completion
+        // that was in flight meanwhile, kept or not yet.
+        self.forgotten(key);
         forgotten
     }
 
     async fn get(&self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, StoreError> {
-        if let Some(receipt) = self.hit(key, now_ms) {
-            return Ok(Some(receipt));
-        }
+        let seen = match self.hit(key, now_ms) {
+            Ok(receipt) => return Ok(Some(receipt)),
+            Err(seen) => seen,
+        };
         let found = self.inner.get(key, now_ms).await?;
         if let Some(receipt) = &found {
-            self.keep_read(receipt, now_ms).await;
+            self.keep_read(receipt, now_ms, seen).await;
         }
         Ok(found)
     }
@@ -370,7 +406,9 @@ impl<S: Store> Store for LocalCache<S> {
     async fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
         for shard in self.shards.iter() {
             let mut shard = lock(shard);
-            let Shard { receipts, order } = &mut *shard;
+            let Shard {
+                receipts, order, ..
+            } = &mut *shard;
             receipts.retain(|_, kept| kept.until_ms > now_ms);
             order.retain(|d| receipts.contains_key(d));
         }

@@ -1,0 +1,143 @@
+//! A key forgotten through a cache in front of the store goes at once: a read, a claim or a completion
+//! whose answer was in flight when the forget went through is not kept after it, so the redo that the
+//! forget allows reaches the store (issue 24, defect 7). `LocalCache` in process; with feature `redis`
+//! and `SAMEKEY_REDIS_URL`, the Redis front cache (`CachedStore`) too.
+
+mod support;
+
+use std::sync::Arc;
+
+use samekey::store::{Claim, Claimed, Completion, LocalCache};
+use samekey::Clock;
+use samekey::{CallId, Key, MemoryStore, Receipt, ReceiptState, Runtime, Store, SystemClock};
+use support::faulty::{Act, Faulty, Gate};
+
+fn now() -> u64 {
+    SystemClock.now_ms()
+}
+
+fn claim(key: &Key, now_ms: u64) -> Claim {
+    Claim {
+        key: key.clone(),
+        call_id: CallId::new("forget", "test").unwrap(),
+        fingerprint: None,
+        lease_ms: 10_000,
+        now_ms,
+    }
+}
+
+fn success(ttl_ms: u64) -> Completion {
+    Completion {
+        state: ReceiptState::Success,
+        outcome: Some(b"42".as_slice().into()),
+        ttl_ms,
+    }
+}
+
+/// A call on `key` finished at `now_ms`, straight in `store` (behind any cache in front of it).
+async fn finished_behind(store: &dyn Store, key: &Key, now_ms: u64, ttl_ms: u64) -> Receipt {
+    let Ok(Claimed::Acquired(fence)) = store.claim(claim(key, now_ms)).await else {
+        panic!("a fresh key")
+    };
+    store
+        .complete(key, fence, success(ttl_ms), now_ms)
+        .await
+        .unwrap();
+    store.get(key, now_ms).await.unwrap().expect("finished")
+}
+
+/// A `LocalCache` over a `Faulty` memory store, and a runtime on it (whose `forget` the operator uses).
+fn local() -> (Arc<LocalCache<Faulty>>, Runtime) {
+    let faulty = Faulty::new(Arc::new(MemoryStore::new()));
+    let store = Arc::new(LocalCache::new(faulty, 100));
+    let rt = Runtime::builder()
+        .node("forget")
+        .shared_store(store.clone())
+        .build()
+        .unwrap();
+    (store, rt)
+}
+
+/// After a forget, the key's next claim through the cache reaches the store and acquires it.
+async fn the_redo_reaches_the_store(store: &LocalCache<Faulty>, key: &Key) {
+    store.inner().take_ops();
+    let redo = store.claim(claim(key, now())).await.unwrap();
+    assert!(
+        matches!(redo, Claimed::Acquired(_)),
+        "the forgotten key is answered {redo:?}"
+    );
+    assert_eq!(store.inner().take_ops(), ["claim"], "asked of the store");
+}
+
+/// A duplicate's claim read the finished record before the operator's forget and is answered after
+/// it: the cache does not keep that receipt, and the redo runs.
+#[tokio::test]
+async fn local_cache_keeps_no_claim_answered_across_a_forget() {
+    let (store, rt) = local();
+    let key = Key::build("forget", &1u64);
+    let record = finished_behind(store.inner(), &key, now(), 60_000).await;
+    let gate = Gate::new();
+    store.inner().plan("claim", [Act::After(gate.clone())]);
+    let duplicate = tokio::spawn({
+        let store = store.clone();
+        let key = key.clone();
+        async move { store.claim(claim(&key, now())).await }
+    });
+    gate.reached().await;
+    rt.forget(&key, "alice", "the customer redoes it")
+        .await
+        .unwrap();
+    gate.open();
+    // The duplicate was answered before the forget: the record as it was.
+    assert_eq!(duplicate.await.unwrap().unwrap(), Claimed::Existing(record));
+    the_redo_reaches_the_store(&store, &key).await;
+}
+
+/// The same for a read (`get`) answered before the forget and returned after it.
+#[tokio::test]
+async fn local_cache_keeps_no_read_answered_across_a_forget() {
+    let (store, rt) = local();
+    let key = Key::build("forget", &2u64);
+    let record = finished_behind(store.inner(), &key, now(), 60_000).await;
+    let gate = Gate::new();
+    store.inner().plan("get", [Act::After(gate.clone())]);
+    let read = tokio::spawn({
+        let store = store.clone();
+        let key = key.clone();
+        async move { store.get(&key, now()).await }
+    });
+    gate.reached().await;
+    rt.forget(&key, "alice", "the customer redoes it")
+        .await
+        .unwrap();
+    gate.open();
+    assert_eq!(read.await.unwrap().unwrap(), Some(record));
+    the_redo_reaches_the_store(&store, &key).await;
+}
+
+/// A call that completed through the cache, whose completion the store applied but answered only
+/// after the operator forgot the key (found finished meanwhile): the cache does not keep it either.
+#[tokio::test]
+async fn local_cache_keeps_no_completion_answered_across_a_forget() {
+    let (store, rt) = local();
+    let key = Key::build("forget", &3u64);
+    let Ok(Claimed::Acquired(fence)) = store.claim(claim(&key, now())).await else {
+        panic!("a fresh key")
+    };
+    let gate = Gate::new();
+    store.inner().plan("complete", [Act::After(gate.clone())]);
+    let completing = tokio::spawn({
+        let store = store.clone();
+        let key = key.clone();
+        async move { store.complete(&key, fence, success(60_000), now()).await }
+    });
+    gate.reached().await;
+    let forgotten = rt
+        .forget(&key, "alice", "the customer redoes it")
+        .await
+        .unwrap();
+    assert_eq!(forgotten.fence, fence);
+    gate.open();
+    assert_eq!(completing.await.unwrap().unwrap(), Transition::Applied);
+    the_redo_reaches_the_store(&store, &key).await;
+}
