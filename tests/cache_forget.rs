@@ -8,8 +8,9 @@ mod support;
 use std::sync::Arc;
 
 use samekey::store::{Claim, Claimed, Completion, LocalCache};
-use samekey::Clock;
-use samekey::{CallId, Key, MemoryStore, Receipt, ReceiptState, Runtime, Store, SystemClock};
+use samekey::{
+    CallId, Clock, Key, MemoryStore, Receipt, ReceiptState, Runtime, Store, SystemClock, Transition,
+};
 use support::faulty::{Act, Faulty, Gate};
 
 fn now() -> u64 {
