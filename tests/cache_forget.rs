@@ -142,3 +142,90 @@ async fn local_cache_keeps_no_completion_answered_across_a_forget() {
     assert_eq!(completing.await.unwrap().unwrap(), Transition::Applied);
     the_redo_reaches_the_store(&store, &key).await;
 }
+
+/// The Redis front cache over a `Faulty` memory store (feature `redis`, `SAMEKEY_REDIS_URL`).
+#[cfg(feature = "redis")]
+mod front_cache {
+    use std::time::Duration;
+
+    use samekey::store::{CachedStore, RedisStore};
+
+    use super::*;
+
+    /// A `CachedStore` over a `Faulty` memory store, its cache on a key prefix of its own; `None`
+    /// (said past the output capture) without `SAMEKEY_REDIS_URL`.
+    async fn cached() -> Option<Arc<CachedStore<Faulty>>> {
+        let Ok(url) = std::env::var("SAMEKEY_REDIS_URL") else {
+            samekey::conformance::skipped(
+                "set SAMEKEY_REDIS_URL (scripts/services start) to run the front cache's cases",
+            );
+            return None;
+        };
+        let prefix = format!("cache-forget-{:x}", samekey::TraceId::new().as_u128());
+        let cache = RedisStore::connect_unverified(&url, &prefix)
+            .await
+            .expect("connect to SAMEKEY_REDIS_URL");
+        let durable = Faulty::new(Arc::new(MemoryStore::new()));
+        Some(Arc::new(CachedStore::new(durable, cache)))
+    }
+
+    /// Once every cache write has landed, the key's next claim reaches the durable store.
+    async fn the_redo_reaches_the_store(store: &CachedStore<Faulty>, key: &Key) {
+        store.flush().await;
+        store.durable().take_ops();
+        let redo = store.claim(claim(key, now())).await.unwrap();
+        assert!(
+            matches!(redo, Claimed::Acquired(_)),
+            "the forgotten key is answered {redo:?}"
+        );
+        assert_eq!(store.durable().take_ops(), ["claim"], "asked of the store");
+    }
+
+    /// A read-through's cache write still pending (held where it asks the durable store for its time)
+    /// when the key is forgotten does not land after the forget.
+    #[tokio::test]
+    async fn front_cache_forget_orders_after_a_pending_cache_write() {
+        let Some(store) = cached().await else { return };
+        let key = Key::build("forget", &11u64);
+        let record = finished_behind(store.durable(), &key, now(), 60_000).await;
+        let gate = Gate::new();
+        store.durable().plan("now_ms", [Act::Before(gate.clone())]);
+        assert_eq!(store.get(&key, now()).await.unwrap(), Some(record.clone()));
+        gate.reached().await;
+        let mut forget = tokio::spawn({
+            let (store, key) = (store.clone(), key.clone());
+            async move { store.forget(&key, record.fence).await }
+        });
+        // A forget that does not wait for the write is done long before this; one that does waits
+        // for the gate.
+        let done = tokio::time::timeout(Duration::from_millis(300), &mut forget).await;
+        gate.open();
+        match done {
+            Ok(forgotten) => forgotten.unwrap().unwrap(),
+            Err(_) => forget.await.unwrap().unwrap(),
+        }
+        the_redo_reaches_the_store(&store, &key).await;
+    }
+
+    /// A completion the durable store applied and answered only after the key was forgotten (found
+    /// finished meanwhile) is not written to the cache after the forget.
+    #[tokio::test]
+    async fn front_cache_caches_no_completion_answered_across_a_forget() {
+        let Some(store) = cached().await else { return };
+        let key = Key::build("forget", &12u64);
+        let Ok(Claimed::Acquired(fence)) = store.claim(claim(&key, now())).await else {
+            panic!("a fresh key")
+        };
+        let gate = Gate::new();
+        store.durable().plan("complete", [Act::After(gate.clone())]);
+        let completing = tokio::spawn({
+            let (store, key) = (store.clone(), key.clone());
+            async move { store.complete(&key, fence, success(60_000), now()).await }
+        });
+        gate.reached().await;
+        store.forget(&key, fence).await.unwrap();
+        gate.open();
+        assert_eq!(completing.await.unwrap().unwrap(), Transition::Applied);
+        the_redo_reaches_the_store(&store, &key).await;
+    }
+}

@@ -31,6 +31,12 @@ use crate::store::{Claim, Claimed, Completion, ReceiptPage, ReceiptQuery, Store,
 ///   receipt query, a key completed by another process) is written in a task of its own too, to
 ///   expire when the durable store's clock says the receipt does (it asks that store for its time).
 ///
+/// A key [forgotten](Store::forget) through this store goes from the cache at once: the forget waits
+/// for this instance's background writes, and none of them writes an answer the durable store gave
+/// before the forget (a read, a claim or a completion still on its way) after it. Another instance
+/// over the same cache may still write one it read just before the forget, replayed until that entry
+/// expires.
+///
 /// A cache that is down or answers nonsense is logged and bypassed for a cool-down (5 s): every
 /// operation then goes to the durable store. Background writes are bounded (at most 1,024 in flight;
 /// beyond that a completion is left to read-through); [`CachedStore::flush`] waits for them, for
@@ -60,6 +66,9 @@ struct Cache {
     owned: Mutex<HashMap<[u8; 32], Owned>>,
     /// One permit per background cache write that may be in flight.
     writes: Arc<Semaphore>,
+    /// How many forgets went through this store: a receipt the durable store answered to an
+    /// operation that started before one is not written to the cache after it.
+    forgets: AtomicU64,
 }
 
 /// What a claim taken through a [`CachedStore`] knows of its receipt.
@@ -95,6 +104,7 @@ impl<D: Store> CachedStore<D> {
                 epoch: std::time::Instant::now(),
                 owned: Mutex::new(HashMap::new()),
                 writes: Arc::new(Semaphore::new(MAX_BACKGROUND_WRITES)),
+                forgets: AtomicU64::new(0),
             }),
         }
     }
@@ -133,12 +143,20 @@ impl<D: Store> CachedStore<D> {
         }
     }
 
+    /// How many forgets went through this store so far, read before the durable store is asked for
+    /// something whose answer may be cached.
+    fn forgets(&self) -> u64 {
+        self.cache.forgets.load(Ordering::SeqCst)
+    }
+
     /// Writes a finished `receipt` to the cache in a task of its own (if a tokio runtime runs this call
-    /// and fewer than [`MAX_BACKGROUND_WRITES`] are in flight; otherwise a later read caches it). The
-    /// entry expires by Redis's relative `PEXPIRE`: after `keep`, or when the receipt expires by the
-    /// durable store's clock (never by this instance's).
-    fn write_behind(&self, receipt: Receipt, keep: Keep) {
-        if !receipt.state.is_terminal() || !self.cache.usable() {
+    /// and fewer than [`MAX_BACKGROUND_WRITES`] are in flight; otherwise a later read caches it), unless
+    /// a forget went through since the durable store was asked for it (when this store had counted
+    /// `forgets`): that answer may precede the forget. The entry expires by Redis's relative
+    /// `PEXPIRE`: after `keep`, or when the receipt expires by the durable store's clock (never by this
+    /// instance's).
+    fn write_behind(&self, receipt: Receipt, keep: Keep, forgets: u64) {
+        if !receipt.state.is_terminal() || !self.cache.usable() || self.forgets() != forgets {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -158,7 +176,10 @@ impl<D: Store> CachedStore<D> {
                     }
                 }
             };
-            if let Some(keep) = keep.filter(|&ms| ms > 0) {
+            // Checked again under the permit: a forget counts itself, then waits for every permit
+            // (`flush`) before it deletes the entry, so this write is refused or lands before that.
+            let forgotten = cache.forgets.load(Ordering::SeqCst) != forgets;
+            if let Some(keep) = keep.filter(|&ms| ms > 0 && !forgotten) {
                 cache.remember(&receipt, keep).await;
             }
             drop(permit);
@@ -225,6 +246,7 @@ impl<D: Store> Store for CachedStore<D> {
         }
         let (digest, now) = (*claim.key.digest(), claim.now_ms);
         let (call_id, fingerprint) = (claim.call_id.clone(), claim.fingerprint);
+        let forgets = self.forgets();
         let claimed = self.durable.claim(claim).await?;
         match &claimed {
             Claimed::Acquired(fence) => {
@@ -238,7 +260,7 @@ impl<D: Store> Store for CachedStore<D> {
                 all.insert(digest, owned);
             }
             Claimed::Existing(record) => {
-                self.write_behind(record.clone(), Keep::UntilExpiry(now));
+                self.write_behind(record.clone(), Keep::UntilExpiry(now), forgets);
             }
         }
         Ok(claimed)
@@ -304,6 +326,8 @@ impl<D: Store> Store for CachedStore<D> {
             completion.outcome.clone(),
             now_ms.saturating_add(completion.ttl_ms),
         );
+        // Before the durable store commits: a forget can only follow the commit.
+        let forgets = self.forgets();
         let transition = self
             .durable
             .complete(key, fence, completion, now_ms)
@@ -322,7 +346,8 @@ impl<D: Store> Store for CachedStore<D> {
                 created_ms: owned.created_ms,
                 updated_ms: now_ms,
             };
-            self.write_behind(receipt, Keep::For(expires_at_ms.saturating_sub(now_ms)));
+            let keep = Keep::For(expires_at_ms.saturating_sub(now_ms));
+            self.write_behind(receipt, keep, forgets);
         }
         Ok(transition)
     }
@@ -342,27 +367,37 @@ impl<D: Store> Store for CachedStore<D> {
         self.durable.release(key, fence).await
     }
 
-    /// Forgets the durable record, and the cache's entry before and after (a read in between may have
-    /// cached it again). A node that read the record just before and caches it after may replay it
-    /// until that entry expires.
     fn kind(&self) -> &'static str {
         "cached"
     }
 
+    /// Forgets the durable record, and the cache's entry before and after. No cache write of this
+    /// store lands after it: once the durable store answered, the forget is counted (an answer the
+    /// durable store gave before it is not written to the cache any more, whatever its key), every
+    /// background write in flight is waited for ([`CachedStore::flush`]), and the entry is deleted
+    /// again. Another instance over the same cache that read the record just before the forget and
+    /// writes it after may still have it replayed until that entry expires.
     async fn forget(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
         self.disown(key, fence);
+        // A cache that cannot delete the entry now would replay it once it answers again: the
+        // forget fails before anything is forgotten.
         self.cache.redis.cache_forget(key).await?;
-        self.durable.forget(key, fence).await?;
-        self.cache.redis.cache_forget(key).await
+        // Whatever the durable store answers (a forget it applied may have failed to answer).
+        let forgotten = self.durable.forget(key, fence).await;
+        self.cache.forgets.fetch_add(1, Ordering::SeqCst);
+        self.flush().await;
+        let deleted = self.cache.redis.cache_forget(key).await;
+        forgotten.and(deleted)
     }
 
     async fn get(&self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, StoreError> {
         if let Some(hit) = self.cached(key, now_ms, "a read").await {
             return Ok(Some(hit));
         }
+        let forgets = self.forgets();
         let found = self.durable.get(key, now_ms).await?;
         if let Some(record) = &found {
-            self.write_behind(record.clone(), Keep::UntilExpiry(now_ms));
+            self.write_behind(record.clone(), Keep::UntilExpiry(now_ms), forgets);
         }
         Ok(found)
     }
@@ -375,9 +410,14 @@ impl<D: Store> Store for CachedStore<D> {
                 Err(e) => self.cache.bypass(&e, "a receipt query"),
             }
         }
+        let forgets = self.forgets();
         let found = self.durable.get_by_call_id(call_id).await?;
         if let Some(record) = &found {
-            self.write_behind(record.clone(), Keep::UntilExpiry(record.updated_ms));
+            self.write_behind(
+                record.clone(),
+                Keep::UntilExpiry(record.updated_ms),
+                forgets,
+            );
         }
         Ok(found)
     }
