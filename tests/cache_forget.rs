@@ -228,4 +228,31 @@ mod front_cache {
         assert_eq!(completing.await.unwrap().unwrap(), Transition::Applied);
         the_redo_reaches_the_store(&store, &key).await;
     }
+
+    /// A receipt found by its callId is cached until it expires by the durable store's time (here the
+    /// caller's clock), not for its whole ttl again from when it was last written.
+    #[tokio::test]
+    async fn front_cache_keeps_a_receipt_found_by_call_id_until_its_expiry() {
+        let Some(store) = cached().await else { return };
+        let key = Key::build("forget", &13u64);
+        // Finished 58 s ago with a ttl of 60 s: it expires in 2 s.
+        let record = finished_behind(store.durable(), &key, now() - 58_000, 60_000).await;
+        let expires_at = record.expires_at_ms.expect("a finished record expires");
+        let found = store.get_by_call_id(&record.call_id).await.unwrap();
+        assert_eq!(found.as_ref(), Some(&record));
+        store.flush().await;
+        store.durable().take_ops();
+        let cached = store.get_by_call_id(&record.call_id).await.unwrap();
+        assert_eq!(cached.map(|r| r.fence), Some(record.fence));
+        assert!(
+            store.durable().take_ops().is_empty(),
+            "answered by the cache"
+        );
+        // Past its expiry, and purged from the durable store: found nowhere.
+        let left = expires_at.saturating_sub(now());
+        tokio::time::sleep(Duration::from_millis(left + 200)).await;
+        assert_eq!(store.durable().purge_expired(now()).await.unwrap(), 1);
+        let late = store.get_by_call_id(&record.call_id).await.unwrap();
+        assert_eq!(late, None, "an expired receipt answered by the cache");
+    }
 }

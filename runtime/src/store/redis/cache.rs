@@ -29,7 +29,9 @@ use crate::store::{Claim, Claimed, Completion, ReceiptPage, ReceiptQuery, Store,
 ///   first replay is already served from Redis and the caller does not wait for the cache;
 /// - **read-through**: a finished receipt the durable store answers (a replay that missed the cache, a
 ///   receipt query, a key completed by another process) is written in a task of its own too, to
-///   expire when the durable store's clock says the receipt does (it asks that store for its time).
+///   expire when the durable store's clock says the receipt does (it asks that store for its time;
+///   a query by callId carries no time of the caller's, and gives a durable store that takes the
+///   caller's time the system clock's).
 ///
 /// A key [forgotten](Store::forget) through this store goes from the cache at once: the forget waits
 /// for this instance's background writes, and none of them writes an answer the durable store gave
@@ -413,11 +415,11 @@ impl<D: Store> Store for CachedStore<D> {
         let forgets = self.forgets();
         let found = self.durable.get_by_call_id(call_id).await?;
         if let Some(record) = &found {
-            self.write_behind(
-                record.clone(),
-                Keep::UntilExpiry(record.updated_ms),
-                forgets,
-            );
+            // Kept until the receipt expires by the durable store's time, as on the other read paths
+            // (not by the record's last write, which kept it a whole ttl again). A query by callId
+            // carries no caller's time: a store that takes the caller's is given the system clock's.
+            let now_ms = crate::clock::unix_ms_now();
+            self.write_behind(record.clone(), Keep::UntilExpiry(now_ms), forgets);
         }
         Ok(found)
     }
