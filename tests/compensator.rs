@@ -92,15 +92,68 @@ async fn a_charge_whose_reply_was_lost_is_recorded_as_it_happened() {
     assert_eq!(svc.remote.effects("o-1"), 1);
 }
 
+/// Defect 5 of issue 24: "not received" is true when said, not for good. The worker used to give the
+/// key back by default; the next call then ran under a new callId, and the first request, arriving
+/// late, charged a second time. By default the call stays `UNKNOWN` through its rounds, then goes to
+/// a person: the late request is the only charge.
 #[tokio::test(start_paused = true)]
-async fn a_charge_never_received_gives_its_key_back() {
+async fn a_charge_not_received_yet_keeps_its_key_through_its_rounds() {
     let svc = Svc::new();
-    svc.unknown("o-2", Fault::LoseRequest).await;
-    let pass = svc.worker().run_once().await.unwrap();
-    assert_eq!(pass.released, 1);
+    let call_id = svc.unknown("o-2", Fault::LoseRequest).await;
+    let pass = svc.worker().settle().await.unwrap();
+    assert_eq!((pass.released, pass.failed), (0, 0), "{pass:?}");
+    assert_eq!((pass.rescheduled, pass.escalated), (2, 1), "{pass:?}");
+    assert_eq!(svc.queued().await[0].state, CompensationState::Manual);
+    let receipt = svc.rt.receipt(&call_id).await.unwrap().unwrap();
+    assert_eq!(receipt.state, samekey::ReceiptState::Unknown);
+    // A duplicate does not run it under a new callId.
+    assert!(matches!(
+        svc.charge("o-2", 500).await,
+        Err(TestError::Samekey(Error::Unknown { .. }))
+    ));
+    // The first request arrives after all: it is the one charge.
+    svc.remote.call_as(&call_id, "o-2", || 500).await.unwrap();
+    assert!(svc.charge("o-2", 500).await.is_err());
+    assert_eq!(svc.remote.effects("o-2"), 1, "charged once");
+}
+
+/// Giving the key back is an opt-in with the age past which the remote refuses the callId: before it,
+/// the call is held like any undecided one; after it, the key goes back and the next call runs.
+#[tokio::test(start_paused = true)]
+async fn a_charge_never_received_gives_its_key_back_once_the_remote_refuses_it() {
+    let svc = Svc::new();
+    svc.unknown("o-2b", Fault::LoseRequest).await;
+    let worker = Compensator::new(&svc.rt)
+        .operation(
+            "orders.charge",
+            svc.operation().not_received(NotReceived::Release {
+                refused_after: Duration::from_secs(90),
+            }),
+        )
+        .rounds([Duration::from_secs(60), Duration::from_secs(60)]);
+    let first = worker.run_once().await.unwrap();
+    assert_eq!((first.released, first.rescheduled), (0, 1), "{first:?}");
+    let key = samekey::Key::build("orders.charge", &"o-2b");
+    let told: Vec<String> = svc
+        .rt
+        .history_of_key(&key)
+        .await
+        .unwrap()
+        .events
+        .iter()
+        .map(|e| e.what.to_string())
+        .collect();
+    assert!(
+        told.iter().any(|t| t.contains("may still arrive")),
+        "{told:?}"
+    );
+    tokio::time::advance(Duration::from_secs(60)).await;
+    assert_eq!(worker.run_once().await.unwrap().rescheduled, 1, "60 s old");
+    tokio::time::advance(Duration::from_secs(60)).await;
+    assert_eq!(worker.run_once().await.unwrap().released, 1, "120 s old");
     assert!(svc.queued().await.is_empty());
-    assert_eq!(svc.charge("o-2", 500).await, Ok(500), "the next call runs");
-    assert_eq!(svc.remote.effects("o-2"), 1);
+    assert_eq!(svc.charge("o-2b", 500).await, Ok(500), "the next call runs");
+    assert_eq!(svc.remote.effects("o-2b"), 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -109,8 +162,12 @@ async fn a_charge_never_received_may_be_failed_instead() {
     let call_id = svc.unknown("o-3", Fault::LoseRequest).await;
     let worker = Compensator::new(&svc.rt).operation(
         "orders.charge",
-        svc.operation().not_received(NotReceived::Fail),
+        svc.operation().not_received(NotReceived::Fail {
+            refused_after: Duration::from_secs(30),
+        }),
     );
+    assert_eq!(worker.run_once().await.unwrap().rescheduled, 1, "too young");
+    tokio::time::advance(Duration::from_secs(60)).await;
     assert_eq!(worker.run_once().await.unwrap().failed, 1);
     match svc.charge("o-3", 500).await {
         Err(TestError::Samekey(Error::Failed {
@@ -783,4 +840,231 @@ async fn a_finished_call_is_forgotten_by_hand_and_runs_again_but_an_undecided_on
         svc.rt.forget(&nothing.finish(), "alice", "redo").await,
         Err(Error::Store(samekey::StoreError::NotFound))
     ));
+}
+
+/// An owner that stalls (its process paused) before its request goes out, over a store that holds its
+/// lease renewal at a gate.
+struct Paused {
+    rt: Runtime,
+    remote: Remote,
+    store: Arc<support::faulty::Faulty>,
+}
+
+impl Paused {
+    fn new() -> Arc<Paused> {
+        let store = Arc::new(support::faulty::Faulty::new(Arc::new(
+            samekey::MemoryStore::new(),
+        )));
+        Arc::new(Paused {
+            rt: Runtime::builder()
+                .node("paused")
+                .clock(TokioClock::new())
+                .lease(Duration::from_secs(3))
+                .shared_store(store.clone())
+                .build()
+                .unwrap(),
+            remote: Remote::default(),
+            store,
+        })
+    }
+
+    /// Sends the charge 2 s in: its lease (3 s) is renewed every second while it runs.
+    #[idempotent(key = "order", scope = "orders.charge", runtime = &self.rt)]
+    async fn charge(&self, order: &str, amount: u64) -> Result<u64, TestError> {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        self.remote.call(order, || amount).await
+    }
+
+    fn worker(&self, not_received: NotReceived) -> Compensator {
+        let remote = self.remote.clone();
+        Compensator::new(&self.rt)
+            .operation(
+                "orders.charge",
+                Operation::new(move |call: CallId| {
+                    let remote = remote.clone();
+                    async move { remote.status(&call).await }
+                })
+                .not_received(not_received),
+            )
+            .rounds([Duration::from_secs(1)])
+    }
+
+    /// The owner's charge, paused at its first lease renewal (1 s in, before its request goes out)
+    /// until its lease has ended and a worker swept it up and heard "not received" — true then.
+    /// Returns the owner's task and the gate that un-pauses it.
+    async fn paused_owner_swept(
+        self: &Arc<Self>,
+        not_received: NotReceived,
+    ) -> (
+        tokio::task::JoinHandle<Result<u64, TestError>>,
+        support::faulty::Gate,
+        samekey::Pass,
+    ) {
+        let pause = support::faulty::Gate::new();
+        self.store.plan(
+            "extend_lease",
+            [support::faulty::Act::Before(pause.clone())],
+        );
+        let owner = tokio::spawn({
+            let svc = self.clone();
+            async move { svc.charge("o-paused", 500).await }
+        });
+        pause.reached().await;
+        tokio::time::advance(Duration::from_secs(4)).await;
+        let worker = self.worker(not_received);
+        assert_eq!(worker.sweep().await.unwrap(), 1, "an orphan");
+        let pass = worker.run_once().await.unwrap();
+        assert_eq!(self.remote.effects("o-paused"), 0, "nothing sent yet");
+        (owner, pause, pass)
+    }
+}
+
+/// Defect 5 of issue 24, the paused owner: the worker that hears "not received" holds the call (the
+/// default). The owner wakes, its request charges, its completion is fenced out, and it answers what
+/// it knows: the charge. The next round finds it and records it.
+#[tokio::test(start_paused = true)]
+async fn a_paused_owner_s_late_charge_is_answered_and_then_recorded() {
+    let svc = Paused::new();
+    let (owner, pause, pass) = svc.paused_owner_swept(NotReceived::Hold).await;
+    assert_eq!((pass.rescheduled, pass.failed), (1, 0), "{pass:?}");
+    pause.open();
+    assert_eq!(
+        owner.await.unwrap(),
+        Ok(500),
+        "the owner answers its charge"
+    );
+    assert_eq!(svc.remote.effects("o-paused"), 1);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let next = svc.worker(NotReceived::Hold).run_once().await.unwrap();
+    assert_eq!(next.succeeded, 1, "{next:?}");
+    assert_eq!(svc.charge("o-paused", 500).await, Ok(500), "replayed");
+    assert_eq!(svc.remote.effects("o-paused"), 1);
+}
+
+/// The same with `Fail` opted into for a remote that is said to refuse old callIds but does not: the
+/// worker records `FAILED`, the late request charges anyway. The fenced-out owner never answers the
+/// recorded failure it knows to be false: it answers the charge, and the journal says the two
+/// disagree, for a person.
+#[tokio::test(start_paused = true)]
+async fn a_fenced_out_owner_never_answers_a_recorded_outcome_it_knows_is_false() {
+    let svc = Paused::new();
+    let fail = NotReceived::Fail {
+        refused_after: Duration::ZERO,
+    };
+    let (owner, pause, pass) = svc.paused_owner_swept(fail).await;
+    assert_eq!(pass.failed, 1, "{pass:?}");
+    pause.open();
+    assert_eq!(owner.await.unwrap(), Ok(500), "told what happened");
+    assert_eq!(svc.remote.effects("o-paused"), 1);
+    let key = samekey::Key::build("orders.charge", &"o-paused");
+    let history = svc.rt.history_of_key(&key).await.unwrap();
+    assert!(
+        history.events.iter().any(|e| matches!(
+            e.what,
+            samekey::What::Contradicted {
+                recorded: samekey::ReceiptState::Failed,
+                known: samekey::ReceiptState::Success,
+            }
+        )),
+        "{:?}",
+        history.events
+    );
+}
+
+/// A reversal that waits for `release` before it ends, counting its runs.
+fn slow_reversal(svc: &Svc, runs: Arc<AtomicU32>, release: Arc<tokio::sync::Notify>) -> Operation {
+    svc.operation().reversal(move |_entry| {
+        let (runs, release) = (runs.clone(), release.clone());
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            release.notified().await;
+            Ok::<(), String>(())
+        }
+    })
+}
+
+/// Defect 6 of issue 24: a reversal slower than the worker's lease left the key open; a duplicate took
+/// it over, heard "not received" and charged, while the order was being reversed. The lease is kept
+/// alive for as long as the reversal runs: the duplicate never sends.
+#[tokio::test(start_paused = true)]
+async fn a_reversal_slower_than_the_lease_keeps_the_key_from_a_duplicate() {
+    let svc = Arc::new(Svc::new());
+    svc.remote.script([Fault::LoseRequest]);
+    let _ = svc.charge_keeping_inputs("o-14", 700).await;
+    let (runs, release) = (
+        Arc::new(AtomicU32::new(0)),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let worker = Compensator::new(&svc.rt)
+        .operation(
+            "orders.charge",
+            slow_reversal(&svc, runs.clone(), release.clone()),
+        )
+        .lease(Duration::from_secs(10));
+    let reversing = tokio::spawn(async move { worker.run_once().await });
+    while runs.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    // Three leases into the reversal, a duplicate that may ask comes.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let duplicate = tokio::spawn({
+        let svc = svc.clone();
+        async move { svc.charge_checked("o-14", 700).await }
+    });
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    release.notify_one();
+    assert_eq!(reversing.await.unwrap().unwrap().reversed, 1);
+    match duplicate.await.unwrap() {
+        Err(TestError::Samekey(Error::Failed { message, .. })) => {
+            assert!(message.contains("reversed"), "{message}")
+        }
+        other => panic!("the duplicate replays the reversal: {other:?}"),
+    }
+    assert_eq!(svc.remote.effects("o-14"), 0, "never charged");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// Defect 6, without any timing: a worker dies mid-reversal, its intent left in the journal. A
+/// duplicate that takes the lapsed key over used to hear "not received" and charge; it now finds the
+/// intent and leaves the call to the worker, which asks a person. A callback about the call meanwhile
+/// is not applied either.
+#[tokio::test(start_paused = true)]
+async fn every_take_over_respects_a_reversal_an_earlier_worker_began() {
+    let svc = Svc::new();
+    svc.remote.script([Fault::LoseRequest]);
+    let _ = svc.charge_keeping_inputs("o-15", 700).await;
+    let call_id = svc.queued().await[0].call_id.clone();
+    let (runs, never) = (
+        Arc::new(AtomicU32::new(0)),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let dying = Compensator::new(&svc.rt)
+        .operation("orders.charge", slow_reversal(&svc, runs.clone(), never))
+        .lease(Duration::from_secs(10));
+    // The worker's process dies mid-reversal: its pass is dropped.
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), dying.run_once())
+            .await
+            .is_err()
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    tokio::time::advance(Duration::from_secs(30)).await;
+    match svc.charge_checked("o-15", 700).await {
+        Err(TestError::Samekey(Error::Unknown { call_id: unknown })) => {
+            assert_eq!(unknown, call_id)
+        }
+        other => panic!("the duplicate must not act: {other:?}"),
+    }
+    assert_eq!(svc.remote.effects("o-15"), 0, "never charged");
+    let callback = samekey::Callback::succeeded(&700u64).unwrap();
+    assert!(matches!(
+        svc.rt.apply_callback(&call_id, callback).await,
+        Err(Error::Unknown { .. })
+    ));
+    let receipt = svc.rt.receipt(&call_id).await.unwrap().unwrap();
+    assert_eq!(receipt.state, samekey::ReceiptState::Unknown);
+    tokio::time::advance(Duration::from_secs(60)).await;
+    let pass = svc.worker().run_once().await.unwrap();
+    assert_eq!(pass.escalated, 1, "{pass:?}");
+    assert_eq!(svc.queued().await[0].state, CompensationState::Manual);
 }

@@ -189,6 +189,8 @@ async fn a_duplicate_woken_on_a_full_store_replays_the_receipt_it_waited_for() {
             .unwrap(),
         charges: AtomicU32::new(0),
     });
+    // The second branch hands back the duplicate's task, to be awaited after the new key's call.
+    #[allow(clippy::async_yields_async)]
     let (first, duplicate) = tokio::join!(shop.charge(1), async {
         tokio::time::sleep(Duration::from_millis(5)).await;
         let shop = shop.clone();

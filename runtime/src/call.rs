@@ -25,15 +25,19 @@
 //! * A plain failure is answered only when the claim was released: a release that is refused or fails
 //!   makes the call read the receipt again (a final outcome is answered as such) or end `UNKNOWN`.
 //! * An owner that lost its key (a write fenced out after it stalled past its lease) reads the receipt
-//!   and answers the final outcome recorded there, or the outcome it knows itself; it queues nothing
-//!   for a call that another owner now holds. Ownership is confirmed before every retry is sent.
+//!   and answers the final outcome recorded there, or the outcome it knows itself — and that one when
+//!   the two disagree (journaled as contradicted, for a person): it never answers "failed" for a
+//!   request it knows took effect. It queues nothing for a call that another owner now holds.
+//!   Ownership is confirmed before every retry is sent.
+//! * A key is taken over through the one take-over every taker shares ([`crate::takeover`]): a call
+//!   whose reversal a compensation worker began is not run by a duplicate; it answers
+//!   [`Error::Unknown`] and leaves the call to compensation.
 
 use std::borrow::Cow;
 use std::fmt::Display;
-use std::future::{poll_fn, Future};
+use std::future::Future;
 use std::pin::{pin, Pin};
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -49,6 +53,7 @@ use crate::dependency::Dependency;
 use crate::error::{Error, StoreError};
 use crate::journal::{AttemptOutcome, Event, LookupOutcome, What};
 use crate::key::{Fingerprint, Key, KeyBuilder, KeyProblem};
+use crate::lease::Owner;
 use crate::metrics::{RetryClass, Stopwatch};
 use crate::observe::{Answer, CallReport, Slot};
 use crate::operation::{self, OperationCell};
@@ -57,6 +62,7 @@ use crate::retry::Backoff;
 use crate::runtime::Runtime;
 use crate::stats::Counter;
 use crate::store::{Claim, Claimed, Completion, Store, StoreClock};
+use crate::takeover::{self, TakenOver};
 use crate::unanswered::{self, Unanswered};
 
 /// What a duplicate does while the first call still runs.
@@ -1054,16 +1060,19 @@ impl<T, E> Call<T, E> {
         let now = self.rt.now_ms();
         // The store checks, atomically, that the lease really ended (or the record is UNKNOWN) and
         // that nobody took over first; only then does this call own the key, under a new fence.
-        let fence = match self
-            .rt
-            .store()
-            .take_over(&self.key, record.fence, ms(self.lease()), now)
-            .await
-        {
-            Err(StoreError::NotFound) => return Err(None),
+        let fence = match takeover::take_over(&self.rt, &record, ms(self.lease()), now).await {
+            Ok(TakenOver::Gone) => return Err(None),
             Err(e) => return Ok(self.store_failed(e)),
-            Ok(Claimed::Existing(newer)) => return Err(Some(newer)),
-            Ok(Claimed::Acquired(fence)) => fence,
+            Ok(TakenOver::Existing(newer)) => return Err(Some(*newer)),
+            Ok(TakenOver::Acquired(fence)) => fence,
+            Ok(TakenOver::Reversal { fence, .. }) => {
+                // The call may have been undone: it is the worker's (and perhaps a person's) to
+                // settle, never this duplicate's to send.
+                takeover::hand_back(&self.rt, &self.key, fence).await;
+                return Ok(self.fail_with(Error::Unknown {
+                    call_id: record.call_id,
+                }));
+            }
         };
         tracing::info!(target: "samekey", call_id = %record.call_id, key = %self.key.short(),
             attempt = 0u32, from = %record.state, fence = fence.0, "took over an uncertain call");
@@ -1154,12 +1163,12 @@ impl<T, E> Call<T, E> {
             self.fence.unwrap_or(Fence(0)),
             started,
             started.saturating_add(ms(self.spec.ttl)),
-            if self.admitted {
-                self.enclosing.with(self.limiter_addr())
-            } else {
-                self.enclosing
-            },
-        );
+        )
+        .holding(if self.admitted {
+            self.enclosing.with(self.limiter_addr())
+        } else {
+            self.enclosing
+        });
         let context = if self.plain {
             context.unprotected()
         } else {
@@ -1256,37 +1265,21 @@ impl<T, E> Call<T, E> {
         }
     }
 
-    /// Awaits an attempt that has no timeout, extending the claim's lease every third of it for as long
-    /// as the attempt runs, so that a slow body is never taken for a dead one. The first poll takes no
-    /// timer: a body that finishes at once costs nothing more.
-    async fn heartbeat<F: Future>(&mut self, mut body: Pin<&mut F>) -> F::Output {
-        if let Poll::Ready(out) = poll_fn(|cx| Poll::Ready(body.as_mut().poll(cx))).await {
-            return out;
-        }
-        // A body still running after its first poll: its timer and lease renewals live in a box, not
-        // in every call's future.
-        Box::pin(self.beat(body)).await
-    }
-
-    /// The rest of [`heartbeat`](Call::heartbeat): the body, with the lease renewed every third of it.
-    async fn beat<F: Future>(&mut self, mut body: Pin<&mut F>) -> F::Output {
-        let beat = self.lease() / 3;
-        loop {
-            tokio::select! {
-                out = &mut body => return out,
-                () = tokio::time::sleep(beat) => self.renew_lease().await,
-            }
-        }
-    }
-
-    /// Extends the lease over the next stretch of a running attempt. A refusal is logged: the attempt
-    /// goes on (stopping it would not undo what it already sent), and its completion will be fenced out
-    /// if another owner took over.
-    async fn renew_lease(&mut self) {
-        if let Err(e) = self.extend_lease(Duration::ZERO).await {
-            tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                attempt = self.attempts, error = %e, "could not renew the lease of a running attempt");
-        }
+    /// Awaits an attempt that has no timeout, its lease kept alive for as long as it runs
+    /// ([`crate::lease`]), so that a slow body is never taken for a dead one.
+    async fn heartbeat<F: Future>(&mut self, body: Pin<&mut F>) -> F::Output {
+        let Some(fence) = self.fence else {
+            return body.await;
+        };
+        let owner = Owner {
+            rt: &self.rt,
+            key: &self.key,
+            call_id: &self.call_id,
+            fence,
+            lease: self.lease(),
+            attempt: self.attempts,
+        };
+        owner.keep_alive(body).await
     }
 
     /// Extends this call's claim to cover `wait` and then one more lease.
@@ -1631,9 +1624,10 @@ impl<T, E> Call<T, E> {
 
     /// The answer of a call whose write was refused because another owner holds its key now (it stalled
     /// past its lease and the key was taken over, under the same callId). It reads the receipt: a final
-    /// outcome recorded there is the call's answer; else the outcome this run knows itself (`known`),
-    /// else [`Error::Unknown`] — queued only when no other owner holds the call, since the one that
-    /// does resolves it.
+    /// outcome recorded there is the call's answer, unless it contradicts the outcome this run knows
+    /// (`known`: a value, or a failure that stands), which is then answered and journaled as
+    /// [`What::Contradicted`]; else the known outcome, else [`Error::Unknown`] — queued only when no
+    /// other owner holds the call, since the one that does resolves it.
     async fn fenced_out(&mut self, known: Option<Result<T, E>>) -> Step<T, E> {
         self.fence = None;
         self.note(What::FencedOut);
@@ -1643,6 +1637,34 @@ impl<T, E> Call<T, E> {
         let held_by_another = match &record {
             Ok(Some(r)) if r.call_id == self.call_id => {
                 if r.state.is_terminal() {
+                    let recorded = r.state;
+                    // Known: SUCCESS for a value, FAILED for an error that stands.
+                    let contradicted = known
+                        .as_ref()
+                        .map(|out| {
+                            if out.is_ok() {
+                                ReceiptState::Success
+                            } else {
+                                ReceiptState::Failed
+                            }
+                        })
+                        .filter(|&known| known != recorded);
+                    if let Some(known_state) = contradicted {
+                        // Told "failed" for a request that charged (a worker that heard "not
+                        // received" before this owner's late request arrived), or the reverse: the
+                        // owner answers what it knows happened, and says so loudly.
+                        tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                            attempt = self.attempts, recorded = %recorded, known = %known_state,
+                            "another owner recorded an outcome that contradicts what this owner knows happened; answering what it knows");
+                        self.note(What::Contradicted {
+                            recorded,
+                            known: known_state,
+                        });
+                        self.flush().await;
+                        if let Some(out) = known {
+                            return self.done(out);
+                        }
+                    }
                     tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                         attempt = self.attempts, state = %r.state, "another owner recorded the outcome; answering it");
                     let r = r.clone();

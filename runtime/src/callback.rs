@@ -17,12 +17,14 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::call_id::CallId;
+use crate::clock::ms;
 use crate::codec::message_bytes;
 use crate::error::{Error, StoreError};
 use crate::journal::What;
 use crate::receipt::ReceiptState;
 use crate::runtime::Runtime;
-use crate::store::{Claimed, Completion};
+use crate::store::Completion;
+use crate::takeover::{self, TakenOver};
 
 /// What a callback says became of a call.
 #[derive(Debug, Clone, PartialEq)]
@@ -84,7 +86,9 @@ impl Runtime {
     ///
     /// Errors: [`Error::TransitionRefused`] for a backwards delivery, [`Error::NoReceipt`] when the
     /// store knows no receipt of `call_id` (never made here, or expired), [`Error::InProgress`] when
-    /// the call's owner kept running through the runtime's busy wait, [`Error::Store`].
+    /// the call's owner (or a worker reversing it) kept running through the runtime's busy wait,
+    /// [`Error::Unknown`] when a reversal of the call was begun (compensation settles it),
+    /// [`Error::Store`].
     pub async fn apply_callback(
         &self,
         call_id: &CallId,
@@ -156,24 +160,39 @@ impl Runtime {
                 continue;
             }
             let key = record.key.clone();
-            let lease = u64::try_from(self.lease().as_millis()).unwrap_or(u64::MAX);
-            let fence = match store.take_over(&key, record.fence, lease, now).await {
-                Ok(Claimed::Acquired(fence)) => fence,
-                Ok(Claimed::Existing(newer)) => {
-                    record = newer;
+            let fence = match takeover::take_over(self, &record, ms(self.lease()), now).await? {
+                TakenOver::Acquired(fence) => fence,
+                TakenOver::Existing(newer) => {
+                    record = *newer;
                     continue;
                 }
-                Err(StoreError::NotFound) => {
+                TakenOver::Gone => {
                     return Err(Error::NoReceipt {
                         call_id: call_id.clone(),
                     })
                 }
-                Err(e) => return Err(e.into()),
+                TakenOver::Reversal { fence, .. } => {
+                    // A reversal of the call was begun: the provider's word and the reversal may
+                    // disagree, and that is a person's to settle (the worker escalates the entry).
+                    takeover::hand_back(self, &key, fence).await;
+                    tracing::warn!(target: "samekey", call_id = %call_id, key = %key.short(),
+                        attempt = 0u32, state = %callback.state,
+                        "callback not applied: a reversal of the call was begun; left to compensation");
+                    let refused = What::CallbackRefused {
+                        from: ReceiptState::Unknown,
+                        to: callback.state,
+                    };
+                    self.journal(&key, &[self.event(call_id, refused)], callback.ttl)
+                        .await;
+                    return Err(Error::Unknown {
+                        call_id: call_id.clone(),
+                    });
+                }
             };
             let completion = Completion {
                 state: callback.state,
                 outcome: Some(callback.outcome.clone().into()),
-                ttl_ms: u64::try_from(callback.ttl.as_millis()).unwrap_or(u64::MAX),
+                ttl_ms: ms(callback.ttl),
             };
             match store.complete(&key, fence, completion, self.now_ms()).await {
                 Ok(_) => {

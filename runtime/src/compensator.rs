@@ -12,6 +12,13 @@
 //! * **Bounded.** Every round that settles nothing moves the entry to the next, later round; after the
 //!   last one the entry becomes `MANUAL` and the escalation hook runs. Nothing is retried forever and
 //!   nothing disappears: an entry ends recorded, released, failed, or `MANUAL`.
+//! * **Once an attempt may have run, nothing releases its key** — the call path's rule, kept here:
+//!   "not received" does not release or fail a call by default ([`NotReceived`]): it is sent again
+//!   under its callId, reversed, or kept `UNKNOWN` until a person decides. Releasing or failing is an
+//!   opt-in that waits until the remote refuses the call's callId.
+//! * **Whatever may act keeps the key.** While a reversal or a re-run runs, the worker's lease on the
+//!   call's key is renewed, so no duplicate takes it over and acts beside it; a reversal begun and not
+//!   finished stops every later take-over (see [`Operation::reversal`]).
 
 use std::collections::HashMap;
 use std::fmt::Display;
@@ -30,9 +37,11 @@ use crate::compensation::{CompensationEntry, CompensationState};
 use crate::error::{Error, StoreError};
 use crate::journal::{CompensationStep, Event, LookupOutcome, What};
 use crate::key::Key;
+use crate::lease::Owner;
 use crate::receipt::{Fence, ReceiptState};
 use crate::runtime::Runtime;
-use crate::store::{Claimed, Completion};
+use crate::store::Completion;
+use crate::takeover::{self, TakenOver};
 
 /// The default rounds: the delay before each next look at an entry that is still undecided.
 pub const DEFAULT_COMPENSATION_ROUNDS: [Duration; 5] = [
@@ -55,12 +64,39 @@ type Rerun =
     Arc<dyn Fn(CompensationEntry) -> Pin<Box<dyn Future<Output = Answer> + Send>> + Send + Sync>;
 
 /// What the worker does with a call the remote side says it never received.
+///
+/// "Not received" is true when it is said, not for good: the call's first request may still be on
+/// its way (a slow network, an owner paused before it sent, past its lease). Giving the key back lets
+/// the next call run under a **new** callId, which the remote cannot tell from the late first request:
+/// it charges twice. Recording `FAILED` tells the caller "failed" for a request that may yet charge.
+/// So, as the call path does, the worker never releases or fails an uncertain call by default: it
+/// re-sends it under its callId ([`Operation::rerun`]: the remote deduplicates), or keeps it `UNKNOWN`
+/// through its rounds and then asks a person ([`NotReceived::Hold`]). Releasing or failing it is safe
+/// only once the first request can no longer take effect — when the remote refuses a request whose
+/// callId is older than a known age — and is opted into with that age.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NotReceived {
-    /// Give the key back: nothing happened, so the next call with this key runs (the default).
-    Release,
-    /// Record the call `FAILED` ("not received by the remote"): duplicates get that failure.
-    Fail,
+    /// Keep the call `UNKNOWN` (a duplicate still asks first) and look again next round; after the
+    /// last, `MANUAL`. The default.
+    Hold,
+    /// Give the key back (the next call with this key runs, under a new callId) — once the call is
+    /// older than `refused_after`; until then, as [`NotReceived::Hold`].
+    ///
+    /// Safe only if the remote refuses any request whose callId was made more than `refused_after`
+    /// ago (judged by the time the callId carries, [`CallId::unix_ms`]): then the first request, if
+    /// it arrives late, is refused rather than charged. Add the margin by which your nodes' clocks
+    /// may disagree; the worker judges the age by the store's clock where nodes share one.
+    Release {
+        /// The age past which the remote refuses the call's callId.
+        refused_after: Duration,
+    },
+    /// Record the call `FAILED` ("not received by the remote"), so duplicates get that failure —
+    /// once the call is older than `refused_after`, on the same condition as
+    /// [`NotReceived::Release`]; until then, as [`NotReceived::Hold`].
+    Fail {
+        /// The age past which the remote refuses the call's callId.
+        refused_after: Duration,
+    },
     /// Run the operation's [reversal](Operation::reversal) (undo this side's part: release the
     /// stock held for the order), then record the call `FAILED`. Set by [`Operation::reversal`].
     Reverse,
@@ -108,7 +144,7 @@ impl Operation {
         Operation {
             lookup,
             ttl: Duration::from_secs(24 * 60 * 60),
-            not_received: NotReceived::Release,
+            not_received: NotReceived::Hold,
             reversal: None,
             rerun: None,
         }
@@ -120,11 +156,14 @@ impl Operation {
     /// attempts and, when its function keeps them (`#[idempotent(inputs = …)]`), its
     /// [inputs](CompensationEntry::inputs). An `Err` leaves the call to the next round.
     ///
-    /// **At most once per call**, across workers and crashes: the worker journals its intent before
-    /// the reversal runs and confirms it still holds the call's key; a worker that finds an intent
-    /// with no end (its predecessor crashed or stalled while reversing) does not run it again but
-    /// escalates the entry to `MANUAL` for a person to check. Sets
-    /// [`not_received`](Operation::not_received) to [`NotReceived::Reverse`].
+    /// **At most once per call, and never beside an execution**, across workers and crashes: the
+    /// worker journals its intent before the reversal runs, confirms it still holds the call's key,
+    /// and keeps that key's lease alive for as long as the reversal runs, so no duplicate takes the
+    /// call over and sends it meanwhile. A taker that finds an intent with no end (its worker crashed
+    /// or stalled while reversing) acts on nothing: a duplicate call or a callback answers
+    /// `Error::Unknown`, and the next worker escalates the entry to `MANUAL` for a person to check
+    /// instead of reversing again. Sets [`not_received`](Operation::not_received) to
+    /// [`NotReceived::Reverse`].
     pub fn reversal<E, F, Fut>(mut self, reverse: F) -> Operation
     where
         E: Display,
@@ -177,7 +216,7 @@ impl Operation {
         self
     }
 
-    /// What a "not received" answer leads to (default [`NotReceived::Release`]).
+    /// What a "not received" answer leads to (default [`NotReceived::Hold`]).
     pub fn not_received(mut self, then: NotReceived) -> Operation {
         self.not_received = then;
         self
@@ -192,9 +231,10 @@ pub struct Pass {
     pub taken: usize,
     /// Calls recorded `SUCCESS` from the remote's answer.
     pub succeeded: usize,
-    /// Calls recorded `FAILED` (the remote's failure, or "not received" under [`NotReceived::Fail`]).
+    /// Calls recorded `FAILED` (the remote's failure, or "not received" under [`NotReceived::Fail`]
+    /// once the call was older than its age).
     pub failed: usize,
-    /// Keys given back (not received, [`NotReceived::Release`]).
+    /// Keys given back (not received, [`NotReceived::Release`], once the call was older than its age).
     pub released: usize,
     /// Calls reversed and recorded `FAILED` (not received, [`NotReceived::Reverse`]).
     pub reversed: usize,
@@ -486,15 +526,17 @@ impl Compensator {
                 }
                 break None;
             }
-            match store
-                .take_over(&entry.key, r.fence, ms(self.lease), now)
-                .await?
-            {
-                Claimed::Acquired(fence) => break Some(fence),
-                Claimed::Existing(next) if next.fence != r.fence || next.state != r.state => {
-                    record = Some(next);
+            match takeover::take_over(&self.rt, &r, ms(self.lease), now).await? {
+                // A person's answer settles even a call whose reversal was begun: that is what
+                // the worker escalated it for.
+                TakenOver::Acquired(fence) | TakenOver::Reversal { fence, .. } => {
+                    break Some(fence)
                 }
-                Claimed::Existing(_) => {
+                TakenOver::Gone => record = None,
+                TakenOver::Existing(next) if next.fence != r.fence || next.state != r.state => {
+                    record = Some(*next);
+                }
+                TakenOver::Existing(_) => {
                     return Err(Error::InProgress {
                         call_id: call_id.clone(),
                     })
@@ -628,40 +670,29 @@ impl Compensator {
             let reason = format!("no operation registered for scope `{}`", entry.key.scope());
             return self.later(entry, &reason, w).await;
         };
-        let fence = match store
-            .take_over(&entry.key, record.fence, ms(self.lease), now)
-            .await
-        {
-            Ok(Claimed::Acquired(fence)) => fence,
-            // A call holds the key and runs (it will settle the entry), or it was settled meanwhile.
+        let fence = match takeover::take_over(&self.rt, &record, ms(self.lease), now).await? {
+            TakenOver::Acquired(fence) => fence,
             // Settled meanwhile (a duplicate, a callback), or gone, or another call's now.
-            Ok(Claimed::Existing(r)) if r.call_id != entry.call_id || r.state.is_terminal() => {
+            TakenOver::Existing(r) if r.call_id != entry.call_id || r.state.is_terminal() => {
                 return self.settled_elsewhere(&entry, w).await;
             }
-            Err(StoreError::NotFound) => {
-                return self.settled_elsewhere(&entry, w).await;
-            }
+            TakenOver::Gone => return self.settled_elsewhere(&entry, w).await,
             // A call holds the key and runs: it settles the entry, or the next round looks again.
-            Ok(Claimed::Existing(_)) => {
+            TakenOver::Existing(_) => {
                 return self
                     .later(entry, "the call's key is held by a running call", w)
                     .await;
             }
-            Err(e) => return Err(e.into()),
-        };
-        // A reversal an earlier worker began: finished (record it), or interrupted (never run twice).
-        if operation.reversal.is_some() {
-            match self.reversal_of(&entry).await? {
-                Some(CompensationStep::Reversing) => {
-                    let why = "a reversal an earlier worker began has no end in the journal: it may have run; check it before resolving";
-                    return self.escalate_held(entry, fence, why, w).await;
-                }
-                Some(CompensationStep::Reversed) => {
-                    return self.reversed(entry, fence, &operation, w).await;
-                }
-                _ => {}
+            // A reversal an earlier worker began: interrupted (never run twice), or done (record it).
+            TakenOver::Reversal {
+                fence,
+                step: CompensationStep::Reversed,
+            } => return self.reversed(entry, fence, &operation, w).await,
+            TakenOver::Reversal { fence, .. } => {
+                let why = "a reversal an earlier worker began has no end in the journal: it may have run; check it before resolving";
+                return self.escalate_held(entry, fence, why, w).await;
             }
-        }
+        };
         tracing::info!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
             attempt = 0u32, round = entry.round, fence = fence.0, "compensation: asking the receipt");
         let answer = (operation.lookup)(entry.call_id.clone()).await;
@@ -701,29 +732,35 @@ impl Compensator {
                 .await,
                 |p| &mut p.failed,
             ),
-            Ok(RemoteStatus::NotReceived) if operation.not_received == NotReceived::Release => {
-                (store.release(&entry.key, fence).await, |p| &mut p.released)
-            }
-            Ok(RemoteStatus::NotReceived) if operation.not_received == NotReceived::Reverse => {
-                return self.reverse(entry, fence, &operation, w).await;
-            }
-            Ok(RemoteStatus::NotReceived) if operation.not_received == NotReceived::Rerun => {
-                return self.rerun(entry, fence, &operation, w).await;
-            }
-            Ok(RemoteStatus::NotReceived) => {
-                let message = "not received by the remote side; given up by compensation";
-                (
-                    self.record(
-                        &entry,
-                        fence,
-                        ReceiptState::Failed,
-                        message_bytes(message),
-                        ttl,
-                    )
-                    .await,
-                    |p| &mut p.failed,
-                )
-            }
+            Ok(RemoteStatus::NotReceived) => match operation.not_received {
+                NotReceived::Reverse => return self.reverse(entry, fence, &operation, w).await,
+                NotReceived::Rerun => return self.rerun(entry, fence, &operation, w).await,
+                NotReceived::Hold => {
+                    let why = "not received yet; its first request may still arrive, so the key is kept (a re-run under its callId, or a person, settles it)";
+                    return self.undecided(entry, fence, why, w).await;
+                }
+                NotReceived::Release { refused_after } | NotReceived::Fail { refused_after } => {
+                    if let Some(why) = self.still_acceptable(&entry, refused_after).await? {
+                        return self.undecided(entry, fence, &why, w).await;
+                    }
+                    if matches!(operation.not_received, NotReceived::Release { .. }) {
+                        (store.release(&entry.key, fence).await, |p| &mut p.released)
+                    } else {
+                        let message = "not received by the remote side, which refuses it now; given up by compensation";
+                        (
+                            self.record(
+                                &entry,
+                                fence,
+                                ReceiptState::Failed,
+                                message_bytes(message),
+                                ttl,
+                            )
+                            .await,
+                            |p| &mut p.failed,
+                        )
+                    }
+                }
+            },
             Ok(RemoteStatus::Processing) | Err(_) => {
                 if let Err(e) = &answer {
                     tracing::info!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
@@ -740,9 +777,11 @@ impl Compensator {
                 state: ReceiptState::Success,
                 by: "compensation".to_owned(),
             },
-            LookupOutcome::NotReceived if operation.not_received == NotReceived::Release => {
+            LookupOutcome::NotReceived
+                if matches!(operation.not_received, NotReceived::Release { .. }) =>
+            {
                 What::Released {
-                    reason: "not received by the remote side".to_owned(),
+                    reason: "not received by the remote side, which refuses it now".to_owned(),
                     by: "compensation".to_owned(),
                 }
             }
@@ -752,6 +791,25 @@ impl Compensator {
             },
         };
         self.settled(entry, written, settled, counter, w).await
+    }
+
+    /// Why a call not received may still be: its first request could arrive and take effect until its
+    /// callId is `refused_after` old (by the store's clock where nodes share one). `None` once the
+    /// remote refuses it.
+    async fn still_acceptable(
+        &self,
+        entry: &CompensationEntry,
+        refused_after: Duration,
+    ) -> Result<Option<String>, Error> {
+        let now = self.rt.store().now_ms(self.rt.now_ms()).await?;
+        let refused_from = entry.call_id.unix_ms().saturating_add(ms(refused_after));
+        Ok((now < refused_from).then(|| {
+            format!(
+                "not received yet; its first request may still arrive for {} more (the remote refuses it after {})",
+                humane(Duration::from_millis(refused_from - now)),
+                humane(refused_after),
+            )
+        }))
     }
 
     /// After the worker's write of a call's outcome: journaled and the entry removed, or — fenced out
@@ -858,29 +916,6 @@ impl Compensator {
         self.rt.journal(key, &[event], self.keep(key)).await;
     }
 
-    /// The latest reversal step the journal holds for the entry's call (`Reversing`, `Reversed` or
-    /// `ReversalFailed`).
-    async fn reversal_of(
-        &self,
-        entry: &CompensationEntry,
-    ) -> Result<Option<CompensationStep>, Error> {
-        let events = self
-            .rt
-            .store()
-            .journal_of_call(&entry.call_id, self.rt.now_ms())
-            .await?;
-        Ok(events.iter().rev().find_map(|e| match e.what {
-            What::Compensation {
-                step:
-                    step @ (CompensationStep::Reversing
-                    | CompensationStep::Reversed
-                    | CompensationStep::ReversalFailed),
-                ..
-            } => Some(step),
-            _ => None,
-        }))
-    }
-
     /// Runs the operation's reversal for a call not received, at most once (see
     /// [`Operation::reversal`]), then records the call `FAILED`.
     async fn reverse(
@@ -936,7 +971,10 @@ impl Compensator {
         }
         tracing::info!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
             attempt = 0u32, round = entry.round, "compensation: not received; reversing");
-        match reversal(entry.clone()).await {
+        // Its lease kept alive for as long as it runs: a duplicate that took the key over meanwhile
+        // would hear "not received" too, and send the call while it is being reversed.
+        let reversing = std::pin::pin!(reversal(entry.clone()));
+        match self.owner(&entry, fence).keep_alive(reversing).await {
             Ok(()) => {
                 let done = What::Compensation {
                     round: entry.round,
@@ -1001,7 +1039,10 @@ impl Compensator {
         };
         tracing::info!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
             attempt = 0u32, round = entry.round, "compensation: not received; sending it again");
-        let answer = rerun(entry.clone()).await;
+        let answer = self
+            .owner(&entry, fence)
+            .keep_alive(std::pin::pin!(rerun(entry.clone())))
+            .await;
         let detail = match &answer {
             Ok(RemoteStatus::Succeeded(_)) => "succeeded".to_owned(),
             Ok(RemoteStatus::Failed(e)) => format!("failed: {e}"),
@@ -1037,6 +1078,18 @@ impl Compensator {
             by: "compensation".to_owned(),
         };
         self.settled(entry, written, recorded, counter, w).await
+    }
+
+    /// The worker as the owner of an entry's key under `fence`, to keep its lease alive while it acts.
+    fn owner<'a>(&'a self, entry: &'a CompensationEntry, fence: Fence) -> Owner<'a> {
+        Owner {
+            rt: &self.rt,
+            key: &entry.key,
+            call_id: &entry.call_id,
+            fence,
+            lease: self.lease,
+            attempt: 0,
+        }
     }
 
     /// Leaves a call undecided this round: back to `UNKNOWN` (a duplicate still asks first), and the

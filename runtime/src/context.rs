@@ -86,7 +86,6 @@ impl Context {
         fence: Fence,
         started_ms: u64,
         expires_at_ms: u64,
-        places: Places,
     ) -> Context {
         Context {
             call_id,
@@ -98,8 +97,14 @@ impl Context {
             started_ms,
             expires_at_ms,
             protected: true,
-            places,
+            places: Places::default(),
         }
+    }
+
+    /// The context of a call that runs on these places (its own and its enclosing calls').
+    pub(crate) fn holding(mut self, places: Places) -> Context {
+        self.places = places;
+        self
     }
 
     /// The context of a call that runs without idempotency.

@@ -153,6 +153,16 @@ pub enum What {
         /// The state the callback reported.
         to: ReceiptState,
     },
+    /// An owner fenced out of its key (it stalled past its lease, and another owner recorded the
+    /// outcome meanwhile) knows an outcome that contradicts the recorded one: it answered what it
+    /// knows happened (its request took effect, or was refused for good). Duplicates replay the
+    /// recorded outcome: a person should reconcile the two (`samekey audit` lists it).
+    Contradicted {
+        /// The outcome recorded by the other owner.
+        recorded: ReceiptState,
+        /// The outcome this owner knows.
+        known: ReceiptState,
+    },
 }
 
 impl std::fmt::Display for What {
@@ -189,6 +199,10 @@ impl std::fmt::Display for What {
             What::Unknown { reason } => write!(f, "left UNKNOWN for compensation ({reason})"),
             What::Released { reason, by } => write!(f, "claim given back by {by} ({reason})"),
             What::FencedOut => write!(f, "fenced out: another owner holds the key"),
+            What::Contradicted { recorded, known } => write!(
+                f,
+                "the owner knows {known}, but {recorded} was recorded meanwhile: answered {known}; reconcile by hand"
+            ),
             What::Cancelled { left } => write!(f, "cancelled by its caller; {left}"),
             What::Compensation {
                 round,

@@ -24,6 +24,7 @@ mod dependency;
 mod error;
 pub mod journal;
 mod key;
+mod lease;
 pub mod metrics;
 mod observe;
 mod operation;
@@ -33,6 +34,7 @@ mod retry;
 mod runtime;
 mod stats;
 pub mod store;
+mod takeover;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod unanswered;

@@ -85,6 +85,9 @@ impl Entry {
     }
 }
 
+/// A waiter's registration on a `PROCESSING` record, and where the record is handed over.
+type Waiting = (Pin<Box<OwnedNotified>>, Arc<Waiters>);
+
 /// The duplicates waiting for one record to settle, and the record as it settled.
 ///
 /// Handed over with the wake-up rather than read again afterwards, since a woken waiter reads only
@@ -347,11 +350,7 @@ impl MemoryStore {
     /// its next change. The registration is made and enabled under the shard's lock, which every
     /// change holds while it wakes the waiters: no change can fall between the look and the
     /// registration, and a record replaced meanwhile (released and claimed anew) is never waited on.
-    fn settled_or_waiter(
-        &self,
-        key: &Key,
-        now_ms: u64,
-    ) -> Result<Option<Receipt>, (Pin<Box<OwnedNotified>>, Arc<Waiters>)> {
+    fn settled_or_waiter(&self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, Waiting> {
         let mut shard = self.shard(key.digest());
         match shard.records.get_mut(key.digest()) {
             Some(entry) if !entry.receipt.expired(now_ms) => {

@@ -1,0 +1,117 @@
+//! Taking a key over from an owner whose outcome is uncertain: the one copy of the rules that every
+//! taker follows — a duplicate call, a callback, the compensation worker, a person resolving by hand.
+//!
+//! # Guarantees
+//!
+//! * **The store judges.** A key is taken over only when the store finds, atomically and by its own
+//!   clock where nodes share it, that the record is `UNKNOWN` or its owner's lease ended, and that
+//!   nobody took it over first. The taker then owns it under a new fence: the earlier owner, should it
+//!   come back, is refused every write and answers what the record says (or what it knows itself
+//!   happened, never a contradiction of it).
+//! * **An open reversal stops every taker.** A compensation worker journals `Reversing` before it
+//!   runs a call's reversal and `Reversed` once it ran. A journal that holds either with nothing
+//!   recorded after means the call may have been undone; executing it now (a duplicate that hears
+//!   "not received" and sends) would both reverse and perform it. So the taker acts on nothing: the
+//!   key goes back to `UNKNOWN` under its fence ([`TakenOver::Reversal`], [`hand_back`]) and the
+//!   worker, which finds the same journal, settles it (`Reversed`: recorded `FAILED`) or asks a person
+//!   (`Reversing`: `MANUAL`).
+
+use crate::call_id::CallId;
+use crate::error::StoreError;
+use crate::journal::{CompensationStep, What};
+use crate::key::Key;
+use crate::receipt::{Fence, Receipt};
+use crate::runtime::Runtime;
+use crate::store::Claimed;
+
+/// What came of a take-over.
+#[derive(Debug)]
+pub(crate) enum TakenOver {
+    /// The key is the taker's, under this fence, and nothing stands in its way.
+    Acquired(Fence),
+    /// The store refused: the owner's lease is alive, or someone changed the record first (a newer
+    /// fence, a settled outcome, another call's claim). The record as it is now.
+    Existing(Box<Receipt>),
+    /// The record is gone (released, forgotten, expired).
+    Gone,
+    /// The key is the taker's under `fence`, but a reversal of the call was begun (`Reversing`) or
+    /// done (`Reversed`) with no outcome recorded after: the taker acts on nothing but the reversal's
+    /// rules. Anyone but the worker [`hand_back`]s the key.
+    Reversal {
+        /// The taker's fence.
+        fence: Fence,
+        /// The reversal's last journaled step.
+        step: CompensationStep,
+    },
+}
+
+/// Takes the key of `record` over for one `lease_ms` from `now_ms`, if the store finds its owner's
+/// outcome uncertain (see [the module](self)).
+pub(crate) async fn take_over(
+    rt: &Runtime,
+    record: &Receipt,
+    lease_ms: u64,
+    now_ms: u64,
+) -> Result<TakenOver, StoreError> {
+    let fence = match rt
+        .store()
+        .take_over(&record.key, record.fence, lease_ms, now_ms)
+        .await
+    {
+        Ok(Claimed::Acquired(fence)) => fence,
+        Ok(Claimed::Existing(newer)) => return Ok(TakenOver::Existing(Box::new(newer))),
+        Err(StoreError::NotFound) => return Ok(TakenOver::Gone),
+        Err(e) => return Err(e),
+    };
+    match open_reversal(rt, &record.call_id).await {
+        Ok(None) => Ok(TakenOver::Acquired(fence)),
+        Ok(Some(step)) => {
+            tracing::warn!(target: "samekey", call_id = %record.call_id, key = %record.key.short(),
+                attempt = 0u32, step = ?step, fence = fence.0,
+                "took over a call whose reversal was begun; acting on nothing but the reversal's rules");
+            Ok(TakenOver::Reversal { fence, step })
+        }
+        // The journal cannot say: nothing may act on the call before it can.
+        Err(e) => {
+            hand_back(rt, &record.key, fence).await;
+            Err(e)
+        }
+    }
+}
+
+/// The last reversal step the journal holds for `call_id` (`Reversing` or `Reversed`), if no outcome
+/// was recorded after it. A `ReversalFailed` closes the reversal: nothing ran.
+pub(crate) async fn open_reversal(
+    rt: &Runtime,
+    call_id: &CallId,
+) -> Result<Option<CompensationStep>, StoreError> {
+    let events = rt.store().journal_of_call(call_id, rt.now_ms()).await?;
+    for event in events.iter().rev() {
+        match &event.what {
+            What::Recorded { .. } | What::Resolved { .. } | What::Released { .. } => {
+                return Ok(None)
+            }
+            What::Compensation { step, .. } => match step {
+                CompensationStep::Reversing | CompensationStep::Reversed => return Ok(Some(*step)),
+                CompensationStep::ReversalFailed => return Ok(None),
+                _ => {}
+            },
+            _ => {}
+        }
+    }
+    Ok(None)
+}
+
+/// Puts a key taken over under `fence` back to `UNKNOWN` for the compensation worker, without acting
+/// on it. A refusal (another owner took it meanwhile) leaves it to that owner; a failure is logged,
+/// and the taker's lease runs out.
+pub(crate) async fn hand_back(rt: &Runtime, key: &Key, fence: Fence) {
+    match rt.store().mark_unknown(key, fence, rt.now_ms()).await {
+        Ok(_) => {}
+        Err(e) if e.lost_key() => {}
+        Err(e) => {
+            tracing::warn!(target: "samekey", key = %key.short(), attempt = 0u32, error = %e,
+                "could not hand a taken-over key back to compensation; its lease will end");
+        }
+    }
+}
