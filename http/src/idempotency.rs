@@ -12,8 +12,10 @@ use bytes::Bytes;
 use http::{header, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
-use samekey_runtime::__private::{KeyBuilder, MessageErrors as _, OnBusy, OnUnknown, Probe, Spec};
-use samekey_runtime::{observed, Answer, Classify, Error, ErrorClass, Inbound, KeyBytes, Runtime};
+use samekey_runtime::at_most_once::{AtMostOnce, OnBusy, OnUnknown};
+use samekey_runtime::{
+    observed, Answer, Classify, Error, ErrorClass, Inbound, KeyBuilder, KeyBytes, Runtime,
+};
 use serde::{Deserialize, Serialize};
 use tower_layer::Layer;
 use tower_service::Service;
@@ -166,7 +168,7 @@ struct Config {
     principal: Option<Principal>,
     store_when: fn(StatusCode) -> bool,
     /// Made on first use and kept for the process (a call's settings are `'static`).
-    spec: OnceLock<&'static Spec>,
+    spec: OnceLock<&'static AtMostOnce>,
 }
 
 impl Clone for Config {
@@ -188,7 +190,7 @@ impl Clone for Config {
 }
 
 impl Config {
-    fn spec(&self) -> &'static Spec {
+    fn spec(&self) -> &'static AtMostOnce {
         self.spec.get_or_init(|| {
             let on_busy = if self.wait {
                 OnBusy::Wait
@@ -200,7 +202,7 @@ impl Config {
             } else {
                 OnUnknown::Hold
             };
-            once::spec("Idempotency-Key", "http", self.ttl, on_busy, on_unknown)
+            once::operation("Idempotency-Key", "http", self.ttl, on_busy, on_unknown)
         })
     }
 }
@@ -626,16 +628,9 @@ where
             }
         }
     };
-    let drive = once::run(
-        config.runtime.as_ref(),
-        config.spec(),
-        key,
-        Some(verify),
-        Probe::<Refusal>::new().codec(),
-        || handle,
-        // One request is sent to the handler once: no retries, so never asked for.
-        || std::future::ready(Err(Refusal::ServiceFailed)),
-    );
+    let drive = once::run(config.runtime.as_ref(), config.spec(), key, verify, || {
+        handle
+    });
     let (out, report) = observed(drive).await;
     if let Some(e) = failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
         return Err(e);

@@ -11,10 +11,10 @@ use std::future::Future;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use samekey_runtime::__private::{KeyBuilder, MessageErrors as _, OnBusy, OnUnknown, Probe, Spec};
+use samekey_runtime::at_most_once::{AtMostOnce, OnBusy, OnUnknown};
 use samekey_runtime::{
-    CallId, Classify, Context, Error, Inbound, KeyEncoder, KeyPart, ParseCallIdError, Runtime,
-    TraceId,
+    CallId, Classify, Context, Error, Inbound, KeyBuilder, KeyEncoder, KeyPart, ParseCallIdError,
+    Runtime, TraceId,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -261,7 +261,7 @@ pub struct Inbox {
     runtime: Option<Runtime>,
     scope: String,
     ttl: Duration,
-    spec: OnceLock<&'static Spec>,
+    spec: OnceLock<&'static AtMostOnce>,
 }
 
 impl Inbox {
@@ -289,9 +289,9 @@ impl Inbox {
         self
     }
 
-    fn spec(&self) -> &'static Spec {
+    fn spec(&self) -> &'static AtMostOnce {
         self.spec.get_or_init(|| {
-            once::spec(
+            once::operation(
                 "Inbox::deliver",
                 "msg",
                 self.ttl,
@@ -331,16 +331,7 @@ impl Inbox {
         let spec = self.spec();
         let runtime = self.runtime.as_ref();
         inbound
-            .scope(once::run(
-                runtime,
-                spec,
-                key,
-                Some(verify),
-                Probe::<E>::new().codec(),
-                || handler(payload),
-                // One attempt per delivery (no retries): never asked for twice.
-                || once::exhausted(&call_id),
-            ))
+            .scope(once::run(runtime, spec, key, verify, || handler(payload)))
             .await
     }
 }

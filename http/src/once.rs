@@ -1,91 +1,68 @@
-//! A samekey call around work that runs at most once per call (an HTTP handler, a message handler):
-//! the runtime's own claim, replay, fencing, journal and drop guard, driven without the attribute.
+//! Work that runs at most once per call (an HTTP handler, a message handler) on samekey's public
+//! at-most-once core ([`AtMostOnce`]): the runtime's own claim, replay, fencing, lease kept alive,
+//! journal and drop guard.
 
+use std::fmt::Display;
 use std::future::Future;
 use std::time::Duration;
 
-use samekey_runtime::__private::{
-    begin, Begun, CallError, CallOutput, ErrorCodec, KeyBuilder, OnBusy, OnMissingKey, OnUnknown,
-    OperationCell, Spec, Step,
-};
-use samekey_runtime::{Error, Runtime};
+use samekey_runtime::at_most_once::{AtMostOnce, OnBusy, OnUnknown};
+use samekey_runtime::{Classify, Error, KeyBuilder, Runtime};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
-/// The settings of such a call: one attempt, no lookup, no per-attempt timeout (the lease is renewed
-/// while the work runs). Leaked: a call's settings are `'static`; make them once per layer or inbox.
-pub(crate) fn spec(
+/// The operation of such work: one attempt, no lookup, no per-attempt timeout (the lease is renewed
+/// while the work runs). Leaked: make it once per layer or inbox.
+pub(crate) fn operation(
     name: &'static str,
     prefix: &'static str,
     ttl: Duration,
     on_busy: OnBusy,
     on_unknown: OnUnknown,
-) -> &'static Spec {
-    Box::leak(Box::new(Spec {
-        scope: "samekey.once",
-        scope_given: true,
-        operation: OperationCell::new(),
-        prefix,
-        name,
-        retries: 0,
-        budget: None,
-        metrics: samekey_runtime::__private::MetricsCell::new(),
-        backoff_base: Duration::from_millis(100),
-        backoff_cap: Duration::from_secs(1),
-        jitter: 0.2,
-        timeout: None,
-        ttl,
-        window: None,
-        on_busy,
-        on_unknown,
-        has_lookup: false,
-        on_missing_key: OnMissingKey::Error,
-    }))
+) -> &'static AtMostOnce {
+    AtMostOnce::new("samekey.once")
+        .name(name)
+        .prefix(prefix)
+        .retries(0)
+        .backoff(Duration::from_millis(100), Duration::from_secs(1))
+        .ttl(ttl)
+        .on_busy(on_busy)
+        .on_unknown(on_unknown)
+        .leak()
 }
 
 /// Claims `key` (checking `verify`), runs `work` if the call is the key's first, or answers the
-/// recorded outcome. `work` runs at most once; should the runtime ask for a second attempt (an
-/// uncertain first one, with `OnUnknown::Rerun`), `again` runs instead.
-pub(crate) async fn run<T, E, W, Fut, A, AFut>(
+/// recorded outcome; failures are stored by their message. `work` runs at most once: with no retries,
+/// a second attempt is never asked for (were it, the call would end exhausted, nothing run again).
+pub(crate) async fn run<T, E, W, Fut>(
     runtime: Option<&Runtime>,
-    spec: &'static Spec,
+    op: &'static AtMostOnce,
     key: KeyBuilder,
-    verify: Option<KeyBuilder>,
-    codec: ErrorCodec<E>,
+    verify: KeyBuilder,
     work: W,
-    mut again: A,
 ) -> Result<T, E>
 where
-    T: CallOutput,
-    E: CallError,
+    T: Serialize + DeserializeOwned,
+    E: Classify + From<Error> + Display,
     W: FnOnce() -> Fut,
     Fut: Future<Output = Result<T, E>>,
-    A: FnMut() -> AFut,
-    AFut: Future<Output = Result<T, E>>,
 {
-    // Generic here: replays decode the stored response each time (no kept copy).
-    let mut run = match begin::<Result<T, E>>(runtime, spec, "", key, verify, codec, None) {
-        Begun::Run(run) => run,
-        Begun::Answered(out) => return out,
-    };
     let mut work = Some(work);
-    let mut step = run.start().await;
-    loop {
-        step = match step {
-            Step::Done(out) => return out,
-            Step::Attempt => match work.take() {
-                Some(work) => run.attempt(work()).await,
-                None => run.attempt(again()).await,
-            },
-            Step::Lookup(_) => run.no_lookup().await,
-        };
+    let body = move || {
+        let work = work.take();
+        async move {
+            match work {
+                Some(work) => work().await,
+                None => Err(E::from(Error::Exhausted {
+                    call_id: samekey_runtime::current().call_id().clone(),
+                    attempts: 1,
+                })),
+            }
+        }
+    };
+    let call = op.with_key(key).verify_with(verify);
+    match runtime {
+        Some(runtime) => call.runtime(runtime).run(body).await,
+        None => call.run(body).await,
     }
-}
-
-/// The `again` of work that cannot run a second time: the call ends as exhausted.
-pub(crate) fn exhausted<T, E: From<Error>>(
-    call_id: &samekey_runtime::CallId,
-) -> impl Future<Output = Result<T, E>> {
-    std::future::ready(Err(E::from(Error::Exhausted {
-        call_id: call_id.clone(),
-        attempts: 1,
-    })))
 }

@@ -388,6 +388,9 @@ struct Call<T, E> {
     dependency: Arc<Dependency>,
     /// The call holds a place in its dependency's concurrency limit (given back on drop).
     admitted: bool,
+    /// The call can ask the remote side by callId: its function has a `lookup` (the spec's), or its
+    /// driver answers [`Step::Lookup`] ([`Run::asking`]).
+    has_lookup: bool,
     /// The places the calls this one is nested in hold: where one of them holds a place in this
     /// call's limiter, the call runs on it rather than wait for a place of its own.
     enclosing: Places,
@@ -511,6 +514,7 @@ where
         inputs: None,
         dependency,
         admitted: false,
+        has_lookup: spec.has_lookup,
         enclosing: places,
         round: 0,
     }))
@@ -590,6 +594,12 @@ impl<T, E> Run<T, E> {
     /// cannot be encoded is left out (logged): the call itself goes on.
     pub fn keep_inputs<I: Serialize>(&mut self, inputs: &I) {
         self.0.keep_inputs(inputs);
+    }
+
+    /// The driver answers [`Step::Lookup`] with [`Run::resolve`], whatever the spec says: an uncertain
+    /// outcome is asked about by callId. Call it before [`Run::start`].
+    pub(crate) fn asking(&mut self) {
+        self.0.has_lookup = true;
     }
 
     // `start` and `attempt` hand out the call's own futures rather than wrapping them in futures of
@@ -1085,7 +1095,7 @@ impl<T, E> Call<T, E> {
             from: record.state,
             fence: fence.0,
         });
-        if self.spec.has_lookup {
+        if self.has_lookup {
             return Ok(Step::Lookup(self.call_id.clone()));
         }
         match self.spec.on_unknown {
@@ -1227,7 +1237,7 @@ impl<T, E> Call<T, E> {
                     // call's outcome is the earlier attempt's, so ask the receipt instead of recording
                     // FAILED. (With `rerun` the remote dedups by callId, so its answer is the call's.)
                     ErrorClass::Permanent | ErrorClass::Rejected
-                        if self.uncertain && self.spec.has_lookup =>
+                        if self.uncertain && self.has_lookup =>
                     {
                         self.refused = true;
                         Box::pin(self.unknown_outcome(Some(error))).await
@@ -1299,7 +1309,7 @@ impl<T, E> Call<T, E> {
         if error.is_some() {
             self.last_error = error;
         }
-        if self.spec.has_lookup {
+        if self.has_lookup {
             self.lookups_processing = 0;
             tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                 attempt = self.attempts, "asking the receipt");

@@ -8,6 +8,7 @@
 
 #![warn(missing_docs)]
 
+pub mod at_most_once;
 pub mod budget;
 mod call;
 mod call_id;
@@ -39,6 +40,7 @@ mod takeover;
 pub mod testing;
 mod unanswered;
 
+pub use at_most_once::AtMostOnce;
 pub use budget::{RetryBudget, DEFAULT_LOOKUP_BUDGET, DEFAULT_RETRY_BUDGET};
 pub use call_id::{validate_label, validate_node, CallId, Label, ParseCallIdError, TraceId};
 pub use callback::{Applied, Callback};
