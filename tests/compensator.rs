@@ -628,24 +628,10 @@ async fn a_charge_never_received_is_reversed_once_and_failed() {
     assert_eq!(svc.remote.effects("o-11"), 0);
 }
 
-/// A worker that dies while its reversal runs: the next one finds the intent with no end in the
-/// journal and asks a person instead of reversing again.
-#[tokio::test(start_paused = true)]
-async fn a_worker_that_died_while_reversing_is_not_followed_by_a_second_reversal() {
-    let svc = Svc::new();
-    svc.remote.script([Fault::LoseRequest]);
-    let _ = svc.charge_keeping_inputs("o-12", 700).await;
-    let runs = Arc::new(AtomicU32::new(0));
-    let hanging = {
-        let runs = runs.clone();
-        svc.operation().reversal(move |_entry| {
-            let runs = runs.clone();
-            async move {
-                runs.fetch_add(1, Ordering::SeqCst);
-                std::future::pending::<Result<(), String>>().await
-            }
-        })
-    };
+/// A worker (lease 10 s) takes the queued call, journals its reversal's intent and dies while the
+/// reversal runs (counted in `runs`, never ending); then its lease lapses.
+async fn died_mid_reversal(svc: &Svc, runs: &Arc<AtomicU32>) {
+    let hanging = slow_reversal(svc, runs.clone(), Arc::new(tokio::sync::Notify::new()));
     let dying = Compensator::new(&svc.rt)
         .operation("orders.charge", hanging)
         .lease(Duration::from_secs(10));
@@ -657,6 +643,17 @@ async fn a_worker_that_died_while_reversing_is_not_followed_by_a_second_reversal
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     tokio::time::advance(Duration::from_secs(30)).await;
+}
+
+/// A worker that dies while its reversal runs: the next one finds the intent with no end in the
+/// journal and asks a person instead of reversing again.
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_died_while_reversing_is_not_followed_by_a_second_reversal() {
+    let svc = Svc::new();
+    svc.remote.script([Fault::LoseRequest]);
+    let _ = svc.charge_keeping_inputs("o-12", 700).await;
+    let runs = Arc::new(AtomicU32::new(0));
+    died_mid_reversal(&svc, &runs).await;
     let escalated = Arc::new(AtomicU32::new(0));
     let next = Compensator::new(&svc.rt)
         .operation("orders.charge", reversal_counting(&svc, runs.clone(), 0))
@@ -1034,21 +1031,8 @@ async fn every_take_over_respects_a_reversal_an_earlier_worker_began() {
     svc.remote.script([Fault::LoseRequest]);
     let _ = svc.charge_keeping_inputs("o-15", 700).await;
     let call_id = svc.queued().await[0].call_id.clone();
-    let (runs, never) = (
-        Arc::new(AtomicU32::new(0)),
-        Arc::new(tokio::sync::Notify::new()),
-    );
-    let dying = Compensator::new(&svc.rt)
-        .operation("orders.charge", slow_reversal(&svc, runs.clone(), never))
-        .lease(Duration::from_secs(10));
-    // The worker's process dies mid-reversal: its pass is dropped.
-    assert!(
-        tokio::time::timeout(Duration::from_secs(1), dying.run_once())
-            .await
-            .is_err()
-    );
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
-    tokio::time::advance(Duration::from_secs(30)).await;
+    let runs = Arc::new(AtomicU32::new(0));
+    died_mid_reversal(&svc, &runs).await;
     match svc.charge_checked("o-15", 700).await {
         Err(TestError::Samekey(Error::Unknown { call_id: unknown })) => {
             assert_eq!(unknown, call_id)

@@ -35,6 +35,24 @@ struct Broker {
     publishes: AtomicU32,
 }
 
+impl Broker {
+    /// Takes `message` into the queue.
+    fn take<T: serde::Serialize>(&self, message: &Envelope<T>) {
+        self.queue
+            .lock()
+            .unwrap()
+            .push(serde_json::to_string(message).unwrap());
+    }
+
+    /// Acknowledges a publish: the first one's acknowledgement is lost after the broker took it.
+    fn acknowledge(&self) -> Result<(), ShipError> {
+        if self.publishes.fetch_add(1, Ordering::SeqCst) == 0 {
+            return Err(ShipError::Unavailable);
+        }
+        Ok(())
+    }
+}
+
 struct Orders {
     rt: Runtime,
     broker: Arc<Broker>,
@@ -45,16 +63,8 @@ impl Orders {
     /// call retries and the broker holds the message twice.
     #[idempotent(key = "order", runtime = &self.rt, backoff = "1ms..2ms")]
     async fn publish_paid(&self, order: &str) -> Result<(), ShipError> {
-        let message = Envelope::new(order.to_owned());
-        self.broker
-            .queue
-            .lock()
-            .unwrap()
-            .push(serde_json::to_string(&message).unwrap());
-        if self.broker.publishes.fetch_add(1, Ordering::SeqCst) == 0 {
-            return Err(ShipError::Unavailable);
-        }
-        Ok(())
+        self.broker.take(&Envelope::new(order.to_owned()));
+        self.broker.acknowledge()
     }
 }
 
@@ -226,17 +236,9 @@ impl Invoices {
     #[idempotent(key = "order", runtime = &self.rt, backoff = "1ms..2ms")]
     async fn publish_lines(&self, order: &str) -> Result<(), ShipError> {
         for item in ["book", "pen"] {
-            let message = Envelope::new(format!("{order}:{item}"));
-            self.broker
-                .queue
-                .lock()
-                .unwrap()
-                .push(serde_json::to_string(&message).unwrap());
+            self.broker.take(&Envelope::new(format!("{order}:{item}")));
         }
-        if self.broker.publishes.fetch_add(1, Ordering::SeqCst) == 0 {
-            return Err(ShipError::Unavailable);
-        }
-        Ok(())
+        self.broker.acknowledge()
     }
 
     /// The envelopes of one attempt, as made.

@@ -266,6 +266,20 @@ fn fresh_key() -> String {
 }
 
 impl Server {
+    /// Two requests to `path` under one fresh key, each answered 503 with `body` as it is: not
+    /// stored, the key given back, the handler (counted by `runs`) run each time.
+    async fn gives_its_key_back(&self, path: &str, body: &str, runs: &AtomicU32) {
+        let key = fresh_key();
+        for _ in 0..2 {
+            let before = runs.load(Ordering::SeqCst);
+            let failed = self.post(path, Some(&key)).send().await.unwrap();
+            assert_eq!(failed.status(), 503);
+            assert!(failed.headers().get("idempotent-replayed").is_none());
+            assert_eq!(failed.text().await.unwrap(), body);
+            assert_eq!(runs.load(Ordering::SeqCst), before + 1, "{path} ran again");
+        }
+    }
+
     fn post(&self, path: &str, key: Option<&str>) -> reqwest::RequestBuilder {
         let request = self.client.post(format!("{}{path}", self.base));
         match key {
@@ -444,18 +458,9 @@ async fn idempotency_statuses(store: Arc<dyn Store>) {
     }
     assert_eq!(server.counts.big.load(Ordering::SeqCst), 1, "ran once");
     // A 5xx over the limit goes to its client as well, and gives the key back, as any 5xx.
-    let key = fresh_key();
-    for run in 1..=2 {
-        let failed = server
-            .post("/big-failing", Some(&key))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(failed.status(), 503);
-        assert!(failed.headers().get("idempotent-replayed").is_none());
-        assert_eq!(failed.text().await.unwrap(), "u".repeat(4096));
-        assert_eq!(server.counts.big.load(Ordering::SeqCst), 1 + run);
-    }
+    server
+        .gives_its_key_back("/big-failing", &"u".repeat(4096), &server.counts.big)
+        .await;
 
     // 409 with Retry-After while the first is still running; the first still gets its answer.
     let key = fresh_key();
@@ -567,18 +572,9 @@ async fn a_streamed_response_goes_to_its_client_and_is_refused_on_retry(store: A
     assert_eq!(server.counts.streams.load(Ordering::SeqCst), 2, "ran once");
 
     // A streamed 503 is not stored: the retry runs the handler again.
-    let key = fresh_key();
-    for run in 1..=2 {
-        let failed = server
-            .post("/export-failing", Some(&key))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(failed.status(), 503);
-        assert!(failed.headers().get("idempotent-replayed").is_none());
-        assert_eq!(failed.text().await.unwrap(), "unavailable");
-        assert_eq!(server.counts.streams.load(Ordering::SeqCst), 2 + run);
-    }
+    server
+        .gives_its_key_back("/export-failing", "unavailable", &server.counts.streams)
+        .await;
 }
 
 /// A 4xx is the request's answer too: stored, and replayed with its headers and the replay mark.
