@@ -437,6 +437,6 @@ async fn rounds_end_with_a_person(svc: Svc) {
         .unwrap();
 }
 
-support::on_stores!(memory, sqlite if "sqlite", postgres if "postgres", redis if "redis" => {
+support::on_stores!(memory, local_cache, sqlite if "sqlite", postgres if "postgres", redis if "redis" => {
     worker_scenarios,
 });

@@ -1001,6 +1001,58 @@ async fn a_service_error_under_the_layer_is_an_unknown_outcome() {
     assert_eq!(call_ids[0], call_ids[1], "under the same callId");
 }
 
+/// tower's `TimeoutLayer` *around* the layer: the client is answered 408 while the handler goes on
+/// (the layer spawns it) and takes effect; a retry meanwhile is a 409, and once it finished, the
+/// stored 201 is replayed. One charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_around_the_layer_leaves_the_handler_to_finish_and_be_replayed() {
+    use axum::error_handling::HandleErrorLayer;
+    use tower::ServiceBuilder;
+
+    async fn charge(State(runs): State<Arc<AtomicU32>>) -> (StatusCode, &'static str) {
+        runs.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        (StatusCode::CREATED, "charged")
+    }
+
+    let runs = Arc::new(AtomicU32::new(0));
+    let rt = Runtime::builder().node("api-1").build().unwrap();
+    let app = Router::new()
+        .route("/charges", post(charge))
+        .with_state(runs.clone())
+        .layer(
+            ServiceBuilder::new()
+                .layer(HandleErrorLayer::new(|_: tower::BoxError| async {
+                    StatusCode::REQUEST_TIMEOUT
+                }))
+                .layer(tower::timeout::TimeoutLayer::new(Duration::from_millis(50)))
+                .layer(IdempotencyLayer::new().runtime(&rt)),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let client = reqwest::Client::new();
+    let key = fresh_key();
+    let post = || {
+        client
+            .post(format!("{base}/charges"))
+            .header("idempotency-key", &key)
+            .send()
+    };
+    assert_eq!(post().await.unwrap().status(), 408, "the client gave up");
+    let busy = post().await.unwrap();
+    assert_eq!(busy.status(), 409, "the first still runs");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let replayed = post().await.unwrap();
+    assert_eq!(replayed.status(), 201);
+    assert_eq!(
+        replayed.headers().get("idempotent-replayed").unwrap(),
+        "true"
+    );
+    assert_eq!(replayed.text().await.unwrap(), "charged");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "charged once");
+}
+
 /// Beside tower-http's request-id and trace layers: each reads and writes its own headers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_layers_compose_with_tower_http() {

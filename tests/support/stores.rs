@@ -9,6 +9,14 @@ pub async fn memory() -> Option<Arc<dyn Store>> {
     Some(Arc::new(samekey::MemoryStore::new()))
 }
 
+/// A `LocalCache` in front of the in-memory store: finished receipts answered in process.
+pub async fn local_cache() -> Option<Arc<dyn Store>> {
+    Some(Arc::new(samekey::store::LocalCache::new(
+        samekey::MemoryStore::new(),
+        1_000,
+    )))
+}
+
 #[cfg(feature = "sqlite")]
 pub async fn sqlite() -> Option<Arc<dyn Store>> {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
