@@ -1,5 +1,8 @@
-//! Features composed, not only alone: a call nested in another one's body (its refusal passed up with
-//! `?`, its place in a concurrency limit), on the in-memory store with paused time.
+//! Features composed, not only alone, on the in-memory store with paused time: a call nested in
+//! another one's body (its refusal passed up with `?`, its place in its parent's concurrency limit or
+//! in another dependency's), and a duplicate waiting on a full bounded store. (A worker and a caller
+//! on one key, a cache in front, a callback during a reversal: `compensation_stores`, `promise`,
+//! `callbacks`, on every backend; tower's timeouts and the layer: `samekey-http`'s `server` tests.)
 
 mod support;
 
@@ -206,4 +209,81 @@ async fn a_duplicate_woken_on_a_full_store_replays_the_receipt_it_waited_for() {
         2,
         "order 1 charged once"
     );
+}
+
+/// A shop whose shipping is a dependency of its own (`budget = "shipping"`), with a limit of its own.
+struct TwoDependencies {
+    rt: Runtime,
+    charges: AtomicU32,
+    rate_limited: AtomicU32,
+    hold: Notify,
+}
+
+impl TwoDependencies {
+    #[idempotent(key = "order", scope = "two.place", runtime = &self.rt, retries = 0)]
+    async fn place(&self, order: u64) -> Result<u64, TestError> {
+        self.charges.fetch_add(1, Ordering::SeqCst);
+        self.ship(order, false).await?;
+        Ok(order)
+    }
+
+    #[idempotent(key = "order", scope = "two.ship", runtime = &self.rt, retries = 3,
+                 backoff = "10ms..100ms", budget = "shipping")]
+    async fn ship(&self, order: u64, hold: bool) -> Result<u64, TestError> {
+        let limited = self
+            .rate_limited
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if limited.is_ok() {
+            return Err(TestError::RateLimited { retry_after_ms: 10 });
+        }
+        if hold {
+            self.hold.notified().await;
+        }
+        Ok(order)
+    }
+}
+
+/// A nested call runs on its parent's place only in its parent's own limiter: on another dependency,
+/// whose limit is full, it waits for a place there like any call, and is refused `Overloaded` — which
+/// leaves the outer call `UNKNOWN` (its body charged), never retried or given back.
+#[tokio::test(start_paused = true)]
+async fn a_nested_call_on_another_dependency_waits_in_its_own_limit() {
+    let shop = Arc::new(TwoDependencies {
+        rt: Runtime::builder()
+            .node("two")
+            .clock(TokioClock::new())
+            .concurrency(
+                "shipping",
+                ConcurrencyLimit::adaptive().max_wait(Duration::from_millis(100)),
+            )
+            .retry_budget(samekey::RetryBudget::unlimited())
+            .build()
+            .unwrap(),
+        charges: AtomicU32::new(0),
+        rate_limited: AtomicU32::new(4),
+        hold: Notify::new(),
+    });
+    // Shipping's limit down to 1, and its one place held by a shipment in flight.
+    assert!(shop.ship(1, false).await.is_err());
+    assert_eq!(shop.rt.concurrency_limit(Some("shipping")), Some(1));
+    let held = tokio::spawn({
+        let shop = shop.clone();
+        async move { shop.ship(2, true).await }
+    });
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let placed = shop.place(3).await;
+    assert!(
+        matches!(placed, Err(TestError::Samekey(Error::Unknown { .. }))),
+        "{placed:?}"
+    );
+    assert_eq!(shop.charges.load(Ordering::SeqCst), 1);
+    assert!(shop.place(3).await.is_err(), "the key is held");
+    assert_eq!(
+        shop.charges.load(Ordering::SeqCst),
+        1,
+        "never charged twice"
+    );
+    assert_eq!(shop.rt.stats().overloaded, 1);
+    shop.hold.notify_waiters();
+    assert_eq!(held.await.unwrap(), Ok(2));
 }
