@@ -251,7 +251,7 @@ struct OrderService {
 
 impl OrderService {
     #[idempotent(key = "order", scope = "orders.charge", prefix = "pay", retries = 3, timeout = "1s", backoff = "100ms..2s",
-                 ttl = "7d", verify = "order.amount_cents", runtime = &self.samekey,
+                 ttl = "7d", verify = "order.amount_cents", runtime = &self.samekey, inputs = "order",
                  lookup = |call: &CallId| self.gateway.status(call))]
     async fn charge(&self, order: Order) -> Result<Charge, PayError> {
         let charge = Charge {
@@ -501,18 +501,33 @@ async fn compare(seed: u64) -> Result<(), Box<dyn std::error::Error>> {
     let (mut told, told_failed) = run(|order| service.charge(order)).await;
     let stats = service.samekey.stats();
     told.attempts = stats.attempts;
-    let mut samekey_col = column(&samekey_gateway, told, &told_failed);
-    samekey_col.replays = stats.replays;
     // The compensation worker asks the gateway about every call left UNKNOWN, by its callId, and
-    // records what happened (or gives the key back): a service runs it as a task, every minute.
+    // records what happened; a call the gateway never received is sent again under its callId (the
+    // gateway deduplicates by it, so a first request that arrives late charges nothing more), with
+    // the order the call kept (`inputs = "order"`). A service runs it as a task, every minute.
     let queued = service.samekey.compensations().await?;
-    let gateway = samekey_gateway.clone();
+    let (asked, resent) = (samekey_gateway.clone(), samekey_gateway.clone());
     let worker = Compensator::new(&service.samekey)
         .operation(
             "orders.charge",
             Operation::new(move |call: CallId| {
-                let gateway = gateway.clone();
+                let gateway = asked.clone();
                 async move { gateway.status(&call).await }
+            })
+            .rerun(move |entry: samekey::CompensationEntry| {
+                let gateway = resent.clone();
+                async move {
+                    let Some(Ok((order,))) = entry.inputs::<(Order,)>() else {
+                        // Nothing to send it again with: it stays undecided, for a person.
+                        let call_id = entry.call_id.clone();
+                        return Err(PayError::Samekey(samekey::Error::Unknown { call_id }));
+                    };
+                    let charge = Charge {
+                        order_id: order.id,
+                        amount_cents: order.amount_cents,
+                    };
+                    gateway.charge(Some(entry.call_id.as_str()), charge).await
+                }
             }),
         )
         .on_escalate(|entry| println!("needs a person: call {} ({})", entry.call_id, entry.reason));
@@ -522,14 +537,12 @@ async fn compare(seed: u64) -> Result<(), Box<dyn std::error::Error>> {
     // 10 min).
     worker.sweep().await?;
     let settled = worker.settle().await?;
+    // Counted once the worker is done: its re-sends are charges too (and duplicates, were any).
+    let mut samekey_col = column(&samekey_gateway, told, &told_failed);
+    samekey_col.replays = stats.replays;
     samekey_col.settled_by_worker = (settled.succeeded + settled.failed + settled.released) as u64;
-    samekey_col.unknown_queued = service
-        .samekey
-        .compensations()
-        .await?
-        .iter()
-        .filter(|e| e.state != samekey::CompensationState::Manual)
-        .count() as u64;
+    // Every entry still queued, pending or with a person (`MANUAL`).
+    samekey_col.unknown_queued = service.samekey.compensations().await?.len() as u64;
 
     println!(
         "samekey order_service — {ORDERS} orders, every {DOUBLE_SUBMIT_EVERY}th submitted twice, seed {seed}"
