@@ -112,21 +112,25 @@ impl CallIndex {
         }
     }
 
-    /// Where the record of the key `call_id` claimed is, if any (check the record: another callId may
-    /// share the entry). Of one callId on two keys, the later claim.
-    pub(super) fn get(&self, call_id: &CallId) -> Option<Place> {
-        if !self.overflow.is_empty() {
-            if let Some(place) = self.overflow.get(call_id) {
-                return Some(*place);
-            }
-        }
+    /// Where the record of the key `call_id` claimed may be, the most likely first: check each
+    /// record, since other callIds may share an entry's 16 bytes (callIds derived from one another,
+    /// as a message's work's is from its producer's, share their time and random bits). Of one callId
+    /// on two keys, the later claim comes first.
+    pub(super) fn candidates(&self, call_id: &CallId) -> Vec<Place> {
         let (ms, entropy) = short(call_id);
-        let found = self
+        let mut places: Vec<Place> = self
             .millisecond(ms)
             .filter(|slot| slot.entropy == entropy)
             .filter_map(Slot::place)
-            .last();
-        found.or_else(|| self.late.get(&(ms, entropy)).copied())
+            .collect();
+        places.reverse();
+        if !self.overflow.is_empty() {
+            if let Some(place) = self.overflow.get(call_id) {
+                places.insert(0, *place);
+            }
+        }
+        places.extend(self.late.get(&(ms, entropy)).copied());
+        places
     }
 
     /// Forgets that `call_id` claimed the key whose record is at `place` (the record went).
@@ -222,6 +226,28 @@ mod tests {
 
     fn call_at(ms: u64) -> CallId {
         CallId::generate_at(Label::from_static("t"), Label::from_static("n"), ms)
+    }
+
+    impl CallIndex {
+        /// The first candidate: where `call_id`'s record is when no other callId shares its bytes.
+        fn get(&self, call_id: &CallId) -> Option<Place> {
+            self.candidates(call_id).first().copied()
+        }
+    }
+
+    /// Two callIds that share their time and random bits (a message's work's callId, derived from
+    /// its producer's): each is found among the candidates of its own lookup.
+    #[test]
+    fn call_ids_that_share_their_time_and_random_bits_are_both_found() {
+        let mut index = CallIndex::default();
+        let producer = call_at(7);
+        let derived: CallId = format!("t.0-{}-{:016x}-n", producer.unix_ms(), producer.entropy())
+            .parse()
+            .unwrap();
+        index.insert(&producer, at(1));
+        index.insert(&derived, at(2));
+        assert!(index.candidates(&producer).contains(&at(1)));
+        assert!(index.candidates(&derived).contains(&at(2)));
     }
 
     #[test]

@@ -72,14 +72,18 @@ struct Entry {
 }
 
 impl Entry {
-    /// Wakes the record's waiters after a change; a record that settled (no longer `PROCESSING`) is
-    /// handed to them with the wake-up. Waiters that come after (the record taken over, `PROCESSING`
-    /// again) wait on a new [`Waiters`] of their own.
+    /// Wakes the record's waiters after a change. A record that settled (no longer `PROCESSING`) is
+    /// handed to them with the wake-up, and waiters that come after (the record taken over,
+    /// `PROCESSING` again) wait on a new [`Waiters`] of their own. A record still `PROCESSING` (taken
+    /// over by a new owner) keeps its waiters: they look again, and whatever the new owner settles is
+    /// handed to them too, even if a full store evicts it before they read.
     fn wake(&mut self) {
-        if let Some(waiters) = self.waiters.take() {
-            if self.receipt.state != ReceiptState::Processing {
-                let _ = waiters.settled.set(self.receipt.clone());
+        if self.receipt.state == ReceiptState::Processing {
+            if let Some(waiters) = &self.waiters {
+                waiters.notify.notify_waiters();
             }
+        } else if let Some(waiters) = self.waiters.take() {
+            let _ = waiters.settled.set(self.receipt.clone());
             waiters.notify.notify_waiters();
         }
     }
@@ -611,14 +615,16 @@ impl Store for MemoryStore {
     }
 
     async fn get_by_call_id(&self, call_id: &CallId) -> Result<Option<Receipt>, StoreError> {
-        let Some(place) = self.calls_of(call_id).get(call_id) else {
-            return Ok(None);
-        };
-        let shard = self.shard_at(usize::from(place.shard));
-        Ok(shard
-            .records
-            .of_call(place.hash, call_id)
-            .map(|e| e.receipt.clone()))
+        // Looked up first, each shard locked after the index's lock is given back (a claim takes them
+        // the other way round).
+        let candidates = self.calls_of(call_id).candidates(call_id);
+        Ok(candidates.into_iter().find_map(|place| {
+            let shard = self.shard_at(usize::from(place.shard));
+            shard
+                .records
+                .of_call(place.hash, call_id)
+                .map(|e| e.receipt.clone())
+        }))
     }
 
     async fn wait_settled(
