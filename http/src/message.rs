@@ -116,11 +116,13 @@ impl<T> Envelope<T> {
 
     /// The message's identity as an inbound context: run a handler in [`Inbound::scope`] and the
     /// first `#[idempotent]` call it makes keeps the callId of the message's work — the message's
-    /// callId for the first message of its call (`seq` 0), else that callId with `.<seq>` after its
-    /// prefix (`ord.1-1710000000000-9f3c2a7d41b0e855-node07` for the second message of
-    /// `ord-1710000000000-9f3c2a7d41b0e855-node07`, the prefix shortened to fit its 32 characters):
-    /// the same on every redelivery, and never one call's for another's work. Every call in the
-    /// scope has the message's traceId.
+    /// callId with `.<seq>` after its prefix (`ord.0-1710000000000-9f3c2a7d41b0e855-node07` for the
+    /// first message of `ord-1710000000000-9f3c2a7d41b0e855-node07`, `ord.1-…` for the second, the
+    /// prefix shortened to fit its 32 characters): the same on every redelivery, tied to the
+    /// producer's call by its time, random bits and node, and never the producer's own. (Producer and
+    /// consumer often share a store: under one callId, a callback or a compensation entry about the
+    /// producer's call would land on the consumer's work.) Every call in the scope has the message's
+    /// traceId.
     pub fn inbound(&self) -> Inbound {
         let inbound = Inbound::new().trace_id(self.trace_id);
         match self.work_call_id() {
@@ -132,9 +134,6 @@ impl<T> Envelope<T> {
 
     /// The callId of the message's work (see [`Envelope::inbound`]); `None` if it cannot be made.
     fn work_call_id(&self) -> Option<CallId> {
-        if self.seq == 0 {
-            return Some(self.call_id.clone());
-        }
         let suffix = format!(".{}", self.seq);
         let prefix = self.call_id.prefix();
         // ASCII (a valid prefix): any byte is a character boundary.
