@@ -171,19 +171,23 @@ impl Runtime {
                         call_id: call_id.clone(),
                     })
                 }
-                TakenOver::Reversal { fence, .. } => {
+                TakenOver::Reversal { fence, reversal } => {
                     // A reversal of the call was begun: the provider's word and the reversal may
-                    // disagree, and that is a person's to settle (the worker escalates the entry).
+                    // disagree, and that is a person's to settle. Journaled once (the worker reads it
+                    // and escalates the entry); repeats are not, so that a provider that keeps
+                    // delivering cannot push the reversal's intent out of the bounded journal.
                     takeover::hand_back(self, &key, fence).await;
                     tracing::warn!(target: "samekey", call_id = %call_id, key = %key.short(),
                         attempt = 0u32, state = %callback.state,
-                        "callback not applied: a reversal of the call was begun; left to compensation");
-                    let refused = What::CallbackRefused {
-                        from: ReceiptState::Unknown,
-                        to: callback.state,
-                    };
-                    self.journal(&key, &[self.event(call_id, refused)], callback.ttl)
-                        .await;
+                        "callback not applied: a reversal of the call was begun; left to a person");
+                    if !reversal.disputed {
+                        let refused = What::CallbackRefused {
+                            from: ReceiptState::Unknown,
+                            to: callback.state,
+                        };
+                        self.journal(&key, &[self.event(call_id, refused)], callback.ttl)
+                            .await;
+                    }
                     return Err(Error::Unknown {
                         call_id: call_id.clone(),
                     });

@@ -41,7 +41,7 @@ use crate::lease::Owner;
 use crate::receipt::{Fence, ReceiptState};
 use crate::runtime::Runtime;
 use crate::store::Completion;
-use crate::takeover::{self, TakenOver};
+use crate::takeover::{self, Reversal as Begun, TakenOver};
 
 /// The default rounds: the delay before each next look at an entry that is still undecided.
 pub const DEFAULT_COMPENSATION_ROUNDS: [Duration; 5] = [
@@ -505,7 +505,8 @@ impl Compensator {
             .find(|e| &e.call_id == call_id)
             .ok_or(Error::Store(StoreError::NotFound))?;
         let now = self.rt.now_ms();
-        let mut record = store.get(&entry.key, now).await?;
+        // By callId, past any cache in front (see `work`).
+        let mut record = store.get_by_call_id(call_id).await?;
         // The call's receipt as it stands: taken over to write the person's answer, or already
         // settled — then the answer must agree with it.
         let fence = loop {
@@ -658,8 +659,10 @@ impl Compensator {
     async fn work(&self, entry: CompensationEntry, w: &mut Work<'_>) -> Result<(), Error> {
         let store = self.rt.store();
         let now = self.rt.now_ms();
-        let record = store.get(&entry.key, now).await?;
-        let Some(record) = record.filter(|r| r.call_id == entry.call_id) else {
+        // By callId, which no cache in front answers from its copy: a receipt a `LocalCache` kept of
+        // an earlier call on the key (forgotten since, in another process) is not this call's.
+        let record = store.get_by_call_id(&entry.call_id).await?;
+        let Some(record) = record.filter(|r| r.key == entry.key) else {
             // Gone, or the key is another call's now: this call was settled (or expired) elsewhere.
             return self.settled_elsewhere(&entry, w).await;
         };
@@ -683,13 +686,21 @@ impl Compensator {
                     .later(entry, "the call's key is held by a running call", w)
                     .await;
             }
-            // A reversal an earlier worker began: interrupted (never run twice), or done (record it).
-            TakenOver::Reversal {
-                fence,
-                step: CompensationStep::Reversed,
-            } => return self.reversed(entry, fence, &operation, w).await,
-            TakenOver::Reversal { fence, .. } => {
-                let why = "a reversal an earlier worker began has no end in the journal: it may have run; check it before resolving";
+            // A reversal an earlier worker began: done and undisputed (record it), interrupted (never
+            // run twice), or disputed by a callback meanwhile (the counterparty says otherwise).
+            TakenOver::Reversal { fence, reversal } => {
+                let why = match reversal {
+                    Begun {
+                        step: CompensationStep::Reversed,
+                        disputed: false,
+                    } => return self.reversed(entry, fence, &operation, w).await,
+                    Begun { disputed: true, .. } => {
+                        "a callback reported the call's outcome while its reversal ran: the two may disagree; reconcile them by hand"
+                    }
+                    Begun { .. } => {
+                        "a reversal an earlier worker began has no end in the journal: it may have run; check it before resolving"
+                    }
+                };
                 return self.escalate_held(entry, fence, why, w).await;
             }
         };

@@ -40,9 +40,19 @@ pub(crate) enum TakenOver {
     Reversal {
         /// The taker's fence.
         fence: Fence,
-        /// The reversal's last journaled step.
-        step: CompensationStep,
+        /// The reversal as the journal tells it.
+        reversal: Reversal,
     },
+}
+
+/// A reversal begun and not closed by a recorded outcome, as the journal tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Reversal {
+    /// Its last step: `Reversing` (it may have run) or `Reversed` (it ran).
+    pub(crate) step: CompensationStep,
+    /// A callback reported an outcome of the call after the reversal began (and was refused): the
+    /// counterparty's word and the reversal may disagree, which only a person can settle.
+    pub(crate) disputed: bool,
 }
 
 /// Takes the key of `record` over for one `lease_ms` from `now_ms`, if the store finds its owner's
@@ -65,11 +75,11 @@ pub(crate) async fn take_over(
     };
     match open_reversal(rt, &record.call_id).await {
         Ok(None) => Ok(TakenOver::Acquired(fence)),
-        Ok(Some(step)) => {
+        Ok(Some(reversal)) => {
             tracing::warn!(target: "samekey", call_id = %record.call_id, key = %record.key.short(),
-                attempt = 0u32, step = ?step, fence = fence.0,
+                attempt = 0u32, step = ?reversal.step, disputed = reversal.disputed, fence = fence.0,
                 "took over a call whose reversal was begun; acting on nothing but the reversal's rules");
-            Ok(TakenOver::Reversal { fence, step })
+            Ok(TakenOver::Reversal { fence, reversal })
         }
         // The journal cannot say: nothing may act on the call before it can.
         Err(e) => {
@@ -79,27 +89,43 @@ pub(crate) async fn take_over(
     }
 }
 
-/// The last reversal step the journal holds for `call_id` (`Reversing` or `Reversed`), if no outcome
-/// was recorded after it. A `ReversalFailed` closes the reversal: nothing ran.
+/// The reversal the journal holds for `call_id`, if one was begun (`Reversing`) and no outcome was
+/// recorded after: its last step, and whether a callback was refused since it began. A
+/// `ReversalFailed` closes the reversal: nothing ran.
+///
+/// The journal keeps a key's latest [`JOURNAL_LIMIT`](crate::journal::JOURNAL_LIMIT) events; what
+/// writes to it while a reversal is open is bounded (a refused callback is journaled once, a
+/// duplicate writes nothing), so the intent stays within them.
 pub(crate) async fn open_reversal(
     rt: &Runtime,
     call_id: &CallId,
-) -> Result<Option<CompensationStep>, StoreError> {
+) -> Result<Option<Reversal>, StoreError> {
     let events = rt.store().journal_of_call(call_id, rt.now_ms()).await?;
+    let mut last: Option<CompensationStep> = None;
+    let mut disputed = false;
+    // From the newest event back to the intent that began the reversal.
     for event in events.iter().rev() {
         match &event.what {
             What::Recorded { .. } | What::Resolved { .. } | What::Released { .. } => {
                 return Ok(None)
             }
+            What::CallbackRefused { .. } => disputed = true,
             What::Compensation { step, .. } => match step {
-                CompensationStep::Reversing | CompensationStep::Reversed => return Ok(Some(*step)),
-                CompensationStep::ReversalFailed => return Ok(None),
+                CompensationStep::ReversalFailed if last.is_none() => return Ok(None),
+                CompensationStep::Reversed => {
+                    last.get_or_insert(*step);
+                }
+                CompensationStep::Reversing => {
+                    let step = *last.get_or_insert(*step);
+                    return Ok(Some(Reversal { step, disputed }));
+                }
                 _ => {}
             },
             _ => {}
         }
     }
-    Ok(None)
+    // A `Reversed` whose intent the journal no longer holds: it ran all the same.
+    Ok(last.map(|step| Reversal { step, disputed }))
 }
 
 /// Puts a key taken over under `fence` back to `UNKNOWN` for the compensation worker, without acting
