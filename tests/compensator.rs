@@ -966,6 +966,9 @@ async fn a_fenced_out_owner_never_answers_a_recorded_outcome_it_knows_is_false()
         "{:?}",
         history.events
     );
+    let queued = svc.rt.compensations().await.unwrap();
+    assert_eq!(queued.len(), 1, "queued for a person");
+    assert_eq!(queued[0].state, CompensationState::Manual);
 }
 
 /// A reversal that waits for `release` before it ends, counting its runs.

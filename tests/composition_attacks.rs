@@ -728,3 +728,112 @@ async fn a_duplicate_during_a_slow_rerun_waits_and_replays_it() {
     assert_eq!(duplicate.await.unwrap(), Ok(700));
     assert_eq!(pay.remote.effects("o-8"), 1, "charged once");
 }
+
+// ---------------------------------------------------------------------------------------------
+// A second reading of the same changes.
+// ---------------------------------------------------------------------------------------------
+
+/// A callback that comes while a live worker reverses the call (its lease kept alive) waits, then
+/// finds the reversal open: it is answered `Unknown` and disputes it, and the worker, once its
+/// reversal ran, asks a person instead of recording the call `FAILED` ("reversed").
+#[tokio::test(start_paused = true)]
+async fn a_callback_during_a_live_reversal_goes_to_a_person() {
+    let pay = Arc::new(Pay::new(
+        Runtime::builder()
+            .node("pay")
+            .clock(TokioClock::new())
+            .busy_wait(Duration::from_secs(1))
+            .build()
+            .unwrap(),
+    ));
+    let call_id = pay.lost("o-10").await;
+    let (runs, release) = (
+        Arc::new(AtomicU32::new(0)),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let worker = Compensator::new(&pay.rt)
+        .operation("review.pay", pay.reversing(runs.clone(), release.clone()))
+        .lease(Duration::from_secs(30));
+    let reversing = tokio::spawn(async move { worker.run_once().await });
+    while runs.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    let callback = pay
+        .rt
+        .apply_callback(&call_id, Callback::succeeded(&700u64).unwrap())
+        .await;
+    assert!(
+        matches!(callback, Err(Error::Unknown { .. })),
+        "{callback:?}"
+    );
+    release.notify_one();
+    let pass = reversing.await.unwrap().unwrap();
+    assert_eq!((pass.escalated, pass.reversed), (1, 0), "{pass:?}");
+    let receipt = pay.rt.receipt(&call_id).await.unwrap().unwrap();
+    assert_eq!(receipt.state, ReceiptState::Unknown, "not recorded FAILED");
+    let queued = pay.rt.compensations().await.unwrap();
+    assert_eq!(queued[0].state, CompensationState::Manual);
+}
+
+/// One callId adopted by two keys (two requests that carried the same `X-Call-Id`): the first is
+/// `UNKNOWN` and queued, the second settled. The worker reads the first key's record by its key, not
+/// the second's by callId: the entry is worked (here: still undecided, rescheduled), never dropped as
+/// "settled elsewhere".
+#[tokio::test(start_paused = true)]
+async fn a_call_id_on_two_keys_keeps_each_key_s_entry() {
+    let pay = Pay::new(
+        Runtime::builder()
+            .node("pay")
+            .clock(TokioClock::new())
+            .build()
+            .unwrap(),
+    );
+    let shared = CallId::new("req", "client").unwrap();
+    pay.remote.script([Fault::LoseReply]);
+    let first = samekey::Inbound::new()
+        .call_id(shared.clone())
+        .scope(pay.charge("o-11", 700))
+        .await;
+    assert!(matches!(
+        first,
+        Err(TestError::Samekey(Error::Unknown { .. }))
+    ));
+    let second = samekey::Inbound::new()
+        .call_id(shared.clone())
+        .scope(pay.charge("o-12", 700))
+        .await;
+    assert_eq!(second, Ok(700));
+    let undecided = Operation::new(|_call: CallId| async {
+        Ok::<_, String>(RemoteStatus::<u64, String>::Processing)
+    });
+    let pass = Compensator::new(&pay.rt)
+        .operation("review.pay", undecided)
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!(
+        (pass.settled_elsewhere, pass.rescheduled),
+        (0, 1),
+        "{pass:?}"
+    );
+    let key = samekey::Key::build("review.pay", &"o-11");
+    let record = pay.rt.store().get(&key, 0).await.unwrap().unwrap();
+    assert_eq!(record.state, ReceiptState::Unknown);
+    assert_eq!(pay.rt.compensations().await.unwrap().len(), 1, "kept");
+}
+
+/// The public core builds the body's future inside the call's context: a plain closure that reads
+/// `current()` before any await sees its own call, not an enclosing one (nor panics at top level).
+#[tokio::test(start_paused = true)]
+async fn the_core_s_body_is_made_in_its_own_call_s_context() {
+    static READ: samekey::at_most_once::AtMostOnce =
+        samekey::at_most_once::AtMostOnce::new("review.read").prefix("read");
+    let rt = Runtime::new();
+    let own = READ
+        .key("top")
+        .runtime(&rt)
+        .run(|| std::future::ready(Ok::<_, TestError>(samekey::current().call_id().clone())))
+        .await
+        .unwrap();
+    assert_eq!(own.prefix(), "read");
+}

@@ -266,8 +266,9 @@ const fn valid_label(label: &[u8]) -> bool {
     true
 }
 
-/// How a call's failures are stored: by their message (the default) or exactly.
-pub trait ErrorStorage<E> {
+/// How a call's failures are stored: by their message (the default) or exactly. Implemented by
+/// [`ByMessage`] and [`Exactly`] only (sealed).
+pub trait ErrorStorage<E>: sealed::Sealed {
     /// The codec of `E`'s failures.
     #[doc(hidden)]
     fn codec() -> ErrorCodec<E>;
@@ -281,6 +282,13 @@ pub struct ByMessage;
 /// Failures stored with serde: a duplicate gets the error itself.
 #[derive(Debug, Clone, Copy)]
 pub struct Exactly;
+
+mod sealed {
+    /// Keeps [`ErrorStorage`](super::ErrorStorage) to the two ways this crate stores failures.
+    pub trait Sealed {}
+    impl Sealed for super::ByMessage {}
+    impl Sealed for super::Exactly {}
+}
 
 impl<E: Display> ErrorStorage<E> for ByMessage {
     fn codec() -> ErrorCodec<E> {
@@ -449,7 +457,9 @@ impl<'r, S> Invocation<'r, S> {
         loop {
             step = match step {
                 Step::Done(out) => return out,
-                Step::Attempt => run.attempt(body()).await,
+                // Made inside the attempt's context: a body that reads `current()` before its first
+                // await (a plain closure) sees this call, not an enclosing one.
+                Step::Attempt => run.attempt(async { body().await }).await,
                 Step::Lookup(call_id) => match lookup.as_mut() {
                     Some(lookup) => run.resolve(lookup(call_id)).await,
                     None => run.no_lookup().await,

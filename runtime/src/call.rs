@@ -25,9 +25,9 @@
 //! * A plain failure is answered only when the claim was released: a release that is refused or fails
 //!   makes the call read the receipt again (a final outcome is answered as such) or end `UNKNOWN`.
 //! * An owner that lost its key (a write fenced out after it stalled past its lease) reads the receipt
-//!   and answers the final outcome recorded there, or the outcome it knows itself — and that one when
-//!   the two disagree (journaled as contradicted, for a person): it never answers "failed" for a
-//!   request it knows took effect. It queues nothing for a call that another owner now holds.
+//!   and answers the final outcome recorded there, or the outcome it knows itself — and its success
+//!   when the record says `FAILED` (journaled as contradicted and queued `MANUAL`, for a person): it
+//!   never answers "failed" for a request it knows took effect. It queues nothing for a call that another owner now holds.
 //!   Ownership is confirmed before every retry is sent.
 //! * A key is taken over through the one take-over every taker shares ([`crate::takeover`]): a call
 //!   whose reversal a compensation worker began is not run by a duplicate; it answers
@@ -1634,10 +1634,11 @@ impl<T, E> Call<T, E> {
 
     /// The answer of a call whose write was refused because another owner holds its key now (it stalled
     /// past its lease and the key was taken over, under the same callId). It reads the receipt: a final
-    /// outcome recorded there is the call's answer, unless it contradicts the outcome this run knows
-    /// (`known`: a value, or a failure that stands), which is then answered and journaled as
-    /// [`What::Contradicted`]; else the known outcome, else [`Error::Unknown`] — queued only when no
-    /// other owner holds the call, since the one that does resolves it.
+    /// outcome recorded there is the call's answer — unless it is `FAILED` and this run knows its
+    /// request took effect (`known` is a value): that is answered, journaled as
+    /// [`What::Contradicted`] and queued `MANUAL` for a person; a known failure never overrides a
+    /// recorded success. Without a final record, the known outcome, else [`Error::Unknown`] — queued
+    /// only when no other owner holds the call, since the one that does resolves it.
     async fn fenced_out(&mut self, known: Option<Result<T, E>>) -> Step<T, E> {
         self.fence = None;
         self.note(What::FencedOut);
@@ -1647,32 +1648,12 @@ impl<T, E> Call<T, E> {
         let held_by_another = match &record {
             Ok(Some(r)) if r.call_id == self.call_id => {
                 if r.state.is_terminal() {
-                    let recorded = r.state;
-                    // Known: SUCCESS for a value, FAILED for an error that stands.
-                    let contradicted = known
-                        .as_ref()
-                        .map(|out| {
-                            if out.is_ok() {
-                                ReceiptState::Success
-                            } else {
-                                ReceiptState::Failed
-                            }
-                        })
-                        .filter(|&known| known != recorded);
-                    if let Some(known_state) = contradicted {
-                        // Told "failed" for a request that charged (a worker that heard "not
-                        // received" before this owner's late request arrived), or the reverse: the
-                        // owner answers what it knows happened, and says so loudly.
-                        tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                            attempt = self.attempts, recorded = %recorded, known = %known_state,
-                            "another owner recorded an outcome that contradicts what this owner knows happened; answering what it knows");
-                        self.note(What::Contradicted {
-                            recorded,
-                            known: known_state,
-                        });
-                        self.flush().await;
+                    if r.state == ReceiptState::Failed && matches!(known, Some(Ok(_))) {
+                        // Told "failed" for a request this owner knows took effect (a worker that
+                        // heard "not received" before its late request arrived): it answers what it
+                        // knows, and asks a person to reconcile the record.
                         if let Some(out) = known {
-                            return self.done(out);
+                            return Box::pin(self.contradicted(out, now)).await;
                         }
                     }
                     tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
@@ -1708,6 +1689,34 @@ impl<T, E> Call<T, E> {
         tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = self.attempts, "lost its key; nothing of this call ran");
         self.plain_failure()
+    }
+
+    /// Answers `known`, a success, although another owner recorded the call `FAILED` meanwhile: the
+    /// record is what duplicates replay, so a person must reconcile the two. Journaled
+    /// ([`What::Contradicted`]), logged, and queued as a `MANUAL` compensation entry (if no worker
+    /// holds one for the call: then its worker's journal and this log say it).
+    async fn contradicted(&mut self, known: Result<T, E>, now: u64) -> Step<T, E> {
+        tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+            attempt = self.attempts, "another owner recorded FAILED, but this owner's request took effect; answering its success, and asking a person to reconcile");
+        self.note(What::Contradicted {
+            recorded: ReceiptState::Failed,
+            known: ReceiptState::Success,
+        });
+        self.flush().await;
+        let reason =
+            "the owner's request took effect after the call was recorded FAILED: reconcile by hand";
+        let entry = self.entry(reason, now);
+        let fence = entry.fence;
+        let store = self.rt.store();
+        let escalated = match store.enqueue_compensation(entry).await {
+            Ok(()) => store.escalate_compensation(&self.call_id, fence, now).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = escalated {
+            tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
+                attempt = self.attempts, error = %e, "could not queue the contradiction for a person");
+        }
+        self.done(known)
     }
 
     // `succeed` and `fail` hand out `settle`'s future rather than wrap it in one of their own.

@@ -78,6 +78,30 @@ pub enum Applied {
 const MAX_LOOKS: u32 = 16;
 
 impl Runtime {
+    /// A callback about a call whose reversal was begun: the provider's word and the reversal may
+    /// disagree, and that is a person's to settle — the worker reads this refusal in the journal and
+    /// escalates the entry. Journaled once: repeats are not, so that a provider that keeps delivering
+    /// cannot push the reversal's intent out of the bounded journal.
+    async fn dispute(
+        &self,
+        key: &crate::key::Key,
+        call_id: &CallId,
+        callback: &Callback,
+        reversal: takeover::Reversal,
+    ) {
+        tracing::warn!(target: "samekey", call_id = %call_id, key = %key.short(),
+            attempt = 0u32, state = %callback.state,
+            "callback not applied: a reversal of the call was begun; left to a person");
+        if !reversal.disputed {
+            let refused = What::CallbackRefused {
+                from: ReceiptState::Unknown,
+                to: callback.state,
+            };
+            self.journal(key, &[self.event(call_id, refused)], callback.ttl)
+                .await;
+        }
+    }
+
     /// Applies a callback about `call_id` to its receipt, at most once (see the [module
     /// docs](crate::callback)). Run the downstream work (ship the order) after `Applied` **and** after
     /// `AlreadyApplied`, through an `#[idempotent]` function keyed by the business reference: it then
@@ -150,6 +174,16 @@ impl Runtime {
                         let later = store.now_ms(self.now_ms()).await?;
                         let unchanged = next.fence == record.fence && next.state == record.state;
                         if unchanged && next.lease_alive(later) {
+                            // A worker reversing the call keeps its lease: the provider's word
+                            // then disputes the reversal, which the worker reads before it records.
+                            if let Some(reversal) =
+                                takeover::open_reversal(self, &next.key, call_id).await?
+                            {
+                                self.dispute(&next.key, call_id, &callback, reversal).await;
+                                return Err(Error::Unknown {
+                                    call_id: call_id.clone(),
+                                });
+                            }
                             return Err(Error::InProgress {
                                 call_id: call_id.clone(),
                             });
@@ -172,22 +206,10 @@ impl Runtime {
                     })
                 }
                 TakenOver::Reversal { fence, reversal } => {
-                    // A reversal of the call was begun: the provider's word and the reversal may
-                    // disagree, and that is a person's to settle. Journaled once (the worker reads it
-                    // and escalates the entry); repeats are not, so that a provider that keeps
-                    // delivering cannot push the reversal's intent out of the bounded journal.
+                    // Journaled before the key goes back: a worker that takes it over next reads
+                    // the dispute.
+                    self.dispute(&key, call_id, &callback, reversal).await;
                     takeover::hand_back(self, &key, fence).await;
-                    tracing::warn!(target: "samekey", call_id = %call_id, key = %key.short(),
-                        attempt = 0u32, state = %callback.state,
-                        "callback not applied: a reversal of the call was begun; left to a person");
-                    if !reversal.disputed {
-                        let refused = What::CallbackRefused {
-                            from: ReceiptState::Unknown,
-                            to: callback.state,
-                        };
-                        self.journal(&key, &[self.event(call_id, refused)], callback.ttl)
-                            .await;
-                    }
                     return Err(Error::Unknown {
                         call_id: call_id.clone(),
                     });

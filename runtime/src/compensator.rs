@@ -38,7 +38,7 @@ use crate::error::{Error, StoreError};
 use crate::journal::{CompensationStep, Event, LookupOutcome, What};
 use crate::key::Key;
 use crate::lease::Owner;
-use crate::receipt::{Fence, ReceiptState};
+use crate::receipt::{Fence, Receipt, ReceiptState};
 use crate::runtime::Runtime;
 use crate::store::Completion;
 use crate::takeover::{self, Reversal as Begun, TakenOver};
@@ -99,6 +99,11 @@ pub enum NotReceived {
     },
     /// Run the operation's [reversal](Operation::reversal) (undo this side's part: release the
     /// stock held for the order), then record the call `FAILED`. Set by [`Operation::reversal`].
+    ///
+    /// Like [`NotReceived::Release`], safe only if the call's first request can no longer take
+    /// effect when the reversal runs (the remote refuses a late, old callId): one that arrives after
+    /// it performs a call this side reversed. Register a reversal for such a remote, or prefer
+    /// [`Operation::rerun`].
     Reverse,
     /// Send the call again under its callId with the operation's [re-run](Operation::rerun), and
     /// record what it answers. Set by [`Operation::rerun`].
@@ -505,8 +510,7 @@ impl Compensator {
             .find(|e| &e.call_id == call_id)
             .ok_or(Error::Store(StoreError::NotFound))?;
         let now = self.rt.now_ms();
-        // By callId, past any cache in front (see `work`).
-        let mut record = store.get_by_call_id(call_id).await?;
+        let mut record = self.record_of(&entry.key, call_id).await?;
         // The call's receipt as it stands: taken over to write the person's answer, or already
         // settled — then the answer must agree with it.
         let fence = loop {
@@ -655,14 +659,26 @@ impl Compensator {
         self.journal(&entry.call_id, &entry.key, what).await;
     }
 
+    /// The record of the call `call_id` on `key`, if the key holds it: read by key, and by callId when
+    /// the key answers another call's record — a cache in front may answer a receipt it kept of an
+    /// earlier call on the key, forgotten since in another process, while the store holds this
+    /// call's. (Not by callId alone: one callId may have been adopted by two keys.)
+    async fn record_of(&self, key: &Key, call_id: &CallId) -> Result<Option<Receipt>, StoreError> {
+        let store = self.rt.store();
+        match store.get(key, self.rt.now_ms()).await? {
+            Some(record) if &record.call_id == call_id => Ok(Some(record)),
+            _ => Ok(store
+                .get_by_call_id(call_id)
+                .await?
+                .filter(|record| &record.key == key)),
+        }
+    }
+
     /// Works one taken entry: take the call's key over, ask, record — or put it back for later.
     async fn work(&self, entry: CompensationEntry, w: &mut Work<'_>) -> Result<(), Error> {
         let store = self.rt.store();
         let now = self.rt.now_ms();
-        // By callId, which no cache in front answers from its copy: a receipt a `LocalCache` kept of
-        // an earlier call on the key (forgotten since, in another process) is not this call's.
-        let record = store.get_by_call_id(&entry.call_id).await?;
-        let Some(record) = record.filter(|r| r.key == entry.key) else {
+        let Some(record) = self.record_of(&entry.key, &entry.call_id).await? else {
             // Gone, or the key is another call's now: this call was settled (or expired) elsewhere.
             return self.settled_elsewhere(&entry, w).await;
         };
@@ -993,6 +1009,21 @@ impl Compensator {
                     detail: String::new(),
                 };
                 w.note(self.rt.event(&entry.call_id, done));
+                // A callback that came while it ran (refused: the key was this worker's) says the
+                // counterparty's side of it: a person reconciles the two.
+                let open = takeover::open_reversal(&self.rt, &entry.key, &entry.call_id).await;
+                let disputed = !matches!(
+                    open,
+                    Ok(None
+                        | Some(Begun {
+                            disputed: false,
+                            ..
+                        }))
+                );
+                if disputed {
+                    let why = "a callback reported the call's outcome while its reversal ran (or the journal could not say): reconcile them by hand";
+                    return self.escalate_held(entry, fence, why, w).await;
+                }
                 self.reversed(entry, fence, operation, w).await
             }
             Err(e) => {

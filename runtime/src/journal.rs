@@ -153,10 +153,9 @@ pub enum What {
         /// The state the callback reported.
         to: ReceiptState,
     },
-    /// An owner fenced out of its key (it stalled past its lease, and another owner recorded the
-    /// outcome meanwhile) knows an outcome that contradicts the recorded one: it answered what it
-    /// knows happened (its request took effect, or was refused for good). Duplicates replay the
-    /// recorded outcome: a person should reconcile the two (`samekey audit` lists it).
+    /// An owner fenced out of its key (it stalled past its lease, and another owner recorded the call
+    /// `FAILED` meanwhile) knows its request took effect: it answered its success. Duplicates replay
+    /// the recorded failure, so the call is queued `MANUAL` for a person to reconcile the two.
     Contradicted {
         /// The outcome recorded by the other owner.
         recorded: ReceiptState,

@@ -44,7 +44,8 @@ impl Owner<'_> {
     }
 
     async fn beat<F: Future>(&self, mut work: Pin<&mut F>) -> F::Output {
-        let beat = self.lease / 3;
+        // At least a millisecond: a lease of zero would renew in a busy loop.
+        let beat = (self.lease / 3).max(Duration::from_millis(1));
         loop {
             tokio::select! {
                 out = &mut work => return out,

@@ -73,7 +73,7 @@ pub(crate) async fn take_over(
         Err(StoreError::NotFound) => return Ok(TakenOver::Gone),
         Err(e) => return Err(e),
     };
-    match open_reversal(rt, &record.call_id).await {
+    match open_reversal(rt, &record.key, &record.call_id).await {
         Ok(None) => Ok(TakenOver::Acquired(fence)),
         Ok(Some(reversal)) => {
             tracing::warn!(target: "samekey", call_id = %record.call_id, key = %record.key.short(),
@@ -81,11 +81,10 @@ pub(crate) async fn take_over(
                 "took over a call whose reversal was begun; acting on nothing but the reversal's rules");
             Ok(TakenOver::Reversal { fence, reversal })
         }
-        // The journal cannot say: nothing may act on the call before it can.
-        Err(e) => {
-            hand_back(rt, &record.key, fence).await;
-            Err(e)
-        }
+        // The journal cannot say: nothing may act on the call before it can. The key stays the
+        // taker's until its lease lapses (not marked UNKNOWN: an orphan nobody queued would then be
+        // out of the sweep's sight), and the next taker asks again.
+        Err(e) => Err(e),
     }
 }
 
@@ -98,13 +97,16 @@ pub(crate) async fn take_over(
 /// duplicate writes nothing), so the intent stays within them.
 pub(crate) async fn open_reversal(
     rt: &Runtime,
+    key: &Key,
     call_id: &CallId,
 ) -> Result<Option<Reversal>, StoreError> {
-    let events = rt.store().journal_of_call(call_id, rt.now_ms()).await?;
+    // The key's journal, the call's events in it: one callId may have been adopted by two keys.
+    let events = rt.store().journal(key, rt.now_ms()).await?;
+    let events = events.iter().filter(|e| &e.call_id == call_id);
     let mut last: Option<CompensationStep> = None;
     let mut disputed = false;
     // From the newest event back to the intent that began the reversal.
-    for event in events.iter().rev() {
+    for event in events.rev() {
         match &event.what {
             What::Recorded { .. } | What::Resolved { .. } | What::Released { .. } => {
                 return Ok(None)
