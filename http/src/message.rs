@@ -116,10 +116,11 @@ impl<T> Envelope<T> {
 
     /// The message's identity as an inbound context: run a handler in [`Inbound::scope`] and the
     /// first `#[idempotent]` call it makes keeps the callId of the message's work — the message's
-    /// callId with `.<seq>` after its prefix (`ord.0-1710000000000-9f3c2a7d41b0e855-node07` for the
+    /// callId with `.<seq>` after its prefix (`ord.0-1710000000000-<mixed random bits>-node07` for the
     /// first message of `ord-1710000000000-9f3c2a7d41b0e855-node07`, `ord.1-…` for the second, the
-    /// prefix shortened to fit its 32 characters): the same on every redelivery, tied to the
-    /// producer's call by its time, random bits and node, and never the producer's own. (Producer and
+    /// prefix shortened to fit its 32 characters; its random bits a fixed mix of the producer's and
+    /// the `seq`): the same on every redelivery, tied to the producer's call by its prefix, time and
+    /// node, and never the producer's own nor, along a chain of consumers, an earlier work's. (Producer and
     /// consumer often share a store: under one callId, a callback or a compensation entry about the
     /// producer's call would land on the consumer's work.) Every call in the scope has the message's
     /// traceId.
@@ -143,12 +144,23 @@ impl<T> Envelope<T> {
         format!(
             "{kept}{suffix}-{}-{:016x}-{}",
             self.call_id.unix_ms(),
-            self.call_id.entropy(),
+            work_entropy(self.call_id.entropy(), self.seq),
             self.call_id.node()
         )
         .parse()
         .ok()
     }
+}
+
+/// The random bits of the work of message `seq` of a call whose callId has `entropy`: a fixed mix of
+/// the two (splitmix64's finalizer), so that every redelivery gets the same callId, and works of works
+/// (a consumer that publishes in turn) never come back to a callId already used — a prefix cut to fit
+/// its 32 characters could otherwise repeat along such a chain.
+fn work_entropy(entropy: u64, seq: u64) -> u64 {
+    let mut z = entropy ^ seq.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// The longest callId prefix, in bytes (the runtime's limit).

@@ -316,17 +316,28 @@ async fn a_call_that_publishes_two_messages_has_both_worked_once() {
     );
     assert_ne!(worked[0].1, worked[1].1, "two calls, two callIds");
     let first = &deliveries[0].call_id;
+    let second: samekey::CallId = worked[1].1.parse().unwrap();
     assert_eq!(
-        worked[1].1,
-        format!(
-            "{}.1-{}-{:016x}-{}",
-            first.prefix(),
+        (second.prefix(), second.unix_ms(), second.node()),
+        (
+            format!("{}.1", first.prefix()).as_str(),
             first.unix_ms(),
-            first.entropy(),
             first.node()
         ),
         "the second message's work: the callId with its seq after the prefix"
     );
+}
+
+/// Reads the callId its call runs under.
+struct Probe {
+    rt: Runtime,
+}
+
+impl Probe {
+    #[idempotent(key = "n", scope = "messages.probe", runtime = &self.rt)]
+    async fn call_id(&self, n: u64) -> Result<String, ShipError> {
+        Ok(samekey::current().call_id().to_string())
+    }
 }
 
 /// A callId whose prefix is as long as allowed gives the work of its later messages a callId all
@@ -365,7 +376,31 @@ async fn a_long_prefix_still_makes_a_call_id_per_message() {
     );
     assert!(seen
         .iter()
-        .all(|id| id.unix_ms() == call_id.unix_ms() && id.entropy() == call_id.entropy()));
+        .all(|id| id.unix_ms() == call_id.unix_ms() && id.node() == call_id.node()));
+    // A chain of works, each the producer of the next, its prefix cut to fit: never a callId twice.
+    let probe = Probe {
+        rt: Runtime::builder().node("probe").build().unwrap(),
+    };
+    let mut chain = vec![call_id.clone()];
+    for _ in 0..40 {
+        let last = chain.last().unwrap().clone();
+        let work = samekey_http::Envelope {
+            call_id: last,
+            seq: 0,
+            trace_id: TraceId::new(),
+            payload: (),
+        };
+        let n = chain.len() as u64;
+        let next: samekey::CallId = work
+            .inbound()
+            .scope(probe.call_id(n))
+            .await
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(!chain.contains(&next), "{next} came back");
+        chain.push(next);
+    }
 }
 
 /// The retried attempt makes the same messages with the same identities (so a republished copy is
