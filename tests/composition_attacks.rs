@@ -166,6 +166,15 @@ impl Orders {
         (call_id, message)
     }
 
+    /// A charge left UNKNOWN and its message's work, on an inbox of the same runtime, UNKNOWN too.
+    async fn both_unknown(order: &str) -> (Orders, Inbox, CallId, Envelope<String>) {
+        let orders = Orders::new();
+        let inbox = Inbox::new("review.shipping.on_charged").runtime(&orders.rt);
+        let (call_id, message) = orders.unknown_charge(order).await;
+        orders.deliver_unknown(&inbox, message.clone()).await;
+        (orders, inbox, call_id, message)
+    }
+
     /// The consumer's delivery, whose handler's outcome is unknown too (its label printer timed
     /// out): the inbox leaves it UNKNOWN for compensation.
     async fn deliver_unknown(&self, inbox: &Inbox, message: Envelope<String>) {
@@ -181,16 +190,13 @@ impl Orders {
     }
 }
 
-/// The payment provider's callback about the charge (by the charge's callId) lands on the inbox's
-/// record, which carries the same callId: the charge stays UNKNOWN with its compensation entry
-/// removed (lost), and the message's redelivery replays the payment's amount as the handler's
-/// result.
+/// The payment provider's callback about the charge (by the charge's callId) used to land on the
+/// inbox's record, which carried the same callId: the charge stayed UNKNOWN with its compensation
+/// entry removed (lost), and the message's redelivery replayed the payment's amount as the handler's
+/// result. The work now has a callId of its own: the callback settles the charge.
 #[tokio::test(start_paused = true)]
 async fn a_callback_about_a_call_never_lands_on_its_message_s_work() {
-    let orders = Orders::new();
-    let inbox = Inbox::new("review.shipping.on_charged").runtime(&orders.rt);
-    let (call_id, message) = orders.unknown_charge("o-1").await;
-    orders.deliver_unknown(&inbox, message.clone()).await;
+    let (orders, inbox, call_id, message) = Orders::both_unknown("o-1").await;
 
     let applied = orders
         .rt
@@ -227,15 +233,12 @@ async fn a_callback_about_a_call_never_lands_on_its_message_s_work() {
     );
 }
 
-/// Both the charge and its message's work are UNKNOWN: the store queues one compensation entry per
-/// callId, so the second is dropped. The worker settles the charge; the inbox's call stays UNKNOWN
-/// with nothing queued — never resolved, never escalated, every redelivery answered "unknown".
+/// Both the charge and its message's work are UNKNOWN. The store queues one compensation entry per
+/// callId, so under one callId the second was dropped: the inbox's call stayed UNKNOWN with nothing
+/// queued. Each now has its own entry, and the worker settles both.
 #[tokio::test(start_paused = true)]
 async fn the_work_of_a_message_is_compensated_beside_its_producer() {
-    let orders = Orders::new();
-    let inbox = Inbox::new("review.shipping.on_charged").runtime(&orders.rt);
-    let (_call_id, message) = orders.unknown_charge("o-2").await;
-    orders.deliver_unknown(&inbox, message.clone()).await;
+    let (orders, inbox, _call_id, message) = Orders::both_unknown("o-2").await;
 
     let succeeded = |value: u64| {
         Operation::new(move |_call: CallId| async move {
