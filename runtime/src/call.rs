@@ -27,8 +27,8 @@
 //! * An owner that lost its key (a write fenced out after it stalled past its lease) reads the receipt
 //!   and answers the final outcome recorded there, or the outcome it knows itself — and its success
 //!   when the record says `FAILED` (journaled as contradicted and queued `MANUAL`, for a person): it
-//!   never answers "failed" for a request it knows took effect. It queues nothing for a call that another owner now holds.
-//!   Ownership is confirmed before every retry is sent.
+//!   never answers "failed" for a request it knows took effect. It queues nothing for a call that
+//!   another owner now holds. Ownership is confirmed before every retry is sent.
 //! * A key is taken over through the one take-over every taker shares ([`crate::takeover`]): a call
 //!   whose reversal a compensation worker began is not run by a duplicate; it answers
 //!   [`Error::Unknown`] and leaves the call to compensation.
@@ -1648,13 +1648,11 @@ impl<T, E> Call<T, E> {
         let held_by_another = match &record {
             Ok(Some(r)) if r.call_id == self.call_id => {
                 if r.state.is_terminal() {
-                    if r.state == ReceiptState::Failed && matches!(known, Some(Ok(_))) {
-                        // Told "failed" for a request this owner knows took effect (a worker that
-                        // heard "not received" before its late request arrived): it answers what it
-                        // knows, and asks a person to reconcile the record.
-                        if let Some(out) = known {
-                            return Box::pin(self.contradicted(out, now)).await;
-                        }
+                    // Told "failed" for a request this owner knows took effect (a worker that heard
+                    // "not received" before its late request arrived): it answers what it knows,
+                    // and asks a person to reconcile the record.
+                    if let (ReceiptState::Failed, Some(Ok(value))) = (r.state, known) {
+                        return Box::pin(self.contradicted(value, now)).await;
                     }
                     tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                         attempt = self.attempts, state = %r.state, "another owner recorded the outcome; answering it");
@@ -1691,11 +1689,11 @@ impl<T, E> Call<T, E> {
         self.plain_failure()
     }
 
-    /// Answers `known`, a success, although another owner recorded the call `FAILED` meanwhile: the
+    /// Answers `value`, the call's success, although another owner recorded it `FAILED` meanwhile: the
     /// record is what duplicates replay, so a person must reconcile the two. Journaled
     /// ([`What::Contradicted`]), logged, and queued as a `MANUAL` compensation entry (if no worker
     /// holds one for the call: then its worker's journal and this log say it).
-    async fn contradicted(&mut self, known: Result<T, E>, now: u64) -> Step<T, E> {
+    async fn contradicted(&mut self, value: T, now: u64) -> Step<T, E> {
         tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
             attempt = self.attempts, "another owner recorded FAILED, but this owner's request took effect; answering its success, and asking a person to reconcile");
         self.note(What::Contradicted {
@@ -1716,7 +1714,7 @@ impl<T, E> Call<T, E> {
             tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
                 attempt = self.attempts, error = %e, "could not queue the contradiction for a person");
         }
-        self.done(known)
+        self.done(Ok(value))
     }
 
     // `succeed` and `fail` hand out `settle`'s future rather than wrap it in one of their own.

@@ -73,19 +73,16 @@ pub(crate) async fn take_over(
         Err(StoreError::NotFound) => return Ok(TakenOver::Gone),
         Err(e) => return Err(e),
     };
-    match open_reversal(rt, &record.key, &record.call_id).await {
-        Ok(None) => Ok(TakenOver::Acquired(fence)),
-        Ok(Some(reversal)) => {
-            tracing::warn!(target: "samekey", call_id = %record.call_id, key = %record.key.short(),
-                attempt = 0u32, step = ?reversal.step, disputed = reversal.disputed, fence = fence.0,
-                "took over a call whose reversal was begun; acting on nothing but the reversal's rules");
-            Ok(TakenOver::Reversal { fence, reversal })
-        }
-        // The journal cannot say: nothing may act on the call before it can. The key stays the
-        // taker's until its lease lapses (not marked UNKNOWN: an orphan nobody queued would then be
-        // out of the sweep's sight), and the next taker asks again.
-        Err(e) => Err(e),
-    }
+    // A journal that cannot say fails the take-over: nothing may act on the call before it can. The
+    // key stays the taker's until its lease lapses (not marked UNKNOWN: an orphan nobody queued would
+    // then be out of the sweep's sight), and the next taker asks again.
+    let Some(reversal) = open_reversal(rt, &record.key, &record.call_id).await? else {
+        return Ok(TakenOver::Acquired(fence));
+    };
+    tracing::warn!(target: "samekey", call_id = %record.call_id, key = %record.key.short(),
+        attempt = 0u32, step = ?reversal.step, disputed = reversal.disputed, fence = fence.0,
+        "took over a call whose reversal was begun; acting on nothing but the reversal's rules");
+    Ok(TakenOver::Reversal { fence, reversal })
 }
 
 /// The reversal the journal holds for `call_id`, if one was begun (`Reversing`) and no outcome was
