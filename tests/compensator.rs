@@ -1002,9 +1002,7 @@ async fn a_reversal_slower_than_the_lease_keeps_the_key_from_a_duplicate() {
         )
         .lease(Duration::from_secs(10));
     let reversing = tokio::spawn(async move { worker.run_once().await });
-    while runs.load(Ordering::SeqCst) == 0 {
-        tokio::task::yield_now().await;
-    }
+    support::until_started(&runs).await;
     // Three leases into the reversal, a duplicate that may ask comes.
     tokio::time::sleep(Duration::from_secs(30)).await;
     let duplicate = tokio::spawn({
@@ -1054,4 +1052,37 @@ async fn every_take_over_respects_a_reversal_an_earlier_worker_began() {
     let pass = svc.worker().run_once().await.unwrap();
     assert_eq!(pass.escalated, 1, "{pass:?}");
     assert_eq!(svc.queued().await[0].state, CompensationState::Manual);
+}
+
+/// A duplicate takes an `UNKNOWN` call over and is dropped while the take-over reads the journal (for
+/// a reversal begun): the key is left under a fence nobody holds, for one lease, never released; the
+/// worker then settles the call by its lookup, and the charge happened once.
+#[tokio::test(start_paused = true)]
+async fn a_duplicate_dropped_while_its_take_over_reads_the_journal_releases_nothing() {
+    let svc = Paused::new();
+    svc.remote.script([Fault::LoseReply]);
+    assert!(matches!(
+        svc.charge("o-16", 500).await,
+        Err(TestError::Samekey(Error::Unknown { .. }))
+    ));
+    assert_eq!(svc.remote.effects("o-16"), 1);
+    let reading = support::faulty::Gate::new();
+    svc.store
+        .plan("journal", [support::faulty::Act::Before(reading.clone())]);
+    let duplicate = tokio::spawn({
+        let svc = svc.clone();
+        async move { svc.charge("o-16", 500).await }
+    });
+    reading.reached().await;
+    duplicate.abort();
+    assert!(duplicate.await.unwrap_err().is_cancelled());
+    reading.open();
+    let key = samekey::Key::build("orders.charge", &"o-16");
+    let held = svc.rt.store().get(&key, svc.rt.now_ms()).await.unwrap();
+    assert!(held.is_some(), "never released");
+    tokio::time::advance(Duration::from_secs(4)).await;
+    let pass = svc.worker(NotReceived::Hold).run_once().await.unwrap();
+    assert_eq!(pass.succeeded, 1, "{pass:?}");
+    assert_eq!(svc.charge("o-16", 500).await, Ok(500), "replayed");
+    assert_eq!(svc.remote.effects("o-16"), 1, "charged once");
 }

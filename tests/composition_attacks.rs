@@ -334,6 +334,18 @@ impl Pay {
         })
     }
 
+    /// The provider's callback "succeeded" about a call being reversed: not applied, `Unknown`.
+    async fn callback_left_to_a_person(&self, call_id: &CallId) {
+        let callback = self
+            .rt
+            .apply_callback(call_id, Callback::succeeded(&700u64).unwrap())
+            .await;
+        assert!(
+            matches!(callback, Err(Error::Unknown { .. })),
+            "{callback:?}"
+        );
+    }
+
     /// A charge whose request was lost: UNKNOWN and queued; its remote says "not received".
     async fn lost(&self, order: &str) -> CallId {
         self.remote.script([Fault::LoseRequest]);
@@ -456,19 +468,10 @@ async fn a_callback_refused_during_a_reversal_goes_to_a_person() {
         let worker = worker.clone();
         async move { worker.run_once().await }
     });
-    while runs.load(Ordering::SeqCst) == 0 {
-        tokio::task::yield_now().await;
-    }
+    support::until_started(&runs).await;
     // The worker stalls: the store's clock passes its lease before any renewal.
     clock.advance(Duration::from_secs(120));
-    let callback = pay
-        .rt
-        .apply_callback(&call_id, Callback::succeeded(&700u64).unwrap())
-        .await;
-    assert!(
-        matches!(callback, Err(Error::Unknown { .. })),
-        "{callback:?}"
-    );
+    pay.callback_left_to_a_person(&call_id).await;
     release.notify_one();
     let first = reversing.await.unwrap().unwrap();
     clock.advance(Duration::from_secs(5));
@@ -717,9 +720,7 @@ async fn a_duplicate_during_a_slow_rerun_waits_and_replays_it() {
         )
         .lease(Duration::from_secs(10));
     let rerunning = tokio::spawn(async move { worker.run_once().await });
-    while started.load(Ordering::SeqCst) == 0 {
-        tokio::task::yield_now().await;
-    }
+    support::until_started(&started).await;
     tokio::time::sleep(Duration::from_secs(30)).await;
     let duplicate = tokio::spawn({
         let pay = pay.clone();
@@ -758,17 +759,8 @@ async fn a_callback_during_a_live_reversal_goes_to_a_person() {
         .operation("review.pay", pay.reversing(runs.clone(), release.clone()))
         .lease(Duration::from_secs(30));
     let reversing = tokio::spawn(async move { worker.run_once().await });
-    while runs.load(Ordering::SeqCst) == 0 {
-        tokio::task::yield_now().await;
-    }
-    let callback = pay
-        .rt
-        .apply_callback(&call_id, Callback::succeeded(&700u64).unwrap())
-        .await;
-    assert!(
-        matches!(callback, Err(Error::Unknown { .. })),
-        "{callback:?}"
-    );
+    support::until_started(&runs).await;
+    pay.callback_left_to_a_person(&call_id).await;
     release.notify_one();
     let pass = reversing.await.unwrap().unwrap();
     assert_eq!((pass.escalated, pass.reversed), (1, 0), "{pass:?}");

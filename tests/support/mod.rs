@@ -47,6 +47,13 @@ impl Classify for TestError {
     }
 }
 
+/// Yields until `count` (a counter that something spawned bumps when it starts) is above zero.
+pub async fn until_started(count: &std::sync::atomic::AtomicU32) {
+    while count.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+}
+
 /// What the test kit's remote answers, as the functions under test see it.
 impl From<RemoteError> for TestError {
     fn from(e: RemoteError) -> TestError {
