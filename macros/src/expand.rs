@@ -13,6 +13,7 @@ use syn::spanned::Spanned;
 use syn::{Attribute, FnArg, Ident, LitStr, ReturnType, Signature, Token, Type, Visibility};
 
 use crate::args::{Args, OnBusy, OnMissingKey, OnUnknown};
+use crate::diagnostics::Errors;
 use crate::key::{self, Params, Part};
 use crate::policy::{self, Policy};
 
@@ -77,23 +78,6 @@ impl Parse for Func {
     }
 }
 
-/// Collects errors from every stage, so that all of them are reported at once.
-#[derive(Default)]
-struct Errors(Option<syn::Error>);
-
-impl Errors {
-    fn add(&mut self, err: syn::Error) {
-        match &mut self.0 {
-            Some(all) => all.combine(err),
-            None => self.0 = Some(err),
-        }
-    }
-
-    fn take<T>(&mut self, result: syn::Result<T>) -> Option<T> {
-        result.map_err(|e| self.add(e)).ok()
-    }
-}
-
 fn expand(args: TokenStream, func: &Func) -> syn::Result<TokenStream> {
     let mut errors = Errors::default();
     let ret_ty = errors.take(check_signature(func));
@@ -113,7 +97,7 @@ fn expand(args: TokenStream, func: &Func) -> syn::Result<TokenStream> {
     };
     let Some(args) = args else {
         return Err(errors
-            .0
+            .into_error()
             .unwrap_or_else(|| syn::Error::new(Span::call_site(), "")));
     };
 
@@ -140,7 +124,7 @@ fn expand(args: TokenStream, func: &Func) -> syn::Result<TokenStream> {
         errors.take(check_generics(&func.sig));
     }
 
-    match (errors.0, ret_ty, key, verify, policy, &func.body) {
+    match (errors.into_error(), ret_ty, key, verify, policy, &func.body) {
         (None, Some(ret_ty), Some(key), None, Some(policy), Some(body)) => Ok(generate(
             func, ret_ty, body, &args, &policy, &params, &key, None, inputs,
         )),
@@ -228,7 +212,7 @@ fn check_signature(func: &Func) -> syn::Result<&Type> {
             }
         }
     };
-    match (errors.0, ret) {
+    match (errors.into_error(), ret) {
         (None, Some(ret)) => Ok(ret),
         (Some(e), _) => Err(e),
         (None, None) => Err(syn::Error::new(Span::call_site(), "missing return type")),
@@ -275,7 +259,7 @@ fn check_generics(sig: &Signature) -> syn::Result<()> {
             ));
         }
     }
-    errors.0.map_or(Ok(()), Err)
+    errors.finish(())
 }
 
 /// Whether `tokens` name `ident` anywhere.

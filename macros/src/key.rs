@@ -21,6 +21,8 @@ use syn::{
     Signature, Type,
 };
 
+use crate::diagnostics::{closest, Errors};
+
 /// One part of a key, ready to be emitted as `KeyBuilder::part(&mut builder, &(tokens))`.
 pub(crate) struct Part {
     pub(crate) tokens: TokenStream,
@@ -137,20 +139,6 @@ fn bindings(pat: &Pat, out: &mut Vec<(Ident, Option<syn::Token![mut]>, bool)>) {
     }
 }
 
-/// The candidate closest to `name`, if one is close enough to be a likely typo.
-pub(crate) fn closest<'a>(
-    name: &str,
-    candidates: impl IntoIterator<Item = &'a str>,
-) -> Option<&'a str> {
-    let lower = name.to_lowercase();
-    candidates
-        .into_iter()
-        .map(|c| (strsim::jaro_winkler(&lower, &c.to_lowercase()), c))
-        .filter(|(score, _)| *score >= 0.8)
-        .max_by(|a, b| a.0.total_cmp(&b.0))
-        .map(|(_, c)| c)
-}
-
 /// Parses and checks `key = ...` (or `verify = ...`, as `arg`) against the function's parameters.
 pub(crate) fn parts(arg: &str, value: &Expr, params: &Params) -> syn::Result<Vec<Part>> {
     let string_form = match value {
@@ -179,7 +167,7 @@ pub(crate) fn parts(arg: &str, value: &Expr, params: &Params) -> syn::Result<Vec
     let mut flat = Vec::new();
     flatten(expr, &mut flat);
     let mut out = Vec::new();
-    let mut errors: Option<syn::Error> = None;
+    let mut errors = Errors::default();
     for part in &flat {
         let span = whole.unwrap_or_else(|| {
             part.to_token_stream()
@@ -196,22 +184,13 @@ pub(crate) fn parts(arg: &str, value: &Expr, params: &Params) -> syn::Result<Vec
                 };
                 out.push(Part { tokens, span, last })
             }
-            Err(msg) => {
-                let err = match whole {
-                    Some(s) => syn::Error::new(s, msg),
-                    None => syn::Error::new_spanned(part, msg),
-                };
-                match &mut errors {
-                    Some(all) => all.combine(err),
-                    None => errors = Some(err),
-                }
-            }
+            Err(msg) => match whole {
+                Some(s) => errors.push(s, msg),
+                None => errors.push_spanned(part, msg),
+            },
         }
     }
-    match errors {
-        Some(e) => Err(e),
-        None => Ok(out),
-    }
+    errors.finish(out)
 }
 
 fn parse_string(arg: &str, lit: &LitStr) -> syn::Result<Expr> {
@@ -899,13 +878,6 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("reuse of the key"), "{e}");
-    }
-
-    #[test]
-    fn closest_names() {
-        assert_eq!(closest("ordr", ["order", "op"]), Some("order"));
-        assert_eq!(closest("amout", ["order", "amount"]), Some("amount"));
-        assert_eq!(closest("xyz", ["order", "amount"]), None);
     }
 
     #[test]

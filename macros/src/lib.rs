@@ -12,6 +12,7 @@ extern crate proc_macro;
 
 mod args;
 mod derive;
+mod diagnostics;
 mod duration;
 mod expand;
 mod key;
