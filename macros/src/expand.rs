@@ -14,6 +14,7 @@ use syn::{Attribute, FnArg, Ident, LitStr, ReturnType, Signature, Token, Type, V
 
 use crate::args::{Args, OnBusy, OnMissingKey, OnUnknown};
 use crate::diagnostics::Errors;
+use crate::display::display;
 use crate::key::{self, Params, Part};
 use crate::policy::{self, Policy};
 
@@ -205,7 +206,7 @@ fn check_signature(func: &Func) -> syn::Result<&Type> {
                     ty,
                     format!(
                         "`#[idempotent]` functions must return `Result<T, E>`, not `{}`: the error tells the runtime whether an attempt may be retried, and the outcome is stored as a receipt",
-                        key::display(ty.to_token_stream())
+                        display(ty.to_token_stream())
                     ),
                 ));
                 None
@@ -370,12 +371,12 @@ fn generate(
             let mut group = Group::new(Delimiter::Parenthesis, part.tokens.clone());
             group.set_span(part.last);
             if named {
-                let name = key::display(part.tokens.clone());
+                let name = display(part.tokens.clone());
                 quote_spanned! {part.span=>
                     ::samekey::__private::KeyBuilder::named_part(&mut #builder, &#group, #name);
                 }
             } else {
-                let name = key::display(part.tokens.clone());
+                let name = display(part.tokens.clone());
                 quote_spanned! {part.span=>
                     ::samekey::__private::KeyBuilder::verify_part(&mut #builder, &#group, #name);
                 }

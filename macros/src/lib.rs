@@ -13,6 +13,7 @@ extern crate proc_macro;
 mod args;
 mod derive;
 mod diagnostics;
+mod display;
 mod duration;
 mod expand;
 mod key;
