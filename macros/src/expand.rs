@@ -8,15 +8,15 @@
 use proc_macro2::{Delimiter, Group, Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned, ToTokens};
 use syn::ext::IdentExt;
-use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
-use syn::{Attribute, FnArg, Ident, LitStr, ReturnType, Signature, Token, Type, Visibility};
+use syn::{FnArg, Ident, LitStr, Signature, Type};
 
 use crate::args::{Args, OnBusy, OnMissingKey, OnUnknown};
 use crate::diagnostics::Errors;
 use crate::display::display;
-use crate::key::{self, Params, Part};
+use crate::key::{self, Part};
 use crate::policy::{self, Policy};
+use crate::signature::{self, Func, Params};
 
 /// The entry point of `#[idempotent]`, on `proc_macro2` tokens.
 pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
@@ -38,50 +38,9 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     }
 }
 
-/// A function, with its body kept as tokens (like tracing-attributes' `MaybeItemFn`).
-struct Func {
-    attrs: Vec<Attribute>,
-    vis: Visibility,
-    sig: Signature,
-    /// `None` for a declaration without a body (`fn f();` in a trait).
-    body: Option<Group>,
-}
-
-impl Parse for Func {
-    fn parse(input: ParseStream) -> syn::Result<Self> {
-        let attrs = input.call(Attribute::parse_outer)?;
-        let vis: Visibility = input.parse()?;
-        let sig: Signature = input.parse().map_err(|_| {
-            syn::Error::new(
-                Span::call_site(),
-                "`#[idempotent]` goes on an `async fn` that returns `Result<T, E>`",
-            )
-        })?;
-        if input.peek(Token![;]) {
-            input.parse::<Token![;]>()?;
-            return Ok(Func {
-                attrs,
-                vis,
-                sig,
-                body: None,
-            });
-        }
-        let body: Group = input.parse()?;
-        if body.delimiter() != Delimiter::Brace {
-            return Err(syn::Error::new(body.span(), "expected the function's body"));
-        }
-        Ok(Func {
-            attrs,
-            vis,
-            sig,
-            body: Some(body),
-        })
-    }
-}
-
 fn expand(args: TokenStream, func: &Func) -> syn::Result<TokenStream> {
     let mut errors = Errors::default();
-    let ret_ty = errors.take(check_signature(func));
+    let ret_ty = errors.take(signature::check(func));
     let params = Params::of(&func.sig);
 
     let args = match syn::parse2::<Args>(args) {
@@ -150,90 +109,6 @@ fn expand(args: TokenStream, func: &Func) -> syn::Result<TokenStream> {
     }
 }
 
-/// Group 1 of the compile-time checks: an `async fn` with a body, returning a path type
-/// (`Result<T, E>` or an alias of it), without an owned `self`. Returns the return type.
-fn check_signature(func: &Func) -> syn::Result<&Type> {
-    let sig = &func.sig;
-    let name = sig.ident.unraw();
-    let mut errors = Errors::default();
-    if sig.asyncness.is_none() {
-        errors.add(syn::Error::new(
-            sig.fn_token.span,
-            format!(
-                "`#[idempotent]` goes on an `async fn`: each attempt, backoff and receipt lookup is awaited; write `async fn {name}(...)`"
-            ),
-        ));
-    }
-    for input in &sig.inputs {
-        if let FnArg::Receiver(r) = input {
-            if receiver_is_owned(r) {
-                errors.add(syn::Error::new_spanned(
-                    r,
-                    "`#[idempotent]` methods take `&self` or `&mut self`: the body may run once per attempt, and an owned `self` could only be moved into the first one",
-                ));
-            }
-        }
-    }
-    if func.body.is_none() {
-        errors.add(syn::Error::new_spanned(
-            sig,
-            "`#[idempotent]` needs the function's body: put it on the implementation, not on a declaration",
-        ));
-    }
-    let ret = match &sig.output {
-        ReturnType::Default => {
-            errors.add(syn::Error::new(
-                sig.paren_token.span.join(),
-                format!(
-                    "`#[idempotent]` functions must return `Result<T, E>`: add `-> Result<T, E>` after `{name}(...)`, where `E` implements `samekey::Classify` and `From<samekey::Error>`"
-                ),
-            ));
-            None
-        }
-        ReturnType::Type(_, ty) => {
-            let mut inner: &Type = ty;
-            while let Type::Group(g) = inner {
-                inner = &g.elem;
-            }
-            let plain = match inner {
-                Type::Path(p) if p.qself.is_none() => Some(p),
-                _ => None,
-            };
-            if plain.is_some_and(|p| !surely_not_result(&p.path)) {
-                Some(&**ty)
-            } else {
-                errors.add(syn::Error::new_spanned(
-                    ty,
-                    format!(
-                        "`#[idempotent]` functions must return `Result<T, E>`, not `{}`: the error tells the runtime whether an attempt may be retried, and the outcome is stored as a receipt",
-                        display(ty.to_token_stream())
-                    ),
-                ));
-                None
-            }
-        }
-    };
-    match (errors.into_error(), ret) {
-        (None, Some(ret)) => Ok(ret),
-        (Some(e), _) => Err(e),
-        (None, None) => Err(syn::Error::new(Span::call_site(), "missing return type")),
-    }
-}
-
-/// Whether `path` names a type that is certainly not a `Result` (nor an alias of one): such a return
-/// type is refused here, with one message, instead of by each use of it in the expansion. Any other
-/// path may be an alias (`io::Result<T>`, `type Res<T> = ...`) and is left to the trait check.
-fn surely_not_result(path: &syn::Path) -> bool {
-    const NOT_RESULT: &[&str] = &[
-        "String", "str", "Vec", "Option", "Box", "Arc", "Rc", "Cow", "HashMap", "BTreeMap",
-        "HashSet", "BTreeSet", "VecDeque", "bool", "char", "u8", "u16", "u32", "u64", "u128",
-        "usize", "i8", "i16", "i32", "i64", "i128", "isize", "f32", "f64",
-    ];
-    path.segments
-        .last()
-        .is_some_and(|s| NOT_RESULT.iter().any(|name| s.ident == name))
-}
-
 /// With a default scope, every type or const parameter must be carried by a parameter of the function:
 /// one that is not (`subscribe::<Premium>(user)`) makes each instantiation a different operation that
 /// the key cannot tell apart from the others. Parameters that only adapt an argument (`s: S` with
@@ -270,26 +145,6 @@ fn mentions(tokens: TokenStream, ident: &Ident) -> bool {
         proc_macro2::TokenTree::Group(g) => mentions(g.stream(), ident),
         _ => false,
     })
-}
-
-/// `self`, `mut self`, `self: Box<Self>`, `self: Arc<Self>`, … — anything but a reference or a
-/// `Pin` of one.
-fn receiver_is_owned(r: &syn::Receiver) -> bool {
-    if r.reference.is_some() {
-        return false;
-    }
-    if r.colon_token.is_none() {
-        return true;
-    }
-    let mut ty: &Type = &r.ty;
-    while let Type::Group(g) = ty {
-        ty = &g.elem;
-    }
-    match ty {
-        Type::Reference(_) => false,
-        Type::Path(p) => !matches!(p.path.segments.last(), Some(s) if s.ident == "Pin"),
-        _ => true,
-    }
 }
 
 /// The parameters `inputs = "a, b"` names, each once, each a plain parameter of the function.

@@ -14,130 +14,21 @@
 use proc_macro2::{Span, TokenStream};
 use quote::ToTokens;
 use syn::ext::IdentExt;
-use syn::spanned::Spanned;
 use syn::visit::Visit;
-use syn::{
-    BinOp, Expr, ExprLit, FnArg, GenericArgument, Ident, Lit, LitStr, Member, Pat, PathArguments,
-    Signature, Type,
-};
+use syn::{BinOp, Expr, ExprLit, GenericArgument, Ident, Lit, LitStr, Member, PathArguments, Type};
 
 use crate::diagnostics::{closest, Errors};
 use crate::display::display;
+use crate::signature::Params;
 
-/// One part of a key, ready to be emitted as `KeyBuilder::part(&mut builder, &(tokens))`.
+/// One part of a key, ready to be emitted as `KeyBuilder::named_part(&mut builder, &(tokens), name)`
+/// (or `verify_part` for `verify`).
 pub(crate) struct Part {
     pub(crate) tokens: TokenStream,
     /// Where a type error about this part should point: its first token...
     pub(crate) span: Span,
     /// ...and its last one (the same as `span` in the string form).
     pub(crate) last: Span,
-}
-
-/// A name bound by the function's parameters.
-pub(crate) struct Param {
-    pub(crate) ident: Ident,
-    /// `mut x`.
-    pub(crate) mutability: Option<syn::Token![mut]>,
-    /// `ref x`: already a reference, never cloned.
-    pub(crate) by_ref: bool,
-    /// The declared type, when the parameter is a plain `name: Type` (not destructured).
-    pub(crate) ty: Option<Type>,
-    /// The parameter is passed by value (its declared type is not a reference nor `impl Trait`),
-    /// so the body gets a clone of it on every attempt.
-    pub(crate) owned: bool,
-    /// The whole declared type, for spans.
-    pub(crate) ty_span: Span,
-}
-
-/// The names a key part may start with.
-pub(crate) struct Params {
-    pub(crate) fn_name: String,
-    pub(crate) receiver: bool,
-    pub(crate) list: Vec<Param>,
-}
-
-impl Params {
-    pub(crate) fn of(sig: &Signature) -> Params {
-        let mut params = Params {
-            fn_name: sig.ident.unraw().to_string(),
-            receiver: false,
-            list: Vec::new(),
-        };
-        for input in &sig.inputs {
-            match input {
-                FnArg::Receiver(_) => params.receiver = true,
-                FnArg::Typed(pt) => {
-                    let ty = strip_group(&pt.ty);
-                    // An `impl Trait` argument is a value the function owns (a hidden type
-                    // parameter): each attempt gets its own copy, like any owned parameter.
-                    let owned = !matches!(ty, Type::Reference(_));
-                    let declared = match &*pt.pat {
-                        Pat::Ident(_) => Some(ty.clone()),
-                        _ => None,
-                    };
-                    let mut found = Vec::new();
-                    bindings(&pt.pat, &mut found);
-                    for (ident, mutability, by_ref) in found {
-                        params.list.push(Param {
-                            ident,
-                            mutability,
-                            by_ref,
-                            ty: declared.clone(),
-                            owned,
-                            ty_span: pt.ty.span(),
-                        });
-                    }
-                }
-            }
-        }
-        params
-    }
-
-    fn find(&self, name: &str) -> Option<&Param> {
-        self.list.iter().find(|p| p.ident.unraw() == name)
-    }
-
-    fn names(&self) -> Vec<String> {
-        let mut names: Vec<String> = Vec::new();
-        if self.receiver {
-            names.push("self".into());
-        }
-        names.extend(self.list.iter().map(|p| p.ident.unraw().to_string()));
-        names
-    }
-}
-
-fn strip_group(ty: &Type) -> &Type {
-    match ty {
-        Type::Group(g) => strip_group(&g.elem),
-        Type::Paren(p) => strip_group(&p.elem),
-        _ => ty,
-    }
-}
-
-/// The names a pattern binds, with their `mut` and whether they bind by reference.
-fn bindings(pat: &Pat, out: &mut Vec<(Ident, Option<syn::Token![mut]>, bool)>) {
-    match pat {
-        Pat::Ident(p) => {
-            out.push((p.ident.clone(), p.mutability, p.by_ref.is_some()));
-            if let Some((_, sub)) = &p.subpat {
-                bindings(sub, out);
-            }
-        }
-        Pat::Tuple(t) => t.elems.iter().for_each(|p| bindings(p, out)),
-        Pat::TupleStruct(t) => t.elems.iter().for_each(|p| bindings(p, out)),
-        Pat::Struct(s) => s.fields.iter().for_each(|f| bindings(&f.pat, out)),
-        Pat::Slice(s) => s.elems.iter().for_each(|p| bindings(p, out)),
-        Pat::Reference(r) => bindings(&r.pat, out),
-        Pat::Paren(p) => bindings(&p.pat, out),
-        Pat::Type(t) => bindings(&t.pat, out),
-        Pat::Or(o) => {
-            if let Some(first) = o.cases.first() {
-                bindings(first, out);
-            }
-        }
-        _ => {}
-    }
 }
 
 /// Parses and checks `key = ...` (or `verify = ...`, as `arg`) against the function's parameters.
@@ -584,20 +475,7 @@ fn find_unstable(ty: &Type) -> Option<(Unstable, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn params(sig: &str) -> Params {
-        let sig: Signature = syn::parse_str(sig).unwrap();
-        Params::of(&sig)
-    }
-
-    fn charge() -> Params {
-        params(
-            "async fn charge(&self, order: &Order, op: Op, amount: Cents, price: f64, \
-             tags: HashMap<String, u32>, seen: Vec<Option<f32>>, at: std::time::Instant, \
-             call: samekey::CallId, ids: &FxHashSet<u64>, (a, mut b): (u32, u32), attempt: u32) \
-             -> Result<u32, E>",
-        )
-    }
+    use crate::signature::tests::{charge, params};
 
     fn check_str(key: &str) -> Result<Vec<String>, String> {
         let value: Expr = syn::parse_str(key).unwrap();
@@ -627,29 +505,6 @@ mod tests {
         );
         assert_eq!(check_str("self").unwrap(), ["self"]);
         assert_eq!(check_str("r#op").unwrap(), ["r#op"]);
-    }
-
-    #[test]
-    fn params_of_signature() {
-        let p = charge();
-        assert!(p.receiver);
-        let owned: Vec<String> = p
-            .list
-            .iter()
-            .filter(|p| p.owned)
-            .map(|p| p.ident.to_string())
-            .collect();
-        assert_eq!(
-            owned,
-            ["op", "amount", "price", "tags", "seen", "at", "call", "a", "b", "attempt"]
-        );
-        let b = p.list.iter().find(|p| p.ident == "b").unwrap();
-        assert!(b.mutability.is_some() && b.ty.is_none());
-        let p = params("async fn f(x: impl AsRef<str>, ref y: String, _: u8) -> Result<(), E>");
-        assert!(!p.receiver);
-        assert!(p.list[0].owned, "an `impl Trait` argument is owned");
-        assert!(p.list[1].by_ref);
-        assert_eq!(p.list.len(), 2);
     }
 
     #[test]

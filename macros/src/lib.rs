@@ -19,6 +19,7 @@ mod expand;
 mod key;
 mod policy;
 mod scoped;
+mod signature;
 
 use proc_macro::TokenStream;
 
