@@ -1,8 +1,8 @@
 //! Stage 1: the arguments of `#[idempotent(...)]`, parsed by hand.
 //!
 //! This stage only checks the *form* of each value (a string where a string goes, an integer for
-//! `retries`, …) and keeps every value with its span. What the values mean is checked later:
-//! `key.rs` for `key`/`verify`, `policy.rs` for the rest. Problems that do not stop the parse
+//! `retries`, …) and keeps every value with its span. What the values mean is checked later, in
+//! `validate`: `key` for `key`/`verify`, `validate/policy.rs` for the rest. Problems that do not stop the parse
 //! (an unknown or duplicated argument, a value of the wrong kind) are collected in
 //! [`Args::errors`] so that the user sees all of them at once.
 
@@ -70,10 +70,10 @@ pub(crate) enum OnMissingKey {
     Run,
 }
 
-/// The arguments as written. `None` means "not given"; defaults are applied in `policy.rs`.
+/// The arguments as written. `None` means "not given"; defaults are applied in `validate/policy.rs`.
 #[derive(Default)]
 pub(crate) struct Args {
-    /// `key = "..."` (a string literal) or `key = a + b.c` (bare): kept as written for `key.rs`.
+    /// `key = "..."` (a string literal) or `key = a + b.c` (bare): kept as written for `key`.
     pub(crate) key: Option<Expr>,
     pub(crate) verify: Option<Expr>,
     pub(crate) scope: Option<LitStr>,

@@ -1,204 +1,43 @@
-//! Stage 3: `#[idempotent(...)]` — checks the function, then rewrites its body into the retry loop
-//! of DESIGN §3 "What the macro generates". The signature is emitted as written; the body is kept
-//! as tokens and placed, unchanged, inside one `async` block per attempt.
+//! Stage 3: the expansion of `#[idempotent(...)]` — the function with its body rewritten into the
+//! retry loop of DESIGN §3 "What the macro generates", from input [`validate`](crate::validate) has
+//! already checked: nothing here refuses anything.
 //!
-//! On any error the output is the errors *and* the original function, so the user sees the
-//! problem and nothing else (no cascade of errors about a missing function).
+//! Guarantees:
+//! - The signature is emitted as written (attributes, docs, visibility, generics, `where`, receiver);
+//!   the body is kept as tokens and placed, unchanged, inside one `async` block per attempt.
+//! - Every path is absolute, through `::samekey::__private`, and every name the expansion adds
+//!   (`__samekey_key`, `__SAMEKEY_SPEC`, …) is prefixed and made at `Span::mixed_site()`.
+//! - What rustc checks is spanned at the user's token: each key part's `KeyPart` bound at the part,
+//!   a parameter's `Clone` at its type, the `Runtime` at `runtime = ...`, the lookup's shape at
+//!   `lookup = ...`, and the attempt's type, the error codec and `Classify` at the return type.
 
 use proc_macro2::{Delimiter, Group, Span, TokenStream};
-use quote::{format_ident, quote, quote_spanned, ToTokens};
+use quote::{format_ident, quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
-use syn::{FnArg, Ident, LitStr, Signature, Type};
+use syn::{Ident, LitStr};
 
-use crate::args::{Args, OnBusy, OnMissingKey, OnUnknown};
-use crate::diagnostics::Errors;
+use crate::args::{OnBusy, OnMissingKey, OnUnknown};
 use crate::display::display;
-use crate::key::{self, Part};
-use crate::policy::{self, Policy};
-use crate::signature::{self, Func, Params};
+use crate::key::Part;
+use crate::signature::Func;
+use crate::validate::{Checked, Policy};
 
-/// The entry point of `#[idempotent]`, on `proc_macro2` tokens.
-pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
-    let func = match syn::parse2::<Func>(item.clone()) {
-        Ok(func) => func,
-        Err(err) => {
-            let err = err.to_compile_error();
-            return quote!(#err #item);
-        }
-    };
-    match expand(args, &func) {
-        Ok(tokens) => tokens,
-        Err(err) => {
-            // The function as written, so that the rest of the crate compiles; a parameter named
-            // only in the (refused) key is not the user's unused variable.
-            let err = err.to_compile_error();
-            quote!(#err #[allow(unused_variables)] #item)
-        }
-    }
-}
-
-fn expand(args: TokenStream, func: &Func) -> syn::Result<TokenStream> {
-    let mut errors = Errors::default();
-    let ret_ty = errors.take(signature::check(func));
-    let params = Params::of(&func.sig);
-
-    let args = match syn::parse2::<Args>(args) {
-        Ok(mut args) => {
-            if let Some(e) = args.errors.take() {
-                errors.add(e);
-            }
-            Some(args)
-        }
-        Err(e) => {
-            errors.add(e);
-            None
-        }
-    };
-    let Some(args) = args else {
-        return Err(errors
-            .into_error()
-            .unwrap_or_else(|| syn::Error::new(Span::call_site(), "")));
-    };
-
-    let key = match &args.key {
-        Some(value) => errors.take(key::parts("key", value, &params)),
-        None => {
-            errors.add(syn::Error::new(
-                Span::call_site(),
-                "`#[idempotent(...)]` needs a key: add `key = \"...\"` naming the parameters that identify the business operation, e.g. `#[idempotent(key = \"order.id + op\")]`",
-            ));
-            None
-        }
-    };
-    let verify = args
-        .verify
-        .as_ref()
-        .map(|value| errors.take(key::parts("verify", value, &params)));
-    let policy = errors.take(policy::check(&args, &func.sig.ident));
-    let inputs = args
-        .inputs
-        .as_ref()
-        .and_then(|lit| errors.take(inputs(lit, &params)));
-    if args.scope.is_none() {
-        errors.take(check_generics(&func.sig));
-    }
-
-    match (errors.into_error(), ret_ty, key, verify, policy, &func.body) {
-        (None, Some(ret_ty), Some(key), None, Some(policy), Some(body)) => Ok(generate(
-            func, ret_ty, body, &args, &policy, &params, &key, None, inputs,
-        )),
-        (None, Some(ret_ty), Some(key), Some(Some(verify)), Some(policy), Some(body)) => {
-            Ok(generate(
-                func,
-                ret_ty,
-                body,
-                &args,
-                &policy,
-                &params,
-                &key,
-                Some(&verify),
-                inputs,
-            ))
-        }
-        (Some(e), ..) => Err(e),
-        _ => Err(syn::Error::new(
-            Span::call_site(),
-            "`#[idempotent]` could not expand this function",
-        )),
-    }
-}
-
-/// With a default scope, every type or const parameter must be carried by a parameter of the function:
-/// one that is not (`subscribe::<Premium>(user)`) makes each instantiation a different operation that
-/// the key cannot tell apart from the others. Parameters that only adapt an argument (`s: S` with
-/// `S: Into<String>`, `impl Trait`) are fine: the argument is the same business value either way.
-fn check_generics(sig: &Signature) -> syn::Result<()> {
-    let mut errors = Errors::default();
-    let name = sig.ident.unraw();
-    for param in &sig.generics.params {
-        let (ident, what) = match param {
-            syn::GenericParam::Type(t) => (&t.ident, "type"),
-            syn::GenericParam::Const(c) => (&c.ident, "const"),
-            syn::GenericParam::Lifetime(_) => continue,
-        };
-        let carried = sig.inputs.iter().any(|input| match input {
-            FnArg::Typed(pt) => mentions(pt.ty.to_token_stream(), ident),
-            FnArg::Receiver(_) => false,
-        });
-        if !carried {
-            errors.add(syn::Error::new(
-                ident.span(),
-                format!(
-                    "{what} parameter `{ident}` of `{name}` is carried by no parameter, so `{name}::<A>` and `{name}::<B>` are different operations that would share one key scope (and each other's outcomes); pass what tells them apart as a parameter and name it in `key`, or, if every instantiation is the same operation, say so with `#[idempotent(scope = \"...\")]`"
-                ),
-            ));
-        }
-    }
-    errors.finish(())
-}
-
-/// Whether `tokens` name `ident` anywhere.
-fn mentions(tokens: TokenStream, ident: &Ident) -> bool {
-    tokens.into_iter().any(|tt| match tt {
-        proc_macro2::TokenTree::Ident(i) => i == *ident,
-        proc_macro2::TokenTree::Group(g) => mentions(g.stream(), ident),
-        _ => false,
-    })
-}
-
-/// The parameters `inputs = "a, b"` names, each once, each a plain parameter of the function.
-fn inputs(lit: &LitStr, params: &Params) -> syn::Result<(Span, Vec<Ident>)> {
-    let text = lit.value();
-    let known = || {
-        params
-            .list
-            .iter()
-            .map(|p| format!("`{}`", p.ident))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let mut names: Vec<Ident> = Vec::new();
-    for name in text.split(',').map(str::trim) {
-        if name.is_empty() {
-            return Err(syn::Error::new(
-                lit.span(),
-                "`inputs` names the parameters a compensation entry keeps, separated by commas, e.g. `inputs = \"order_id, amount\"`",
-            ));
-        }
-        let Some(param) = params.list.iter().find(|p| p.ident == name) else {
-            return Err(syn::Error::new(
-                lit.span(),
-                format!(
-                    "`inputs` names `{name}`, which is not a parameter of `{}`; its parameters: {}",
-                    params.fn_name,
-                    known()
-                ),
-            ));
-        };
-        if names.iter().any(|n| n == &param.ident) {
-            return Err(syn::Error::new(
-                lit.span(),
-                format!("`inputs` names `{name}` twice"),
-            ));
-        }
-        names.push(Ident::new(&param.ident.to_string(), lit.span()));
-    }
-    Ok((lit.span(), names))
-}
-
-#[allow(clippy::too_many_arguments)]
-fn generate(
-    func: &Func,
-    ret_ty: &Type,
-    body: &Group,
-    args: &Args,
-    policy: &Policy,
-    params: &Params,
-    key: &[Part],
-    verify: Option<&[Part]>,
-    inputs: Option<(Span, Vec<Ident>)>,
-) -> TokenStream {
+/// The function, its body rewritten into the retry loop.
+pub(crate) fn generate(checked: &Checked) -> TokenStream {
+    let Checked {
+        func,
+        body,
+        ret_ty,
+        params,
+        key,
+        verify,
+        policy,
+        inputs,
+        lookup,
+        runtime,
+        impl_type,
+    } = checked;
     let Func {
         attrs, vis, sig, ..
     } = func;
@@ -214,7 +53,7 @@ fn generate(
     let fake = hygienic("__samekey_fake");
     let call = hygienic("__samekey_call");
 
-    let spec_value = spec_tokens(&sig.ident, args, policy);
+    let spec_value = spec_tokens(&sig.ident, impl_type.as_ref(), policy);
 
     // Key parts go through `named_part`, which notes a missing (`None`) top-level part by its name;
     // `verify` parts are not the key (a `None` there is a value), and go through `verify_part`, which
@@ -260,7 +99,7 @@ fn generate(
         quote!("")
     };
 
-    let runtime = match &args.runtime {
+    let runtime = match runtime {
         // Typed here, so that a runtime of the wrong type is reported as one at the argument.
         Some(expr) => {
             let typed = quote_spanned!(expr.span()=> ::core::option::Option::<&::samekey::Runtime>::Some(#expr));
@@ -290,8 +129,8 @@ fn generate(
     let start = quote_spanned!(ret_span=> #run.start());
     // Each input is checked on its own (`input` names the one that cannot be encoded), at the
     // `inputs` argument.
-    let keep_inputs = inputs.map(|(span, names)| {
-        quote_spanned! {span=>
+    let keep_inputs = inputs.as_ref().map(|(span, names)| {
+        quote_spanned! {*span=>
             #run.keep_inputs(&( #( ::samekey::__private::input(&#names), )* ));
         }
     });
@@ -340,7 +179,7 @@ fn generate(
     // The lookup is written inside the arm (not before the loop: a closure that borrows `self` must not
     // live across attempts that borrow it mutably) and passed straight to `ask`, whose bound gives a
     // closure's parameter its type, `&CallId`, where the closure is written.
-    let lookup_arm = match &args.lookup {
+    let lookup_arm = match lookup {
         Some(lookup) => {
             // Spanned at the `lookup` argument: a lookup of the wrong shape is reported there.
             let ask = quote_spanned!(lookup.span()=>
@@ -400,8 +239,8 @@ fn generate(
     }
 }
 
-/// The `Spec` literal: every value already checked by `policy.rs`.
-fn spec_tokens(fn_ident: &Ident, args: &Args, policy: &Policy) -> TokenStream {
+/// The `Spec` literal: every value already checked by `validate/policy.rs`.
+fn spec_tokens(fn_ident: &Ident, impl_type: Option<&LitStr>, policy: &Policy) -> TokenStream {
     let name = fn_ident.unraw().to_string();
     let millis = |ms: u64| quote!(::core::time::Duration::from_millis(#ms));
     let optional = |ms: Option<u64>| match ms {
@@ -411,7 +250,7 @@ fn spec_tokens(fn_ident: &Ident, args: &Args, policy: &Policy) -> TokenStream {
         }
         None => quote!(::core::option::Option::None),
     };
-    let scope = match (&policy.scope, &args.impl_type) {
+    let scope = match (&policy.scope, impl_type) {
         (Some(scope), _) => quote!(#scope),
         (None, Some(self_type)) => {
             quote!(::core::concat!(::core::module_path!(), "::", #self_type, "::", #name))
@@ -472,27 +311,19 @@ fn spec_tokens(fn_ident: &Ident, args: &Args, policy: &Policy) -> TokenStream {
 mod tests {
     use super::*;
 
+    use crate::validate::validate;
+
     fn run(args: &str, item: &str) -> String {
-        idempotent(args.parse().unwrap(), item.parse().unwrap()).to_string()
+        let func: Func = syn::parse_str(item).unwrap();
+        generate(&validate(args.parse().unwrap(), &func).unwrap()).to_string()
     }
 
     fn errors(args: &str, item: &str) -> Vec<String> {
-        let out: TokenStream = idempotent(args.parse().unwrap(), item.parse().unwrap());
-        // Errors come out as `::core::compile_error! { "..." }`.
-        let mut found = Vec::new();
-        let mut tokens = out.into_iter().peekable();
-        while let Some(tt) = tokens.next() {
-            if let proc_macro2::TokenTree::Ident(i) = &tt {
-                if i == "compile_error" {
-                    tokens.next(); // `!`
-                    if let Some(proc_macro2::TokenTree::Group(g)) = tokens.next() {
-                        let lit: syn::LitStr = syn::parse2(g.stream()).unwrap();
-                        found.push(lit.value());
-                    }
-                }
-            }
+        let func: Func = syn::parse_str(item).unwrap();
+        match validate(args.parse().unwrap(), &func) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.into_iter().map(|e| e.to_string()).collect(),
         }
-        found
     }
 
     const CHARGE: &str =
@@ -613,108 +444,6 @@ mod tests {
                 "{skipped}: {out}"
             );
         }
-    }
-
-    #[test]
-    fn signature_checks() {
-        let e = errors("key = x", "fn f(x: u8) -> Result<(), E> { Ok(()) }");
-        assert_eq!(e.len(), 1);
-        assert!(
-            e[0].starts_with("`#[idempotent]` goes on an `async fn`"),
-            "{e:?}"
-        );
-        let e = errors("key = x", "async fn f(x: u8) { }");
-        assert!(
-            e[0].contains("must return `Result<T, E>`: add `-> Result<T, E>`"),
-            "{e:?}"
-        );
-        let e = errors("key = x", "async fn f(x: u8) -> (u8, u8) { (x, x) }");
-        assert!(
-            e[0].contains("must return `Result<T, E>`, not `(u8, u8)`"),
-            "{e:?}"
-        );
-        let e = errors("key = x", "async fn f(x: u8) -> impl Sized { x }");
-        assert!(e[0].contains("not `impl Sized`"), "{e:?}");
-        for surely_not in [
-            "String",
-            "Option<u8>",
-            "std::string::String",
-            "u64",
-            "Vec<u8>",
-        ] {
-            let e = errors(
-                "key = x",
-                &format!("async fn f(x: u8) -> {surely_not} {{ body() }}"),
-            );
-            assert_eq!(e.len(), 1, "{surely_not}: {e:?}");
-            assert!(e[0].contains("must return `Result<T, E>`, not"), "{e:?}");
-        }
-        for maybe in [
-            "io::Result<u8>",
-            "Result<u8, E>",
-            "anyhow::Result<u8>",
-            "Res<u8>",
-        ] {
-            let e = errors(
-                "key = x",
-                &format!("async fn f(x: u8) -> {maybe} {{ body() }}"),
-            );
-            assert!(e.is_empty(), "{maybe}: {e:?}");
-        }
-        for recv in [
-            "self",
-            "mut self",
-            "self: Box<Self>",
-            "self: std::sync::Arc<Self>",
-        ] {
-            let e = errors(
-                "key = x",
-                &format!("async fn f({recv}, x: u8) -> Result<(), E> {{ Ok(()) }}"),
-            );
-            assert_eq!(e.len(), 1, "{recv}: {e:?}");
-            assert!(
-                e[0].contains("take `&self` or `&mut self`"),
-                "{recv}: {e:?}"
-            );
-        }
-        for recv in ["&self", "&mut self", "self: &Self", "self: Pin<&mut Self>"] {
-            let e = errors(
-                "key = x",
-                &format!("async fn f({recv}, x: u8) -> Result<(), E> {{ Ok(()) }}"),
-            );
-            assert!(e.is_empty(), "{recv}: {e:?}");
-        }
-        let e = errors("key = x", "async fn f(x: u8) -> Result<(), E>;");
-        assert!(e[0].contains("needs the function's body"), "{e:?}");
-        let e = errors("key = x", "struct S;");
-        assert!(e[0].contains("goes on an `async fn`"), "{e:?}");
-    }
-
-    #[test]
-    fn missing_key_and_all_errors_at_once() {
-        let e = errors("", "async fn f(x: u8) -> Result<(), E> { Ok(()) }");
-        assert_eq!(e.len(), 1);
-        assert!(
-            e[0].starts_with("`#[idempotent(...)]` needs a key"),
-            "{e:?}"
-        );
-        let e = errors(
-            r#"key = y, retries = 11, foo = 1, verify = "rand::random()""#,
-            "fn f(x: u8) -> Result<(), E> { Ok(()) }",
-        );
-        assert_eq!(e.len(), 5, "{e:?}");
-    }
-
-    #[test]
-    fn errors_keep_the_original_function() {
-        let out = run("", "async fn f(x: u8) -> Result<(), E> { Ok(()) }");
-        assert!(out.contains("compile_error"), "{out}");
-        assert!(
-            out.ends_with(
-                "# [allow (unused_variables)] async fn f (x : u8) -> Result < () , E > { Ok (()) }"
-            ),
-            "a parameter named only in the refused key is not reported unused: {out}"
-        );
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Stage 2b: the retry policy of `#[idempotent(...)]` — defaults, durations and sanity checks.
+//! The retry policy of `#[idempotent(...)]` — defaults, durations and sanity checks (group 5 of the
+//! compile-time checks, DESIGN §3).
 //!
 //! Every check reports at the value the user wrote. The defaults come from DESIGN §3 and §7:
 //! 3 retries, exponential backoff from 100 ms to 10 s, ±20 % jitter, a key kept 24 h.
