@@ -1,8 +1,8 @@
 //! Stage 1: the arguments of `#[idempotent(...)]`, parsed by hand.
 //!
 //! This stage only checks the *form* of each value (a string where a string goes, an integer for
-//! `retries`, …) and keeps every value with its span. What the values mean is checked later:
-//! `key.rs` for `key`/`verify`, `policy.rs` for the rest. Problems that do not stop the parse
+//! `retries`, …) and keeps every value with its span. What the values mean is checked later, in
+//! `validate`: `key` for `key`/`verify`, `validate/policy.rs` for the rest. Problems that do not stop the parse
 //! (an unknown or duplicated argument, a value of the wrong kind) are collected in
 //! [`Args::errors`] so that the user sees all of them at once.
 
@@ -12,6 +12,8 @@ use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
 use syn::{Expr, ExprLit, ExprUnary, Ident, Lit, LitStr, Token, UnOp};
+
+use crate::diagnostics::{closest, Errors};
 
 /// Every argument `#[idempotent(...)]` accepts, in the order the docs list them.
 pub(crate) const NAMES: &[&str] = &[
@@ -68,10 +70,10 @@ pub(crate) enum OnMissingKey {
     Run,
 }
 
-/// The arguments as written. `None` means "not given"; defaults are applied in `policy.rs`.
+/// The arguments as written. `None` means "not given"; defaults are applied in `validate/policy.rs`.
 #[derive(Default)]
 pub(crate) struct Args {
-    /// `key = "..."` (a string literal) or `key = a + b.c` (bare): kept as written for `key.rs`.
+    /// `key = "..."` (a string literal) or `key = a + b.c` (bare): kept as written for `key`.
     pub(crate) key: Option<Expr>,
     pub(crate) verify: Option<Expr>,
     pub(crate) scope: Option<LitStr>,
@@ -93,7 +95,7 @@ pub(crate) struct Args {
     pub(crate) inputs: Option<LitStr>,
     /// The self type of the `impl` block, from `#[samekey::scoped]`.
     pub(crate) impl_type: Option<LitStr>,
-    /// Problems found while parsing that did not stop it.
+    /// Problems found while parsing that did not stop it, combined.
     pub(crate) errors: Option<syn::Error>,
     /// Names already seen, to report duplicates.
     seen: Vec<String>,
@@ -102,6 +104,7 @@ pub(crate) struct Args {
 impl Parse for Args {
     fn parse(input: ParseStream) -> syn::Result<Self> {
         let mut args = Args::default();
+        let mut errors = Errors::default();
         while !input.is_empty() {
             // `parse_any` so that `type = ...` or `async = ...` is reported as an unknown argument
             // instead of a bare "expected identifier".
@@ -126,7 +129,7 @@ impl Parse for Args {
             }
             let eq: Token![=] = input.parse()?;
             if input.is_empty() || input.peek(Token![,]) {
-                args.error(syn::Error::new(
+                errors.add(syn::Error::new(
                     eq.span,
                     format!(
                         "`{name_str} =` has no value in `#[idempotent(...)]`{}",
@@ -137,114 +140,93 @@ impl Parse for Args {
                 ));
             } else {
                 let value: Expr = input.parse()?;
-                args.set(&name, value);
+                errors.take(args.set(&name, value));
             }
             if input.is_empty() {
                 break;
             }
             input.parse::<Token![,]>()?;
         }
+        args.errors = errors.into_error();
         Ok(args)
     }
 }
 
 impl Args {
-    fn error(&mut self, err: syn::Error) {
-        match &mut self.errors {
-            Some(all) => all.combine(err),
-            None => self.errors = Some(err),
-        }
-    }
-
-    /// Stores one `name = value`, or records why it cannot be stored.
-    fn set(&mut self, name: &Ident, value: Expr) {
+    /// Stores one `name = value`, or says why it cannot be stored.
+    fn set(&mut self, name: &Ident, value: Expr) -> syn::Result<()> {
         let name_str = name.unraw().to_string();
         if name_str == IMPL_TYPE {
-            if let Err(err) = string(&name_str, &value).map(|v| self.impl_type = Some(v)) {
-                self.error(err);
-            }
-            return;
+            self.impl_type = Some(string(&name_str, &value)?);
+            return Ok(());
         }
         if !NAMES.contains(&name_str.as_str()) {
-            let hint = crate::key::closest(&name_str, NAMES.iter().copied())
+            let hint = closest(&name_str, NAMES.iter().copied())
                 .map(|c| format!("did you mean `{c}`? "))
                 .unwrap_or_default();
-            self.error(syn::Error::new(
+            return Err(syn::Error::new(
                 name.span(),
                 format!(
                     "unknown argument `{name_str}` in `#[idempotent(...)]`; {hint}valid arguments: {}",
                     list_names()
                 ),
             ));
-            return;
         }
         if self.seen.contains(&name_str) {
-            self.error(syn::Error::new(
+            return Err(syn::Error::new(
                 name.span(),
                 format!(
                     "`{name_str}` is given twice in `#[idempotent(...)]`: each argument may appear once; remove one"
                 ),
             ));
-            return;
         }
         self.seen.push(name_str.clone());
-        let result = match name_str.as_str() {
-            "key" => {
-                self.key = Some(value);
-                Ok(())
+        match name_str.as_str() {
+            "key" => self.key = Some(value),
+            "verify" => self.verify = Some(value),
+            "lookup" => self.lookup = Some(value),
+            "runtime" => self.runtime = Some(value),
+            "scope" => self.scope = Some(string(&name_str, &value)?),
+            "prefix" => self.prefix = Some(string(&name_str, &value)?),
+            "budget" => self.budget = Some(string(&name_str, &value)?),
+            "backoff" => self.backoff = Some(string(&name_str, &value)?),
+            "timeout" => self.timeout = Some(string(&name_str, &value)?),
+            "ttl" => self.ttl = Some(string(&name_str, &value)?),
+            "window" => self.window = Some(string(&name_str, &value)?),
+            "inputs" => self.inputs = Some(string(&name_str, &value)?),
+            "retries" => self.retries = Some(integer(&name_str, &value)?),
+            "jitter" => self.jitter = Some(number(&name_str, &value)?),
+            "on_unknown" => {
+                self.on_unknown = Some(choice(
+                    &name_str,
+                    &value,
+                    &[("hold", OnUnknown::Hold), ("rerun", OnUnknown::Rerun)],
+                    "\"hold\" (no retry: the call is marked UNKNOWN and left to compensation) or \
+                     \"rerun\" (retry with the same callId, because the remote deduplicates by callId)",
+                )?)
             }
-            "verify" => {
-                self.verify = Some(value);
-                Ok(())
+            "on_busy" => {
+                self.on_busy = Some(choice(
+                    &name_str,
+                    &value,
+                    &[("wait", OnBusy::Wait), ("reject", OnBusy::Reject)],
+                    "\"wait\" (wait for the outcome of the call already running) or \
+                     \"reject\" (return `samekey::Error::InProgress` at once)",
+                )?)
             }
-            "lookup" => {
-                self.lookup = Some(value);
-                Ok(())
+            "on_missing_key" => {
+                self.on_missing_key = Some(choice(
+                    &name_str,
+                    &value,
+                    &[("error", OnMissingKey::Error), ("run", OnMissingKey::Run)],
+                    "\"error\" (a call whose `Option` key part is `None` fails with \
+                     `samekey::Error::MissingKey`; nothing runs) or \"run\" (such a call runs once without \
+                     idempotency: no claim, no retry, no receipt)",
+                )?)
             }
-            "runtime" => {
-                self.runtime = Some(value);
-                Ok(())
-            }
-            "scope" => string(&name_str, &value).map(|v| self.scope = Some(v)),
-            "prefix" => string(&name_str, &value).map(|v| self.prefix = Some(v)),
-            "budget" => string(&name_str, &value).map(|v| self.budget = Some(v)),
-            "backoff" => string(&name_str, &value).map(|v| self.backoff = Some(v)),
-            "timeout" => string(&name_str, &value).map(|v| self.timeout = Some(v)),
-            "ttl" => string(&name_str, &value).map(|v| self.ttl = Some(v)),
-            "window" => string(&name_str, &value).map(|v| self.window = Some(v)),
-            "inputs" => string(&name_str, &value).map(|v| self.inputs = Some(v)),
-            "retries" => integer(&name_str, &value).map(|v| self.retries = Some(v)),
-            "jitter" => number(&name_str, &value).map(|v| self.jitter = Some(v)),
-            "on_unknown" => choice(
-                &name_str,
-                &value,
-                &[("hold", OnUnknown::Hold), ("rerun", OnUnknown::Rerun)],
-                "\"hold\" (no retry: the call is marked UNKNOWN and left to compensation) or \
-                 \"rerun\" (retry with the same callId, because the remote deduplicates by callId)",
-            )
-            .map(|v| self.on_unknown = Some(v)),
-            "on_busy" => choice(
-                &name_str,
-                &value,
-                &[("wait", OnBusy::Wait), ("reject", OnBusy::Reject)],
-                "\"wait\" (wait for the outcome of the call already running) or \
-                 \"reject\" (return `samekey::Error::InProgress` at once)",
-            )
-            .map(|v| self.on_busy = Some(v)),
-            "on_missing_key" => choice(
-                &name_str,
-                &value,
-                &[("error", OnMissingKey::Error), ("run", OnMissingKey::Run)],
-                "\"error\" (a call whose `Option` key part is `None` fails with \
-                 `samekey::Error::MissingKey`; nothing runs) or \"run\" (such a call runs once without \
-                 idempotency: no claim, no retry, no receipt)",
-            )
-            .map(|v| self.on_missing_key = Some(v)),
-            _ => Ok(()),
-        };
-        if let Err(err) = result {
-            self.error(err);
+            _ => {}
         }
+        Ok(())
     }
 }
 

@@ -13,6 +13,8 @@ use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::{Attribute, Data, DeriveInput, Fields, Ident, LitStr, Member};
 
+use crate::diagnostics::Errors;
+
 /// The entry point of `#[derive(KeyPart)]`, on `proc_macro2` tokens.
 pub(crate) fn key_part(input: TokenStream) -> TokenStream {
     match syn::parse2::<DeriveInput>(input).and_then(|input| expand(&input)) {
@@ -22,13 +24,9 @@ pub(crate) fn key_part(input: TokenStream) -> TokenStream {
 }
 
 fn expand(input: &DeriveInput) -> syn::Result<TokenStream> {
-    let mut errors: Option<syn::Error> = None;
-    let mut push = |err: syn::Error| match &mut errors {
-        Some(all) => all.combine(err),
-        None => errors = Some(err),
-    };
+    let mut errors = Errors::default();
     for attr in input.attrs.iter().filter(|a| a.path().is_ident("key_part")) {
-        push(syn::Error::new_spanned(
+        errors.add(syn::Error::new_spanned(
             attr,
             "`#[key_part(...)]` goes on fields (`#[key_part(skip)]`) or enum variants (`#[key_part(rename = \"Old\")]`), not on the type",
         ));
@@ -48,7 +46,7 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream> {
                 }
             }
             Err(e) => {
-                push(e);
+                errors.add(e);
                 TokenStream::new()
             }
         },
@@ -59,12 +57,12 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream> {
                 let (name, span) = match variant_name(&variant.attrs, &variant.ident) {
                     Ok(named) => named,
                     Err(e) => {
-                        push(e);
+                        errors.add(e);
                         continue;
                     }
                 };
                 if let Some((_, first)) = names.iter().find(|(n, _)| *n == name) {
-                    push(syn::Error::new(
+                    errors.add(syn::Error::new(
                         span,
                         format!(
                             "variants `{}` and `{}` both encode as \"{name}\" in keys: two different values would get the same key, and one call would replay the other's outcome; give each variant a name of its own with `#[key_part(rename = \"...\")]`",
@@ -86,7 +84,7 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream> {
                             }
                         });
                     }
-                    Err(e) => push(e),
+                    Err(e) => errors.add(e),
                 }
             }
             if data.variants.is_empty() {
@@ -97,16 +95,14 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream> {
             }
         }
         Data::Union(data) => {
-            push(syn::Error::new(
+            errors.add(syn::Error::new(
                 data.union_token.span,
                 "`#[derive(KeyPart)]` does not support unions: nothing says which field is set; implement `samekey::KeyPart` by hand",
             ));
             TokenStream::new()
         }
     };
-    if let Some(e) = errors {
-        return Err(e);
-    }
+    errors.finish(())?;
 
     let name = &input.ident;
     let mut generics = input.generics.clone();
@@ -133,7 +129,7 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream> {
 /// The fields that are encoded (not `#[key_part(skip)]`), with their member and type.
 fn fields(fields: &Fields) -> syn::Result<Vec<(Member, &syn::Type)>> {
     let mut kept = Vec::new();
-    let mut errors: Option<syn::Error> = None;
+    let mut errors = Errors::default();
     for (i, field) in fields.iter().enumerate() {
         match skipped(&field.attrs) {
             Ok(true) => {}
@@ -144,16 +140,10 @@ fn fields(fields: &Fields) -> syn::Result<Vec<(Member, &syn::Type)>> {
                 };
                 kept.push((member, &field.ty));
             }
-            Err(e) => match &mut errors {
-                Some(all) => all.combine(e),
-                None => errors = Some(e),
-            },
+            Err(e) => errors.add(e),
         }
     }
-    match errors {
-        Some(e) => Err(e),
-        None => Ok(kept),
-    }
+    errors.finish(kept)
 }
 
 /// `#[key_part(skip)]` on a field.

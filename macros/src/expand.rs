@@ -1,364 +1,43 @@
-//! Stage 3: `#[idempotent(...)]` — checks the function, then rewrites its body into the retry loop
-//! of DESIGN §3 "What the macro generates". The signature is emitted as written; the body is kept
-//! as tokens and placed, unchanged, inside one `async` block per attempt.
+//! Stage 3: the expansion of `#[idempotent(...)]` — the function with its body rewritten into the
+//! retry loop of DESIGN §3 "What the macro generates", from input [`validate`](crate::validate) has
+//! already checked: nothing here refuses anything.
 //!
-//! On any error the output is the errors *and* the original function, so the user sees the
-//! problem and nothing else (no cascade of errors about a missing function).
+//! Guarantees:
+//! - The signature is emitted as written (attributes, docs, visibility, generics, `where`, receiver);
+//!   the body is kept as tokens and placed, unchanged, inside one `async` block per attempt.
+//! - Every path is absolute, through `::samekey::__private`, and every name the expansion adds
+//!   (`__samekey_key`, `__SAMEKEY_SPEC`, …) is prefixed and made at `Span::mixed_site()`.
+//! - What rustc checks is spanned at the user's token: each key part's `KeyPart` bound at the part,
+//!   a parameter's `Clone` at its type, the `Runtime` at `runtime = ...`, the lookup's shape at
+//!   `lookup = ...`, and the attempt's type, the error codec and `Classify` at the return type.
 
 use proc_macro2::{Delimiter, Group, Span, TokenStream};
-use quote::{format_ident, quote, quote_spanned, ToTokens};
+use quote::{format_ident, quote, quote_spanned};
 use syn::ext::IdentExt;
-use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
-use syn::{Attribute, FnArg, Ident, LitStr, ReturnType, Signature, Token, Type, Visibility};
+use syn::{Ident, LitStr};
 
-use crate::args::{Args, OnBusy, OnMissingKey, OnUnknown};
-use crate::key::{self, Params, Part};
-use crate::policy::{self, Policy};
+use crate::args::{OnBusy, OnMissingKey, OnUnknown};
+use crate::display::display;
+use crate::key::Part;
+use crate::signature::Func;
+use crate::validate::{Checked, Policy};
 
-/// The entry point of `#[idempotent]`, on `proc_macro2` tokens.
-pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
-    let func = match syn::parse2::<Func>(item.clone()) {
-        Ok(func) => func,
-        Err(err) => {
-            let err = err.to_compile_error();
-            return quote!(#err #item);
-        }
-    };
-    match expand(args, &func) {
-        Ok(tokens) => tokens,
-        Err(err) => {
-            // The function as written, so that the rest of the crate compiles; a parameter named
-            // only in the (refused) key is not the user's unused variable.
-            let err = err.to_compile_error();
-            quote!(#err #[allow(unused_variables)] #item)
-        }
-    }
-}
-
-/// A function, with its body kept as tokens (like tracing-attributes' `MaybeItemFn`).
-struct Func {
-    attrs: Vec<Attribute>,
-    vis: Visibility,
-    sig: Signature,
-    /// `None` for a declaration without a body (`fn f();` in a trait).
-    body: Option<Group>,
-}
-
-impl Parse for Func {
-    fn parse(input: ParseStream) -> syn::Result<Self> {
-        let attrs = input.call(Attribute::parse_outer)?;
-        let vis: Visibility = input.parse()?;
-        let sig: Signature = input.parse().map_err(|_| {
-            syn::Error::new(
-                Span::call_site(),
-                "`#[idempotent]` goes on an `async fn` that returns `Result<T, E>`",
-            )
-        })?;
-        if input.peek(Token![;]) {
-            input.parse::<Token![;]>()?;
-            return Ok(Func {
-                attrs,
-                vis,
-                sig,
-                body: None,
-            });
-        }
-        let body: Group = input.parse()?;
-        if body.delimiter() != Delimiter::Brace {
-            return Err(syn::Error::new(body.span(), "expected the function's body"));
-        }
-        Ok(Func {
-            attrs,
-            vis,
-            sig,
-            body: Some(body),
-        })
-    }
-}
-
-/// Collects errors from every stage, so that all of them are reported at once.
-#[derive(Default)]
-struct Errors(Option<syn::Error>);
-
-impl Errors {
-    fn add(&mut self, err: syn::Error) {
-        match &mut self.0 {
-            Some(all) => all.combine(err),
-            None => self.0 = Some(err),
-        }
-    }
-
-    fn take<T>(&mut self, result: syn::Result<T>) -> Option<T> {
-        result.map_err(|e| self.add(e)).ok()
-    }
-}
-
-fn expand(args: TokenStream, func: &Func) -> syn::Result<TokenStream> {
-    let mut errors = Errors::default();
-    let ret_ty = errors.take(check_signature(func));
-    let params = Params::of(&func.sig);
-
-    let args = match syn::parse2::<Args>(args) {
-        Ok(mut args) => {
-            if let Some(e) = args.errors.take() {
-                errors.add(e);
-            }
-            Some(args)
-        }
-        Err(e) => {
-            errors.add(e);
-            None
-        }
-    };
-    let Some(args) = args else {
-        return Err(errors
-            .0
-            .unwrap_or_else(|| syn::Error::new(Span::call_site(), "")));
-    };
-
-    let key = match &args.key {
-        Some(value) => errors.take(key::parts("key", value, &params)),
-        None => {
-            errors.add(syn::Error::new(
-                Span::call_site(),
-                "`#[idempotent(...)]` needs a key: add `key = \"...\"` naming the parameters that identify the business operation, e.g. `#[idempotent(key = \"order.id + op\")]`",
-            ));
-            None
-        }
-    };
-    let verify = args
-        .verify
-        .as_ref()
-        .map(|value| errors.take(key::parts("verify", value, &params)));
-    let policy = errors.take(policy::check(&args, &func.sig.ident));
-    let inputs = args
-        .inputs
-        .as_ref()
-        .and_then(|lit| errors.take(inputs(lit, &params)));
-    if args.scope.is_none() {
-        errors.take(check_generics(&func.sig));
-    }
-
-    match (errors.0, ret_ty, key, verify, policy, &func.body) {
-        (None, Some(ret_ty), Some(key), None, Some(policy), Some(body)) => Ok(generate(
-            func, ret_ty, body, &args, &policy, &params, &key, None, inputs,
-        )),
-        (None, Some(ret_ty), Some(key), Some(Some(verify)), Some(policy), Some(body)) => {
-            Ok(generate(
-                func,
-                ret_ty,
-                body,
-                &args,
-                &policy,
-                &params,
-                &key,
-                Some(&verify),
-                inputs,
-            ))
-        }
-        (Some(e), ..) => Err(e),
-        _ => Err(syn::Error::new(
-            Span::call_site(),
-            "`#[idempotent]` could not expand this function",
-        )),
-    }
-}
-
-/// Group 1 of the compile-time checks: an `async fn` with a body, returning a path type
-/// (`Result<T, E>` or an alias of it), without an owned `self`. Returns the return type.
-fn check_signature(func: &Func) -> syn::Result<&Type> {
-    let sig = &func.sig;
-    let name = sig.ident.unraw();
-    let mut errors = Errors::default();
-    if sig.asyncness.is_none() {
-        errors.add(syn::Error::new(
-            sig.fn_token.span,
-            format!(
-                "`#[idempotent]` goes on an `async fn`: each attempt, backoff and receipt lookup is awaited; write `async fn {name}(...)`"
-            ),
-        ));
-    }
-    for input in &sig.inputs {
-        if let FnArg::Receiver(r) = input {
-            if receiver_is_owned(r) {
-                errors.add(syn::Error::new_spanned(
-                    r,
-                    "`#[idempotent]` methods take `&self` or `&mut self`: the body may run once per attempt, and an owned `self` could only be moved into the first one",
-                ));
-            }
-        }
-    }
-    if func.body.is_none() {
-        errors.add(syn::Error::new_spanned(
-            sig,
-            "`#[idempotent]` needs the function's body: put it on the implementation, not on a declaration",
-        ));
-    }
-    let ret = match &sig.output {
-        ReturnType::Default => {
-            errors.add(syn::Error::new(
-                sig.paren_token.span.join(),
-                format!(
-                    "`#[idempotent]` functions must return `Result<T, E>`: add `-> Result<T, E>` after `{name}(...)`, where `E` implements `samekey::Classify` and `From<samekey::Error>`"
-                ),
-            ));
-            None
-        }
-        ReturnType::Type(_, ty) => {
-            let mut inner: &Type = ty;
-            while let Type::Group(g) = inner {
-                inner = &g.elem;
-            }
-            let plain = match inner {
-                Type::Path(p) if p.qself.is_none() => Some(p),
-                _ => None,
-            };
-            if plain.is_some_and(|p| !surely_not_result(&p.path)) {
-                Some(&**ty)
-            } else {
-                errors.add(syn::Error::new_spanned(
-                    ty,
-                    format!(
-                        "`#[idempotent]` functions must return `Result<T, E>`, not `{}`: the error tells the runtime whether an attempt may be retried, and the outcome is stored as a receipt",
-                        key::display(ty.to_token_stream())
-                    ),
-                ));
-                None
-            }
-        }
-    };
-    match (errors.0, ret) {
-        (None, Some(ret)) => Ok(ret),
-        (Some(e), _) => Err(e),
-        (None, None) => Err(syn::Error::new(Span::call_site(), "missing return type")),
-    }
-}
-
-/// Whether `path` names a type that is certainly not a `Result` (nor an alias of one): such a return
-/// type is refused here, with one message, instead of by each use of it in the expansion. Any other
-/// path may be an alias (`io::Result<T>`, `type Res<T> = ...`) and is left to the trait check.
-fn surely_not_result(path: &syn::Path) -> bool {
-    const NOT_RESULT: &[&str] = &[
-        "String", "str", "Vec", "Option", "Box", "Arc", "Rc", "Cow", "HashMap", "BTreeMap",
-        "HashSet", "BTreeSet", "VecDeque", "bool", "char", "u8", "u16", "u32", "u64", "u128",
-        "usize", "i8", "i16", "i32", "i64", "i128", "isize", "f32", "f64",
-    ];
-    path.segments
-        .last()
-        .is_some_and(|s| NOT_RESULT.iter().any(|name| s.ident == name))
-}
-
-/// With a default scope, every type or const parameter must be carried by a parameter of the function:
-/// one that is not (`subscribe::<Premium>(user)`) makes each instantiation a different operation that
-/// the key cannot tell apart from the others. Parameters that only adapt an argument (`s: S` with
-/// `S: Into<String>`, `impl Trait`) are fine: the argument is the same business value either way.
-fn check_generics(sig: &Signature) -> syn::Result<()> {
-    let mut errors = Errors::default();
-    let name = sig.ident.unraw();
-    for param in &sig.generics.params {
-        let (ident, what) = match param {
-            syn::GenericParam::Type(t) => (&t.ident, "type"),
-            syn::GenericParam::Const(c) => (&c.ident, "const"),
-            syn::GenericParam::Lifetime(_) => continue,
-        };
-        let carried = sig.inputs.iter().any(|input| match input {
-            FnArg::Typed(pt) => mentions(pt.ty.to_token_stream(), ident),
-            FnArg::Receiver(_) => false,
-        });
-        if !carried {
-            errors.add(syn::Error::new(
-                ident.span(),
-                format!(
-                    "{what} parameter `{ident}` of `{name}` is carried by no parameter, so `{name}::<A>` and `{name}::<B>` are different operations that would share one key scope (and each other's outcomes); pass what tells them apart as a parameter and name it in `key`, or, if every instantiation is the same operation, say so with `#[idempotent(scope = \"...\")]`"
-                ),
-            ));
-        }
-    }
-    errors.0.map_or(Ok(()), Err)
-}
-
-/// Whether `tokens` name `ident` anywhere.
-fn mentions(tokens: TokenStream, ident: &Ident) -> bool {
-    tokens.into_iter().any(|tt| match tt {
-        proc_macro2::TokenTree::Ident(i) => i == *ident,
-        proc_macro2::TokenTree::Group(g) => mentions(g.stream(), ident),
-        _ => false,
-    })
-}
-
-/// `self`, `mut self`, `self: Box<Self>`, `self: Arc<Self>`, … — anything but a reference or a
-/// `Pin` of one.
-fn receiver_is_owned(r: &syn::Receiver) -> bool {
-    if r.reference.is_some() {
-        return false;
-    }
-    if r.colon_token.is_none() {
-        return true;
-    }
-    let mut ty: &Type = &r.ty;
-    while let Type::Group(g) = ty {
-        ty = &g.elem;
-    }
-    match ty {
-        Type::Reference(_) => false,
-        Type::Path(p) => !matches!(p.path.segments.last(), Some(s) if s.ident == "Pin"),
-        _ => true,
-    }
-}
-
-/// The parameters `inputs = "a, b"` names, each once, each a plain parameter of the function.
-fn inputs(lit: &LitStr, params: &Params) -> syn::Result<(Span, Vec<Ident>)> {
-    let text = lit.value();
-    let known = || {
-        params
-            .list
-            .iter()
-            .map(|p| format!("`{}`", p.ident))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let mut names: Vec<Ident> = Vec::new();
-    for name in text.split(',').map(str::trim) {
-        if name.is_empty() {
-            return Err(syn::Error::new(
-                lit.span(),
-                "`inputs` names the parameters a compensation entry keeps, separated by commas, e.g. `inputs = \"order_id, amount\"`",
-            ));
-        }
-        let Some(param) = params.list.iter().find(|p| p.ident == name) else {
-            return Err(syn::Error::new(
-                lit.span(),
-                format!(
-                    "`inputs` names `{name}`, which is not a parameter of `{}`; its parameters: {}",
-                    params.fn_name,
-                    known()
-                ),
-            ));
-        };
-        if names.iter().any(|n| n == &param.ident) {
-            return Err(syn::Error::new(
-                lit.span(),
-                format!("`inputs` names `{name}` twice"),
-            ));
-        }
-        names.push(Ident::new(&param.ident.to_string(), lit.span()));
-    }
-    Ok((lit.span(), names))
-}
-
-#[allow(clippy::too_many_arguments)]
-fn generate(
-    func: &Func,
-    ret_ty: &Type,
-    body: &Group,
-    args: &Args,
-    policy: &Policy,
-    params: &Params,
-    key: &[Part],
-    verify: Option<&[Part]>,
-    inputs: Option<(Span, Vec<Ident>)>,
-) -> TokenStream {
+/// The function, its body rewritten into the retry loop.
+pub(crate) fn generate(checked: &Checked) -> TokenStream {
+    let Checked {
+        func,
+        body,
+        ret_ty,
+        params,
+        key,
+        verify,
+        policy,
+        inputs,
+        lookup,
+        runtime,
+        impl_type,
+    } = checked;
     let Func {
         attrs, vis, sig, ..
     } = func;
@@ -374,7 +53,7 @@ fn generate(
     let fake = hygienic("__samekey_fake");
     let call = hygienic("__samekey_call");
 
-    let spec_value = spec_tokens(&sig.ident, args, policy);
+    let spec_value = spec_tokens(&sig.ident, impl_type.as_ref(), policy);
 
     // Key parts go through `named_part`, which notes a missing (`None`) top-level part by its name;
     // `verify` parts are not the key (a `None` there is a value), and go through `verify_part`, which
@@ -386,12 +65,12 @@ fn generate(
             let mut group = Group::new(Delimiter::Parenthesis, part.tokens.clone());
             group.set_span(part.last);
             if named {
-                let name = key::display(part.tokens.clone());
+                let name = display(part.tokens.clone());
                 quote_spanned! {part.span=>
                     ::samekey::__private::KeyBuilder::named_part(&mut #builder, &#group, #name);
                 }
             } else {
-                let name = key::display(part.tokens.clone());
+                let name = display(part.tokens.clone());
                 quote_spanned! {part.span=>
                     ::samekey::__private::KeyBuilder::verify_part(&mut #builder, &#group, #name);
                 }
@@ -420,7 +99,7 @@ fn generate(
         quote!("")
     };
 
-    let runtime = match &args.runtime {
+    let runtime = match runtime {
         // Typed here, so that a runtime of the wrong type is reported as one at the argument.
         Some(expr) => {
             let typed = quote_spanned!(expr.span()=> ::core::option::Option::<&::samekey::Runtime>::Some(#expr));
@@ -450,8 +129,8 @@ fn generate(
     let start = quote_spanned!(ret_span=> #run.start());
     // Each input is checked on its own (`input` names the one that cannot be encoded), at the
     // `inputs` argument.
-    let keep_inputs = inputs.map(|(span, names)| {
-        quote_spanned! {span=>
+    let keep_inputs = inputs.as_ref().map(|(span, names)| {
+        quote_spanned! {*span=>
             #run.keep_inputs(&( #( ::samekey::__private::input(&#names), )* ));
         }
     });
@@ -500,7 +179,7 @@ fn generate(
     // The lookup is written inside the arm (not before the loop: a closure that borrows `self` must not
     // live across attempts that borrow it mutably) and passed straight to `ask`, whose bound gives a
     // closure's parameter its type, `&CallId`, where the closure is written.
-    let lookup_arm = match &args.lookup {
+    let lookup_arm = match lookup {
         Some(lookup) => {
             // Spanned at the `lookup` argument: a lookup of the wrong shape is reported there.
             let ask = quote_spanned!(lookup.span()=>
@@ -560,8 +239,8 @@ fn generate(
     }
 }
 
-/// The `Spec` literal: every value already checked by `policy.rs`.
-fn spec_tokens(fn_ident: &Ident, args: &Args, policy: &Policy) -> TokenStream {
+/// The `Spec` literal: every value already checked by `validate/policy.rs`.
+fn spec_tokens(fn_ident: &Ident, impl_type: Option<&LitStr>, policy: &Policy) -> TokenStream {
     let name = fn_ident.unraw().to_string();
     let millis = |ms: u64| quote!(::core::time::Duration::from_millis(#ms));
     let optional = |ms: Option<u64>| match ms {
@@ -571,7 +250,7 @@ fn spec_tokens(fn_ident: &Ident, args: &Args, policy: &Policy) -> TokenStream {
         }
         None => quote!(::core::option::Option::None),
     };
-    let scope = match (&policy.scope, &args.impl_type) {
+    let scope = match (&policy.scope, impl_type) {
         (Some(scope), _) => quote!(#scope),
         (None, Some(self_type)) => {
             quote!(::core::concat!(::core::module_path!(), "::", #self_type, "::", #name))
@@ -632,27 +311,19 @@ fn spec_tokens(fn_ident: &Ident, args: &Args, policy: &Policy) -> TokenStream {
 mod tests {
     use super::*;
 
+    use crate::validate::validate;
+
     fn run(args: &str, item: &str) -> String {
-        idempotent(args.parse().unwrap(), item.parse().unwrap()).to_string()
+        let func: Func = syn::parse_str(item).unwrap();
+        generate(&validate(args.parse().unwrap(), &func).unwrap()).to_string()
     }
 
     fn errors(args: &str, item: &str) -> Vec<String> {
-        let out: TokenStream = idempotent(args.parse().unwrap(), item.parse().unwrap());
-        // Errors come out as `::core::compile_error! { "..." }`.
-        let mut found = Vec::new();
-        let mut tokens = out.into_iter().peekable();
-        while let Some(tt) = tokens.next() {
-            if let proc_macro2::TokenTree::Ident(i) = &tt {
-                if i == "compile_error" {
-                    tokens.next(); // `!`
-                    if let Some(proc_macro2::TokenTree::Group(g)) = tokens.next() {
-                        let lit: syn::LitStr = syn::parse2(g.stream()).unwrap();
-                        found.push(lit.value());
-                    }
-                }
-            }
+        let func: Func = syn::parse_str(item).unwrap();
+        match validate(args.parse().unwrap(), &func) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.into_iter().map(|e| e.to_string()).collect(),
         }
-        found
     }
 
     const CHARGE: &str =
@@ -773,108 +444,6 @@ mod tests {
                 "{skipped}: {out}"
             );
         }
-    }
-
-    #[test]
-    fn signature_checks() {
-        let e = errors("key = x", "fn f(x: u8) -> Result<(), E> { Ok(()) }");
-        assert_eq!(e.len(), 1);
-        assert!(
-            e[0].starts_with("`#[idempotent]` goes on an `async fn`"),
-            "{e:?}"
-        );
-        let e = errors("key = x", "async fn f(x: u8) { }");
-        assert!(
-            e[0].contains("must return `Result<T, E>`: add `-> Result<T, E>`"),
-            "{e:?}"
-        );
-        let e = errors("key = x", "async fn f(x: u8) -> (u8, u8) { (x, x) }");
-        assert!(
-            e[0].contains("must return `Result<T, E>`, not `(u8, u8)`"),
-            "{e:?}"
-        );
-        let e = errors("key = x", "async fn f(x: u8) -> impl Sized { x }");
-        assert!(e[0].contains("not `impl Sized`"), "{e:?}");
-        for surely_not in [
-            "String",
-            "Option<u8>",
-            "std::string::String",
-            "u64",
-            "Vec<u8>",
-        ] {
-            let e = errors(
-                "key = x",
-                &format!("async fn f(x: u8) -> {surely_not} {{ body() }}"),
-            );
-            assert_eq!(e.len(), 1, "{surely_not}: {e:?}");
-            assert!(e[0].contains("must return `Result<T, E>`, not"), "{e:?}");
-        }
-        for maybe in [
-            "io::Result<u8>",
-            "Result<u8, E>",
-            "anyhow::Result<u8>",
-            "Res<u8>",
-        ] {
-            let e = errors(
-                "key = x",
-                &format!("async fn f(x: u8) -> {maybe} {{ body() }}"),
-            );
-            assert!(e.is_empty(), "{maybe}: {e:?}");
-        }
-        for recv in [
-            "self",
-            "mut self",
-            "self: Box<Self>",
-            "self: std::sync::Arc<Self>",
-        ] {
-            let e = errors(
-                "key = x",
-                &format!("async fn f({recv}, x: u8) -> Result<(), E> {{ Ok(()) }}"),
-            );
-            assert_eq!(e.len(), 1, "{recv}: {e:?}");
-            assert!(
-                e[0].contains("take `&self` or `&mut self`"),
-                "{recv}: {e:?}"
-            );
-        }
-        for recv in ["&self", "&mut self", "self: &Self", "self: Pin<&mut Self>"] {
-            let e = errors(
-                "key = x",
-                &format!("async fn f({recv}, x: u8) -> Result<(), E> {{ Ok(()) }}"),
-            );
-            assert!(e.is_empty(), "{recv}: {e:?}");
-        }
-        let e = errors("key = x", "async fn f(x: u8) -> Result<(), E>;");
-        assert!(e[0].contains("needs the function's body"), "{e:?}");
-        let e = errors("key = x", "struct S;");
-        assert!(e[0].contains("goes on an `async fn`"), "{e:?}");
-    }
-
-    #[test]
-    fn missing_key_and_all_errors_at_once() {
-        let e = errors("", "async fn f(x: u8) -> Result<(), E> { Ok(()) }");
-        assert_eq!(e.len(), 1);
-        assert!(
-            e[0].starts_with("`#[idempotent(...)]` needs a key"),
-            "{e:?}"
-        );
-        let e = errors(
-            r#"key = y, retries = 11, foo = 1, verify = "rand::random()""#,
-            "fn f(x: u8) -> Result<(), E> { Ok(()) }",
-        );
-        assert_eq!(e.len(), 5, "{e:?}");
-    }
-
-    #[test]
-    fn errors_keep_the_original_function() {
-        let out = run("", "async fn f(x: u8) -> Result<(), E> { Ok(()) }");
-        assert!(out.contains("compile_error"), "{out}");
-        assert!(
-            out.ends_with(
-                "# [allow (unused_variables)] async fn f (x : u8) -> Result < () , E > { Ok (()) }"
-            ),
-            "a parameter named only in the refused key is not reported unused: {out}"
-        );
     }
 
     #[test]

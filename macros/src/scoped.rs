@@ -8,15 +8,16 @@ use quote::{quote, ToTokens};
 use syn::{ImplItem, ItemImpl, LitStr, Meta};
 
 use crate::args::IMPL_TYPE;
+use crate::diagnostics::Errors;
 
 /// The entry point of `#[scoped]`, on `proc_macro2` tokens.
 pub(crate) fn scoped(args: TokenStream, item: TokenStream) -> TokenStream {
-    let mut errors = Vec::new();
+    let mut errors = Errors::default();
     if !args.is_empty() {
-        errors.push(syn::Error::new_spanned(
+        errors.push_spanned(
             &args,
-            "`#[samekey::scoped]` takes no arguments: it names the self type of the `impl` block in the default scope of its methods; give a method its own name with `#[idempotent(scope = \"...\")]`",
-        ));
+            "`#[samekey::scoped]` takes no arguments: it names the self type of the `impl` block in the default scope of its methods; give a method its own name with `#[idempotent(scope = \"...\")]`".into(),
+        );
     }
     let mut block = match syn::parse2::<ItemImpl>(item.clone()) {
         Ok(block) => block,
@@ -66,8 +67,8 @@ pub(crate) fn scoped(args: TokenStream, item: TokenStream) -> TokenStream {
             }
         }
     }
-    let errors = errors.into_iter().map(|e| e.to_compile_error());
-    quote!(#(#errors)* #block)
+    let errors = errors.into_error().map(|e| e.to_compile_error());
+    quote!(#errors #block)
 }
 
 #[cfg(test)]

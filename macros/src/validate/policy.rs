@@ -1,4 +1,5 @@
-//! Stage 2b: the retry policy of `#[idempotent(...)]` — defaults, durations and sanity checks.
+//! The retry policy of `#[idempotent(...)]` — defaults, durations and sanity checks (group 5 of the
+//! compile-time checks, DESIGN §3).
 //!
 //! Every check reports at the value the user wrote. The defaults come from DESIGN §3 and §7:
 //! 3 retries, exponential backoff from 100 ms to 10 s, ±20 % jitter, a key kept 24 h.
@@ -7,6 +8,7 @@ use proc_macro2::Span;
 use syn::{Ident, LitStr};
 
 use crate::args::{Args, OnBusy, OnMissingKey, OnUnknown};
+use crate::diagnostics::Errors;
 use crate::duration::{format_millis, parse_millis, parse_range};
 
 pub(crate) const MAX_RETRIES: u64 = 10;
@@ -34,26 +36,6 @@ pub(crate) struct Policy {
     pub(crate) on_unknown: OnUnknown,
     pub(crate) has_lookup: bool,
     pub(crate) on_missing_key: OnMissingKey,
-}
-
-#[derive(Default)]
-struct Errors(Option<syn::Error>);
-
-impl Errors {
-    fn push(&mut self, span: Span, msg: String) {
-        self.add(syn::Error::new(span, msg));
-    }
-
-    fn push_spanned(&mut self, tokens: &proc_macro2::TokenStream, msg: String) {
-        self.add(syn::Error::new_spanned(tokens, msg));
-    }
-
-    fn add(&mut self, err: syn::Error) {
-        match &mut self.0 {
-            Some(all) => all.combine(err),
-            None => self.0 = Some(err),
-        }
-    }
 }
 
 /// Checks every policy argument; all problems are reported together.
@@ -295,10 +277,7 @@ pub(crate) fn check(args: &Args, fn_name: &Ident) -> syn::Result<Policy> {
         );
     }
 
-    if let Some(e) = errors.0 {
-        return Err(e);
-    }
-    Ok(Policy {
+    errors.finish(Policy {
         scope,
         prefix,
         retries,
