@@ -45,15 +45,23 @@
 //!
 //! # Where to read on
 //!
-//! * [`idempotent`]: the attribute's full reference — arguments, keys, the function's types, which
-//!   error class to use when, what samekey answers, the decision table, `lookup`, tracing events.
+//! * [`idempotent`]: the attribute's reference — arguments, keys and scopes, the function's types, the
+//!   decision table (what a call does), `lookup`, which runtime, replays, tracing events.
+//! * [`guide`]: one page per topic — [errors](guide::errors) (which class when, what samekey
+//!   answers), [keys](guide::keys), [stores](guide::stores), [limits](guide::limits) (retry budgets,
+//!   rate limits), [compensation](guide::compensation), [callbacks](guide::callbacks),
+//!   [metrics](guide::metrics), [testing](guide::testing), [HTTP and messages](guide::http),
+//!   [compile-time errors](guide::compile_errors).
 //! * [`Runtime`]: the store, node name, clock and limits calls use; [`Runtime::scope`] for tests;
 //!   [`Runtime::stats`], [`Runtime::receipt`] and [`Runtime::compensations`] to see what happened.
+//! * [`journal`]: a call's timeline; [`reconcile`]: a day's receipts against the counterparty's.
+//! * [`at_most_once`]: the same guarantees without the attribute, for layers and consumers.
 //! * [`observed`]: whether a call was a replay, and its callId.
-//! * [`Compensator`]: the worker that drives every call left `UNKNOWN` to an end, in bounded rounds.
-//! * [`Runtime::apply_callback`]: a provider's callback applied to a receipt at most once.
 //! * [`store`]: the [`Store`] contract and the backends; [`conformance`] for your own.
-//! * [`KeyPart`]: what may be part of a key, and the key encoding.
+//! * [`KeyPart`]: what may be part of a key.
+//!
+//! The operator's side — the `samekey` command, "it ran twice", "it says unknown" — is the runbook in
+//! the repository's `cli/README.md`; measured costs are in its `BENCHMARKS.md`.
 //!
 //! # Features
 //!
@@ -65,31 +73,8 @@
 //! | `uuid` | `uuid::Uuid` as a key part |
 //! | `chrono` | `chrono::NaiveDate` as a key part |
 //! | `json` | `serde_json::Value` as a key part (canonical; floats refused) |
-//!
-//! # Testing your code
-//!
-//! The process-wide default runtime cannot be reset, so give each test a runtime of its own with
-//! [`Runtime::scope`] (or `runtime = &self.samekey` on methods). With tokio's time paused, give it a
-//! [`TokioClock`] so that `tokio::time::advance` ends leases and TTLs:
-//!
-//! ```
-//! # use samekey::idempotent;
-//! # #[idempotent(key = "order_id")]
-//! # async fn charge(order_id: &str) -> Result<u64, std::io::Error> { Ok(5) }
-//! # #[tokio::main(flavor = "current_thread")] async fn main() {
-//! let rt = samekey::Runtime::builder()
-//!     .node("test")
-//!     .clock(samekey::TokioClock::new())
-//!     .build()
-//!     .unwrap();
-//! rt.scope(async {
-//!     charge("o-1").await.unwrap();
-//!     charge("o-1").await.unwrap();
-//! })
-//! .await;
-//! assert_eq!(rt.stats().replays, 1); // a fresh store: nothing from other tests
-//! # }
-//! ```
+//! | `metrics` | counters and histograms through the `metrics` facade ([guide](guide::metrics)) |
+//! | `testing` | the test kit, `samekey::testing` ([guide](guide::testing)) |
 
 #![warn(missing_docs)]
 
@@ -160,16 +145,44 @@ pub use samekey_runtime::sqlx;
 #[cfg(feature = "redis")]
 pub use samekey_runtime::redis;
 
-/// The journal: what happened to a call, event by event (see [`Runtime::history`]).
+#[doc = include_str!("../docs/journal.md")]
 pub use samekey_runtime::journal;
 
-/// Reconciliation: this side's receipts against the counterparty's records (see [`reconcile::Reconciler`]).
+#[doc = include_str!("../docs/reconcile.md")]
 pub use samekey_runtime::reconcile;
 
 /// The store conformance suite, for backend authors: see [`samekey_runtime::conformance`].
 pub use samekey_runtime::conformance;
 /// Generates one test per conformance check for a store: see [`samekey_runtime::conformance`].
 pub use samekey_runtime::store_conformance_tests;
+
+/// Guides: one page per topic, with examples that run as doctests. Docs only: no code.
+///
+/// The attribute's own reference is [`idempotent`]; these pages cover what is around
+/// it. Pages about one module open that module's documentation instead: [`journal`],
+/// [`reconcile`].
+pub mod guide {
+    #[doc = include_str!("../docs/errors.md")]
+    pub mod errors {}
+    #[doc = include_str!("../docs/keys.md")]
+    pub mod keys {}
+    #[doc = include_str!("../docs/stores.md")]
+    pub mod stores {}
+    #[doc = include_str!("../docs/limits.md")]
+    pub mod limits {}
+    #[doc = include_str!("../docs/compensation.md")]
+    pub mod compensation {}
+    #[doc = include_str!("../docs/callbacks.md")]
+    pub mod callbacks {}
+    #[doc = include_str!("../docs/metrics.md")]
+    pub mod metrics {}
+    #[doc = include_str!("../docs/testing.md")]
+    pub mod testing {}
+    #[doc = include_str!("../docs/http.md")]
+    pub mod http {}
+    #[doc = include_str!("../docs/compile_errors.md")]
+    pub mod compile_errors {}
+}
 
 #[cfg(feature = "testing")]
 pub mod testing {
