@@ -17,7 +17,6 @@ mod classify;
 mod clock;
 mod codec;
 mod compensation;
-mod compensator;
 pub mod concurrency;
 pub mod conformance;
 mod context;
@@ -47,9 +46,9 @@ pub use callback::{Applied, Callback};
 pub use classify::{Classify, ErrorClass, RemoteStatus};
 pub use clock::{Clock, SystemClock, TokioClock};
 pub use codec::StoredByMessage;
-pub use compensation::{CompensationEntry, CompensationState};
-pub use compensator::{
-    Compensator, NotReceived, Operation, Pass, Resolution, DEFAULT_COMPENSATION_ROUNDS,
+pub use compensation::{
+    CompensationEntry, CompensationState, Compensator, NotReceived, Operation, Pass, Resolution,
+    DEFAULT_COMPENSATION_ROUNDS,
 };
 pub use concurrency::{ConcurrencyLimit, DEFAULT_CONCURRENCY_LIMIT};
 pub use context::{current, try_current, Context, Inbound};
