@@ -18,6 +18,7 @@ mod clock;
 mod codec;
 mod compensation;
 pub mod concurrency;
+#[cfg(feature = "conformance")]
 pub mod conformance;
 mod context;
 mod dependency;
