@@ -4,13 +4,12 @@
 
 use std::time::Duration;
 
-use super::{completion, Compensator, Counter, Work};
+use super::{completion, Compensator, Counter, Pass, Work};
 use crate::classify::RemoteStatus;
 use crate::clock::ms;
 use crate::codec::message_bytes;
 use crate::compensation::entry::CompensationEntry;
 use crate::compensation::operations::NotReceived;
-use crate::compensation::worker::Pass;
 use crate::error::{Error, StoreError};
 use crate::journal::{CompensationStep, LookupOutcome, What};
 use crate::receipt::{Fence, ReceiptState};
