@@ -152,8 +152,10 @@ pub use samekey_runtime::journal;
 pub use samekey_runtime::reconcile;
 
 /// The store conformance suite, for backend authors: see [`samekey_runtime::conformance`].
+#[cfg(feature = "conformance")]
 pub use samekey_runtime::conformance;
 /// Generates one test per conformance check for a store: see [`samekey_runtime::conformance`].
+#[cfg(feature = "conformance")]
 pub use samekey_runtime::store_conformance_tests;
 
 /// Guides: one page per topic, with examples that run as doctests. Docs only: no code.

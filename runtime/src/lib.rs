@@ -17,8 +17,8 @@ mod classify;
 mod clock;
 mod codec;
 mod compensation;
-mod compensator;
 pub mod concurrency;
+#[cfg(feature = "conformance")]
 pub mod conformance;
 mod context;
 mod dependency;
@@ -47,9 +47,9 @@ pub use callback::{Applied, Callback};
 pub use classify::{Classify, ErrorClass, RemoteStatus};
 pub use clock::{Clock, SystemClock, TokioClock};
 pub use codec::StoredByMessage;
-pub use compensation::{CompensationEntry, CompensationState};
-pub use compensator::{
-    Compensator, NotReceived, Operation, Pass, Resolution, DEFAULT_COMPENSATION_ROUNDS,
+pub use compensation::{
+    CompensationEntry, CompensationState, Compensator, NotReceived, Operation, Pass, Resolution,
+    DEFAULT_COMPENSATION_ROUNDS,
 };
 pub use concurrency::{ConcurrencyLimit, DEFAULT_CONCURRENCY_LIMIT};
 pub use context::{current, try_current, Context, Inbound};

@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 use super::remote::Remote;
 use crate::call_id::CallId;
 use crate::classify::{Classify, ErrorClass};
-use crate::compensator::{Compensator, Pass};
+use crate::compensation::{Compensator, Pass};
 use crate::error::Error;
 use crate::journal::History;
 use crate::observe::{observed, Answer};

@@ -9,7 +9,3 @@ mod remote;
 pub use fault::{faults, schedules, Fault, FaultMix, Schedule};
 pub use kit::{TestKit, Told, ToldOutcome};
 pub use remote::{Delivery, Remote, RemoteError};
-
-/// The store conformance suite, for a store of your own: see [`crate::conformance`] and
-/// [`store_conformance_tests!`](crate::store_conformance_tests).
-pub use crate::conformance;

@@ -1,0 +1,192 @@
+//! The operations a worker resolves, registered by scope: how to ask the remote side about a callId
+//! ([`Operation::new`]), what to do when it never received the call ([`NotReceived`]: hold, release or
+//! fail past a known age, reverse this side's part, or send it again), and how long an outcome recorded
+//! by the worker is kept.
+
+use std::fmt::Display;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::call_id::CallId;
+use crate::classify::{Classify, ErrorClass, RemoteStatus};
+use crate::compensation::entry::CompensationEntry;
+
+/// What a lookup answered, encoded for the receipt: the success value's JSON, or the failure's message.
+type Answer = Result<RemoteStatus<Vec<u8>, String>, String>;
+type Lookup = Arc<dyn Fn(CallId) -> Pin<Box<dyn Future<Output = Answer> + Send>> + Send + Sync>;
+type Reversal = Arc<
+    dyn Fn(CompensationEntry) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>>
+        + Send
+        + Sync,
+>;
+type Rerun =
+    Arc<dyn Fn(CompensationEntry) -> Pin<Box<dyn Future<Output = Answer> + Send>> + Send + Sync>;
+
+/// What the worker does with a call the remote side says it never received.
+///
+/// "Not received" is true when it is said, not for good: the call's first request may still be on
+/// its way (a slow network, an owner paused before it sent, past its lease). Giving the key back lets
+/// the next call run under a **new** callId, which the remote cannot tell from the late first request:
+/// it charges twice. Recording `FAILED` tells the caller "failed" for a request that may yet charge.
+/// So, as the call path does, the worker never releases or fails an uncertain call by default: it
+/// re-sends it under its callId ([`Operation::rerun`]: the remote deduplicates), or keeps it `UNKNOWN`
+/// through its rounds and then asks a person ([`NotReceived::Hold`]). Releasing or failing it is safe
+/// only once the first request can no longer take effect — when the remote refuses a request whose
+/// callId is older than a known age — and is opted into with that age.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotReceived {
+    /// Keep the call `UNKNOWN` (a duplicate still asks first) and look again next round; after the
+    /// last, `MANUAL`. The default.
+    Hold,
+    /// Give the key back (the next call with this key runs, under a new callId) — once the call is
+    /// older than `refused_after`; until then, as [`NotReceived::Hold`].
+    ///
+    /// Safe only if the remote refuses any request whose callId was made more than `refused_after`
+    /// ago (judged by the time the callId carries, [`CallId::unix_ms`]): then the first request, if
+    /// it arrives late, is refused rather than charged. Add the margin by which your nodes' clocks
+    /// may disagree; the worker judges the age by the store's clock where nodes share one.
+    Release {
+        /// The age past which the remote refuses the call's callId.
+        refused_after: Duration,
+    },
+    /// Record the call `FAILED` ("not received by the remote"), so duplicates get that failure —
+    /// once the call is older than `refused_after`, on the same condition as
+    /// [`NotReceived::Release`]; until then, as [`NotReceived::Hold`].
+    Fail {
+        /// The age past which the remote refuses the call's callId.
+        refused_after: Duration,
+    },
+    /// Run the operation's [reversal](Operation::reversal) (undo this side's part: release the
+    /// stock held for the order), then record the call `FAILED`. Set by [`Operation::reversal`].
+    ///
+    /// Like [`NotReceived::Release`], safe only if the call's first request can no longer take
+    /// effect when the reversal runs (the remote refuses a late, old callId): one that arrives after
+    /// it performs a call this side reversed. Register a reversal for such a remote, or prefer
+    /// [`Operation::rerun`].
+    Reverse,
+    /// Send the call again under its callId with the operation's [re-run](Operation::rerun), and
+    /// record what it answers. Set by [`Operation::rerun`].
+    Rerun,
+}
+
+/// One operation (scope) the worker can resolve: how to ask about a callId, and what to do then.
+pub struct Operation {
+    pub(super) lookup: Lookup,
+    pub(super) ttl: Duration,
+    pub(super) not_received: NotReceived,
+    pub(super) reversal: Option<Reversal>,
+    pub(super) rerun: Option<Rerun>,
+}
+
+impl Operation {
+    /// An operation whose calls are asked about with `lookup`, the same contract as the
+    /// `#[idempotent(lookup = …)]` argument: `Succeeded(T)` and `Failed(E)` are recorded as the call's
+    /// outcome (a failure by its message: duplicates get `samekey::Error::Failed`), `NotReceived`
+    /// follows [`Operation::not_received`], `Processing` or an `Err` wait for the next round.
+    pub fn new<T, E, LE, F, Fut>(lookup: F) -> Operation
+    where
+        T: Serialize,
+        E: Display,
+        LE: Display,
+        F: Fn(CallId) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<RemoteStatus<T, E>, LE>> + Send + 'static,
+    {
+        let lookup: Lookup = Arc::new(move |call_id| {
+            let asked = lookup(call_id);
+            Box::pin(async move {
+                match asked.await {
+                    Ok(RemoteStatus::Succeeded(value)) => serde_json::to_vec(&value)
+                        .map(RemoteStatus::Succeeded)
+                        .map_err(|e| format!("the lookup's value cannot be encoded: {e}")),
+                    Ok(RemoteStatus::Failed(error)) => Ok(RemoteStatus::Failed(error.to_string())),
+                    Ok(RemoteStatus::NotReceived) => Ok(RemoteStatus::NotReceived),
+                    Ok(RemoteStatus::Processing) => Ok(RemoteStatus::Processing),
+                    Err(e) => Err(e.to_string()),
+                }
+            })
+        });
+        Operation {
+            lookup,
+            ttl: Duration::from_secs(24 * 60 * 60),
+            not_received: NotReceived::Hold,
+            reversal: None,
+            rerun: None,
+        }
+    }
+
+    /// Undoes this side's part of a call the remote side never received — release the stock held for
+    /// the order, cancel the pending row — then records the call `FAILED` ("not received; reversed"),
+    /// so that duplicates get that failure. The function gets the call's entry: its callId, key,
+    /// attempts and, when its function keeps them (`#[idempotent(inputs = …)]`), its
+    /// [inputs](CompensationEntry::inputs). An `Err` leaves the call to the next round.
+    ///
+    /// **At most once per call, and never beside an execution**, across workers and crashes: the
+    /// worker journals its intent before the reversal runs, confirms it still holds the call's key,
+    /// and keeps that key's lease alive for as long as the reversal runs, so no duplicate takes the
+    /// call over and sends it meanwhile. A taker that finds an intent with no end (its worker crashed
+    /// or stalled while reversing) acts on nothing: a duplicate call or a callback answers
+    /// `Error::Unknown`, and the next worker escalates the entry to `MANUAL` for a person to check
+    /// instead of reversing again. Sets [`not_received`](Operation::not_received) to
+    /// [`NotReceived::Reverse`].
+    pub fn reversal<E, F, Fut>(mut self, reverse: F) -> Operation
+    where
+        E: Display,
+        F: Fn(CompensationEntry) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+    {
+        self.reversal = Some(Arc::new(move |entry| {
+            let reversing = reverse(entry);
+            Box::pin(async move { reversing.await.map_err(|e| e.to_string()) })
+        }));
+        self.not_received = NotReceived::Reverse;
+        self
+    }
+
+    /// Sends a call the remote side never received again, under its callId (the remote deduplicates
+    /// by it, so a first request that arrives late changes nothing), with the call's entry and its
+    /// [inputs](CompensationEntry::inputs). `Ok(value)` is recorded `SUCCESS`; an error that stands
+    /// (`Permanent`, `Rejected`) is recorded `FAILED` by its message; any other error leaves the call
+    /// to the next round. Sets [`not_received`](Operation::not_received) to [`NotReceived::Rerun`].
+    pub fn rerun<T, E, F, Fut>(mut self, rerun: F) -> Operation
+    where
+        T: Serialize,
+        E: Classify + Display,
+        F: Fn(CompensationEntry) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+    {
+        self.rerun = Some(Arc::new(move |entry| {
+            let sent = rerun(entry);
+            Box::pin(async move {
+                match sent.await {
+                    Ok(value) => serde_json::to_vec(&value)
+                        .map(RemoteStatus::Succeeded)
+                        .map_err(|e| format!("the re-run's value cannot be encoded: {e}")),
+                    Err(e) => match e.classify() {
+                        ErrorClass::Permanent | ErrorClass::Rejected => {
+                            Ok(RemoteStatus::Failed(e.to_string()))
+                        }
+                        _ => Err(e.to_string()),
+                    },
+                }
+            })
+        }));
+        self.not_received = NotReceived::Rerun;
+        self
+    }
+
+    /// How long an outcome the worker records is kept (the function's `ttl`; default 24 h).
+    pub fn ttl(mut self, ttl: Duration) -> Operation {
+        self.ttl = ttl;
+        self
+    }
+
+    /// What a "not received" answer leads to (default [`NotReceived::Hold`]).
+    pub fn not_received(mut self, then: NotReceived) -> Operation {
+        self.not_received = then;
+        self
+    }
+}
