@@ -9,7 +9,6 @@
 #![warn(missing_docs)]
 
 pub mod at_most_once;
-pub mod budget;
 mod call;
 mod call_id;
 pub mod callback;
@@ -18,14 +17,13 @@ mod clock;
 mod codec;
 mod compensation;
 mod compensator;
-pub mod concurrency;
 pub mod conformance;
 mod context;
-mod dependency;
 mod error;
 pub mod journal;
 mod key;
 mod lease;
+pub mod limits;
 pub mod metrics;
 mod observe;
 mod operation;
@@ -41,7 +39,6 @@ pub mod testing;
 mod unanswered;
 
 pub use at_most_once::AtMostOnce;
-pub use budget::{RetryBudget, DEFAULT_LOOKUP_BUDGET, DEFAULT_RETRY_BUDGET};
 pub use call_id::{validate_label, validate_node, CallId, Label, ParseCallIdError, TraceId};
 pub use callback::{Applied, Callback};
 pub use classify::{Classify, ErrorClass, RemoteStatus};
@@ -51,11 +48,14 @@ pub use compensation::{CompensationEntry, CompensationState};
 pub use compensator::{
     Compensator, NotReceived, Operation, Pass, Resolution, DEFAULT_COMPENSATION_ROUNDS,
 };
-pub use concurrency::{ConcurrencyLimit, DEFAULT_CONCURRENCY_LIMIT};
 pub use context::{current, try_current, Context, Inbound};
 pub use error::{Error, StoreError};
 pub use journal::{Event, History, What};
 pub use key::{key_bytes, Fingerprint, Key, KeyBuilder, KeyBytes, KeyEncoder, KeyPart, ShortKey};
+pub use limits::{
+    ConcurrencyLimit, RetryBudget, DEFAULT_CONCURRENCY_LIMIT, DEFAULT_LOOKUP_BUDGET,
+    DEFAULT_RETRY_BUDGET,
+};
 pub use observe::{observed, Answer, CallReport};
 pub use receipt::{Fence, InvalidState, InvalidTransition, Receipt, ReceiptState, Transition};
 pub use retry::Backoff;
