@@ -139,8 +139,8 @@ pub use samekey_macros::scoped;
 pub use samekey_macros::KeyPart;
 
 pub use samekey_runtime::{
-    at_most_once, current, default_runtime, key_bytes, metrics, observed, store, try_current,
-    Answer, Applied, AtMostOnce, Backoff, Builder, CallId, CallReport, Callback, Classify, Clock,
+    at_most_once, current, default_runtime, key_bytes, observed, store, try_current, Answer,
+    Applied, AtMostOnce, Backoff, Builder, CallId, CallReport, Callback, Classify, Clock,
     CompensationEntry, CompensationState, Compensator, ConcurrencyLimit, Context, Error,
     ErrorClass, Event, Fence, Fingerprint, History, Inbound, Key, KeyBuilder, KeyBytes, KeyEncoder,
     KeyPart, Label, MemoryStore, NotReceived, Operation, ParseCallIdError, Pass, Receipt,
@@ -162,6 +162,10 @@ pub use samekey_runtime::redis;
 /// Retry budgets and adaptive concurrency limits, per runtime and per dependency (see
 /// [`Builder::retry_budget`] and [`Builder::concurrency_limit`]).
 pub use samekey_runtime::limits;
+
+/// What samekey lets you see of its calls — reports, stats, metrics (`observe::metrics`), the journal,
+/// tracing — and where each is documented.
+pub use samekey_runtime::observe;
 
 /// The journal: what happened to a call, event by event (see [`Runtime::history`]).
 pub use samekey_runtime::journal;

@@ -91,7 +91,7 @@ use crate::call_id::{validate_label, CallId, ParseCallIdError};
 use crate::codec::{ErrorCodec, ExactErrors, MessageErrors, Probe};
 use crate::error::Error;
 use crate::key::{KeyBuilder, KeyPart};
-use crate::metrics::MetricsCell;
+use crate::observe::metrics::MetricsCell;
 use crate::operation::OperationCell;
 use crate::runtime::Runtime;
 

@@ -24,19 +24,22 @@ pub mod journal;
 mod key;
 mod lease;
 pub mod limits;
-pub mod metrics;
-mod observe;
+pub mod observe;
 mod operation;
 mod receipt;
 pub mod reconcile;
 mod retry;
 mod runtime;
-mod stats;
 pub mod store;
 mod takeover;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod unanswered;
+
+// The path `crate::metrics::…` that the bodies of call.rs and compensator.rs still name (both are being
+// split into folders in issue 25; only their `use` lines followed this move). Remove once they name
+// `observe::metrics`.
+use observe::metrics;
 
 pub use at_most_once::AtMostOnce;
 pub use call_id::{validate_label, validate_node, CallId, Label, ParseCallIdError, TraceId};
@@ -56,14 +59,13 @@ pub use limits::{
     ConcurrencyLimit, RetryBudget, DEFAULT_CONCURRENCY_LIMIT, DEFAULT_LOOKUP_BUDGET,
     DEFAULT_RETRY_BUDGET,
 };
-pub use observe::{observed, Answer, CallReport};
+pub use observe::{observed, Answer, CallReport, Stats};
 pub use receipt::{Fence, InvalidState, InvalidTransition, Receipt, ReceiptState, Transition};
 pub use retry::Backoff;
 pub use runtime::{
     default_runtime, Builder, Runtime, DEFAULT_BUSY_WAIT, DEFAULT_LEASE, DEFAULT_LOOKUP_POLLS,
     DEFAULT_MAX_RETRY_AFTER, FORGOTTEN_KEEP,
 };
-pub use stats::Stats;
 
 /// The SQL driver the SQLite and PostgreSQL stores use, re-exported so that the pools and transactions
 /// you hand them (`PgStore::complete_in(&mut tx, …)`) come from the same version.
@@ -88,7 +90,7 @@ pub mod __private {
         ValueProbe,
     };
     pub use crate::key::KeyBuilder;
-    pub use crate::metrics::MetricsCell;
+    pub use crate::observe::metrics::MetricsCell;
     pub use crate::operation::OperationCell;
     pub use crate::runtime::default_runtime;
 }

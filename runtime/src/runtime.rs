@@ -12,8 +12,8 @@ use crate::error::{Error, StoreError};
 use crate::journal::{Event, History, What};
 use crate::key::Key;
 use crate::limits::{Budget, ConcurrencyLimit, Dependencies, Dependency, Policies, RetryBudget};
+use crate::observe::{Counter, Counters, Stats};
 use crate::receipt::Receipt;
-use crate::stats::{Counter, Counters, Stats};
 use crate::store::{MemoryStore, Store};
 use crate::unanswered::Pending;
 

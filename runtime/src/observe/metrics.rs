@@ -32,7 +32,7 @@
 #[cfg(feature = "metrics")]
 use std::sync::OnceLock;
 
-use crate::stats::Counter;
+use super::stats::Counter;
 
 #[cfg(feature = "metrics")]
 use ::metrics::{Counter as Handle, Histogram};
