@@ -25,11 +25,11 @@ mod key;
 mod lease;
 pub mod limits;
 pub mod observe;
-mod operation;
 mod receipt;
 pub mod reconcile;
 mod retry;
 mod runtime;
+mod scope;
 pub mod store;
 mod takeover;
 #[cfg(feature = "testing")]
@@ -91,6 +91,6 @@ pub mod __private {
     };
     pub use crate::key::KeyBuilder;
     pub use crate::observe::metrics::MetricsCell;
-    pub use crate::operation::OperationCell;
     pub use crate::runtime::default_runtime;
+    pub use crate::scope::OperationCell;
 }
