@@ -124,16 +124,15 @@ pub use samekey_macros::scoped;
 pub use samekey_macros::KeyPart;
 
 pub use samekey_runtime::{
-    at_most_once, budget, concurrency, current, default_runtime, key_bytes, metrics, observed,
-    store, try_current, Answer, Applied, AtMostOnce, Backoff, Builder, CallId, CallReport,
-    Callback, Classify, Clock, CompensationEntry, CompensationState, Compensator, ConcurrencyLimit,
-    Context, Error, ErrorClass, Event, Fence, Fingerprint, History, Inbound, Key, KeyBuilder,
-    KeyBytes, KeyEncoder, KeyPart, Label, MemoryStore, NotReceived, Operation, ParseCallIdError,
-    Pass, Receipt, ReceiptState, RemoteStatus, Resolution, RetryBudget, Runtime, Stats, Store,
-    StoreError, StoredByMessage, SystemClock, TokioClock, TraceId, Transition, What,
-    DEFAULT_BUSY_WAIT, DEFAULT_COMPENSATION_ROUNDS, DEFAULT_CONCURRENCY_LIMIT, DEFAULT_LEASE,
-    DEFAULT_LOOKUP_BUDGET, DEFAULT_LOOKUP_POLLS, DEFAULT_MAX_RETRY_AFTER, DEFAULT_RETRY_BUDGET,
-    FORGOTTEN_KEEP,
+    at_most_once, current, default_runtime, key_bytes, observed, store, try_current, Answer,
+    Applied, AtMostOnce, Backoff, Builder, CallId, CallReport, Callback, Classify, Clock,
+    CompensationEntry, CompensationState, Compensator, ConcurrencyLimit, Context, Error,
+    ErrorClass, Event, Fence, Fingerprint, History, Inbound, Key, KeyBuilder, KeyBytes, KeyEncoder,
+    KeyPart, Label, MemoryStore, NotReceived, Operation, ParseCallIdError, Pass, Receipt,
+    ReceiptState, RemoteStatus, Resolution, RetryBudget, Runtime, Stats, Store, StoreError,
+    StoredByMessage, SystemClock, TokioClock, TraceId, Transition, What, DEFAULT_BUSY_WAIT,
+    DEFAULT_COMPENSATION_ROUNDS, DEFAULT_CONCURRENCY_LIMIT, DEFAULT_LEASE, DEFAULT_LOOKUP_BUDGET,
+    DEFAULT_LOOKUP_POLLS, DEFAULT_MAX_RETRY_AFTER, DEFAULT_RETRY_BUDGET, FORGOTTEN_KEEP,
 };
 
 /// The SQL driver of the SQLite and PostgreSQL stores (features `sqlite`, `postgres`): use it for the
@@ -144,6 +143,14 @@ pub use samekey_runtime::sqlx;
 /// The Redis client of the Redis store (feature `redis`): use it for the connections you hand samekey.
 #[cfg(feature = "redis")]
 pub use samekey_runtime::redis;
+
+/// Retry budgets and adaptive concurrency limits, per runtime and per dependency (see
+/// [`Builder::retry_budget`] and [`Builder::concurrency_limit`]).
+pub use samekey_runtime::limits;
+
+/// What samekey lets you see of its calls — reports, stats, metrics (`observe::metrics`), the journal,
+/// tracing — and where each is documented.
+pub use samekey_runtime::observe;
 
 #[doc = include_str!("../docs/journal.md")]
 pub use samekey_runtime::journal;

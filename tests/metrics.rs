@@ -1,4 +1,4 @@
-//! Every metric in the table of `samekey::metrics`, read back from a recorder (feature `metrics`):
+//! Every metric in the table of `samekey::observe::metrics`, read back from a recorder (feature `metrics`):
 //! names, labels (a scope, never a key or a callId) and counts.
 #![cfg(feature = "metrics")]
 

@@ -91,9 +91,9 @@ use crate::call_id::{validate_label, CallId, ParseCallIdError};
 use crate::codec::{ErrorCodec, ExactErrors, MessageErrors, Probe};
 use crate::error::Error;
 use crate::key::{KeyBuilder, KeyPart};
-use crate::metrics::MetricsCell;
-use crate::operation::OperationCell;
+use crate::observe::metrics::MetricsCell;
 use crate::runtime::Runtime;
+use crate::scope::OperationCell;
 
 /// One operation run at most once per key, and its policy: the arguments `#[idempotent(…)]` takes.
 /// Build it once (a `static`, or [`AtMostOnce::leak`] for settings read at start-up) and call it with

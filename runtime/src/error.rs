@@ -139,7 +139,7 @@ pub enum Error {
         /// Its state.
         state: ReceiptState,
     },
-    /// The dependency answered "rate limited", its [concurrency limit](crate::concurrency) is full, and
+    /// The dependency answered "rate limited", its [concurrency limit](crate::limits#concurrency-limits) is full, and
     /// no place freed up within the limit's `max_wait`. Refused before claiming: nothing ran and no key
     /// is held, so the same call may be made again later. Classified `Unknown`, as `InProgress` and
     /// `Exhausted` are: see [`Error`]'s [`Classify`] impl.

@@ -9,7 +9,6 @@
 #![warn(missing_docs)]
 
 pub mod at_most_once;
-pub mod budget;
 mod call;
 mod call_id;
 pub mod callback;
@@ -17,31 +16,32 @@ mod classify;
 mod clock;
 mod codec;
 mod compensation;
-pub mod concurrency;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod context;
-mod dependency;
 mod error;
 pub mod journal;
 mod key;
 mod lease;
-pub mod metrics;
-mod observe;
-mod operation;
+pub mod limits;
+pub mod observe;
 mod receipt;
 pub mod reconcile;
 mod retry;
 mod runtime;
-mod stats;
+mod scope;
 pub mod store;
 mod takeover;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod unanswered;
 
+// The path `crate::metrics::…` that the bodies of call.rs and compensator.rs still name (both are being
+// split into folders in issue 25; only their `use` lines followed this move). Remove once they name
+// `observe::metrics`.
+use observe::metrics;
+
 pub use at_most_once::AtMostOnce;
-pub use budget::{RetryBudget, DEFAULT_LOOKUP_BUDGET, DEFAULT_RETRY_BUDGET};
 pub use call_id::{validate_label, validate_node, CallId, Label, ParseCallIdError, TraceId};
 pub use callback::{Applied, Callback};
 pub use classify::{Classify, ErrorClass, RemoteStatus};
@@ -51,19 +51,21 @@ pub use compensation::{
     CompensationEntry, CompensationState, Compensator, NotReceived, Operation, Pass, Resolution,
     DEFAULT_COMPENSATION_ROUNDS,
 };
-pub use concurrency::{ConcurrencyLimit, DEFAULT_CONCURRENCY_LIMIT};
 pub use context::{current, try_current, Context, Inbound};
 pub use error::{Error, StoreError};
 pub use journal::{Event, History, What};
 pub use key::{key_bytes, Fingerprint, Key, KeyBuilder, KeyBytes, KeyEncoder, KeyPart, ShortKey};
-pub use observe::{observed, Answer, CallReport};
+pub use limits::{
+    ConcurrencyLimit, RetryBudget, DEFAULT_CONCURRENCY_LIMIT, DEFAULT_LOOKUP_BUDGET,
+    DEFAULT_RETRY_BUDGET,
+};
+pub use observe::{observed, Answer, CallReport, Stats};
 pub use receipt::{Fence, InvalidState, InvalidTransition, Receipt, ReceiptState, Transition};
 pub use retry::Backoff;
 pub use runtime::{
     default_runtime, Builder, Runtime, DEFAULT_BUSY_WAIT, DEFAULT_LEASE, DEFAULT_LOOKUP_POLLS,
     DEFAULT_MAX_RETRY_AFTER, FORGOTTEN_KEEP,
 };
-pub use stats::Stats;
 
 /// The SQL driver the SQLite and PostgreSQL stores use, re-exported so that the pools and transactions
 /// you hand them (`PgStore::complete_in(&mut tx, …)`) come from the same version.
@@ -88,7 +90,7 @@ pub mod __private {
         ValueProbe,
     };
     pub use crate::key::KeyBuilder;
-    pub use crate::metrics::MetricsCell;
-    pub use crate::operation::OperationCell;
+    pub use crate::observe::metrics::MetricsCell;
     pub use crate::runtime::default_runtime;
+    pub use crate::scope::OperationCell;
 }

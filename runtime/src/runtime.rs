@@ -5,17 +5,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use crate::budget::{Budget, RetryBudget};
 use crate::call_id::{validate_node, CallId, Label, ParseCallIdError};
 use crate::clock::{Clock, RuntimeClock, SystemClock};
 use crate::compensation::CompensationEntry;
-use crate::concurrency::ConcurrencyLimit;
-use crate::dependency::{Dependencies, Dependency, Policies};
 use crate::error::{Error, StoreError};
 use crate::journal::{Event, History, What};
 use crate::key::Key;
+use crate::limits::{Budget, ConcurrencyLimit, Dependencies, Dependency, Policies, RetryBudget};
+use crate::observe::{Counter, Counters, Stats};
 use crate::receipt::Receipt;
-use crate::stats::{Counter, Counters, Stats};
 use crate::store::{MemoryStore, Store};
 use crate::unanswered::Pending;
 
@@ -141,7 +139,7 @@ impl Runtime {
         self.inner.dependencies.limited(name)
     }
 
-    /// The current [concurrency limit](crate::concurrency) of the dependency `name`
+    /// The current [concurrency limit](crate::limits#concurrency-limits) of the dependency `name`
     /// (`budget = "…"`; `None`: the runtime's own calls): `None` while it is unlimited, as it is until
     /// the dependency answers `RateLimited`.
     pub fn concurrency_limit(&self, dependency: Option<&str>) -> Option<u32> {
@@ -526,7 +524,7 @@ impl Builder {
 
     /// The retry budget of this runtime's calls (default [`DEFAULT_RETRY_BUDGET`](crate::DEFAULT_RETRY_BUDGET): over 10 s, 10 retries
     /// per second plus 20 % of the calls), shared by every function that names no dependency;
-    /// [`RetryBudget::unlimited`] switches it off. See [`crate::budget`].
+    /// [`RetryBudget::unlimited`] switches it off. See [retry budgets](crate::limits#retry-budgets).
     pub fn retry_budget(mut self, budget: RetryBudget) -> Builder {
         self.policies.retries = budget;
         self
@@ -551,7 +549,8 @@ impl Builder {
     /// The adaptive concurrency limit of this runtime's calls (default
     /// [`DEFAULT_CONCURRENCY_LIMIT`](crate::DEFAULT_CONCURRENCY_LIMIT): unlimited until the
     /// dependency answers `RateLimited`, then AIMD), shared by every function that names no
-    /// dependency; [`ConcurrencyLimit::off`] switches it off. See [`crate::concurrency`].
+    /// dependency; [`ConcurrencyLimit::off`] switches it off. See
+    /// [concurrency limits](crate::limits#concurrency-limits).
     pub fn concurrency_limit(mut self, limit: ConcurrencyLimit) -> Builder {
         self.policies.concurrency = limit;
         self

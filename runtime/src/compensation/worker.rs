@@ -236,7 +236,7 @@ impl Compensator {
             ("lost", pass.lost),
             ("deferred", pass.deferred),
         ] {
-            crate::metrics::compensation(outcome, n);
+            crate::observe::metrics::compensation(outcome, n);
         }
         Ok(pass)
     }

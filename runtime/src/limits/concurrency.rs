@@ -1,36 +1,13 @@
-//! Adaptive concurrency: when a dependency answers "rate limited", the problem is the rate, not the
-//! content (seed 003 §5). Retrying the same calls as fast as before only keeps it overloaded; sending
-//! fewer at once lets it recover.
-//!
-//! Each dependency (a function's `budget = "…"`, or the runtime's own) counts its calls in flight: a
-//! call holds a place from before it claims its key until it answers. Until the dependency first
-//! answers [`RateLimited`](crate::ErrorClass::RateLimited) nothing is limited. Then the limiter
-//! follows additive increase, multiplicative decrease (AIMD, as TCP's congestion window and Netflix's
-//! `concurrency-limits` do):
-//!
-//! * a `RateLimited` answer lowers the limit to `decrease` (default ½) times the smaller of the limit
-//!   and the calls in flight, never below `min` (default 1). Once per round: the answers to attempts
-//!   sent before that decrease say nothing about the new limit and lower it no further (TCP lowers
-//!   its window once per round trip for the same reason);
-//! * attempts that succeed while the limit is in use (at least half of it in flight) raise it by one
-//!   per limit's worth of successes (about one per round trip); once it is back at `max` (default
-//!   200) the dependency is unlimited again.
-//!
-//! A call over the limit waits for a place, at most `max_wait` (default 1 s), then is refused with
-//! [`Error::Overloaded`](crate::Error::Overloaded) before it claims anything: nothing ran, no key is
-//! held, and the caller may try again later. A call that found a place after a wait claims its key
-//! with the time of the claim, so its lease counts from then, not from before the wait. A duplicate
-//! waits for its place too, as any call does (while its dependency is unlimited, a duplicate the
-//! in-memory store holds the answer to is answered at once, before any of this).
-//!
-//! On the hot path an unlimited dependency costs two atomic additions per call.
+//! The adaptive concurrency limit at work: [`Limiter`], one per dependency, and its policy
+//! [`ConcurrencyLimit`]. How the limit falls and rises, and what a call over it does, is in
+//! [the module doc](super#concurrency-limits).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 
-/// An adaptive concurrency limit's policy. See [the module](crate::concurrency).
+/// An adaptive concurrency limit's policy. See [the module](crate::limits#concurrency-limits).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ConcurrencyLimit {
     min: u32,

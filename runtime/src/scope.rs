@@ -1,7 +1,8 @@
-//! Which operation a key scope belongs to. A default scope (module path + fn name) is written once per
-//! annotated item, but one item can be many operations: a trait's default method runs for every
-//! implementor, a method of a generic `impl` for every instantiation, and two `impl` blocks in one
-//! module can each have a method of the same name. Those operations must never share keys.
+//! The scope-clash check: which operation a default key scope belongs to. A default scope (module
+//! path + fn name) is written once per annotated item, but one item can be many operations: a trait's
+//! default method runs for every implementor, a method of a generic `impl` for every instantiation,
+//! and two `impl` blocks in one module can each have a method of the same name. Those operations must
+//! never share keys.
 //!
 //! # Guarantees
 //!

@@ -21,9 +21,9 @@
 //! | `samekey_unknown_total` | counter | `scope` | calls left `UNKNOWN` and queued for compensation |
 //! | `samekey_released_total` | counter | `scope` | claims given back (nothing ran) |
 //! | `samekey_failed_closed_total` | counter | `scope` | calls failed closed because the store failed |
-//! | `samekey_overloaded_total` | counter | `scope` | calls a [concurrency limit](crate::concurrency) refused before claiming (nothing ran) |
+//! | `samekey_overloaded_total` | counter | `scope` | calls a [concurrency limit](crate::limits#concurrency-limits) refused before claiming (nothing ran) |
 //! | `samekey_concurrency_limit` | gauge | `budget` | a dependency's concurrency limit, set when it changes (`+Inf`: unlimited again) |
-//! | `samekey_budget_spent_total` | counter | `scope`, `budget` | retries (`budget`: the dependency's name, or `runtime`) and lookups (`lookups`) a [budget](crate::budget) refused |
+//! | `samekey_budget_spent_total` | counter | `scope`, `budget` | retries (`budget`: the dependency's name, or `runtime`) and lookups (`lookups`) a [budget](crate::limits#retry-budgets) refused |
 //! | `samekey_store_errors_total` | counter | `backend` | store failures on the call path (`memory`, `sqlite`, `postgres`, `redis`, `cached`, `custom`) |
 //! | `samekey_compensation_total` | counter | `outcome` | compensation entries worked, by outcome: `succeeded`, `failed`, `released`, `reversed`, `settled_elsewhere`, `rescheduled`, `escalated`, `lost`, `deferred` |
 //! | `samekey_call_seconds` | histogram | `scope`, `outcome` | a call's duration, begin to answer, by the monotonic clock (`outcome`: `ok`, `error`) |
@@ -32,7 +32,7 @@
 #[cfg(feature = "metrics")]
 use std::sync::OnceLock;
 
-use crate::stats::Counter;
+use super::stats::Counter;
 
 #[cfg(feature = "metrics")]
 use ::metrics::{Counter as Handle, Histogram};

@@ -1,26 +1,6 @@
-//! Retry budgets: a brake on retries when a dependency is failing, so that an outage does not turn
-//! into several times the traffic (seed 000 §6.4, seed 003 §5).
-//!
-//! A budget allows, over a sliding window, a share of the calls made plus a floor per second — tower's
-//! `TpsBudget` and Finagle's retry budget, whose defaults samekey takes: a 10 s window, 10 retries per
-//! second, and 20 % of the calls. Every call that sends its first attempt deposits one call; every retry
-//! withdraws one. A call whose retry the budget refuses ends as if its retries were spent: its claim is
-//! released when nothing can have run, and it is left `UNKNOWN` (queued for compensation) when
-//! something may have. A `lookup` is a read, not a retry: it draws from a budget of its own, larger
-//! by default (one lookup per call, and 20 per second).
-//!
-//! Against a healthy dependency the budget never refuses a retry: a few failures among many calls
-//! leave it far from empty. Against one failing every call, retries stay within the share and the
-//! floor; when it recovers, its successful calls refill the window and retries are allowed again.
-//!
-//! Budgets are per runtime ([`Builder::retry_budget`](crate::Builder::retry_budget)) and, where a
-//! function names a dependency (`#[idempotent(budget = "payments")]`), per dependency: each named
-//! budget is its own window, so one failing dependency does not spend the retries of another.
-//! [`Builder::budget`](crate::Builder::budget) sets a named one's policy; a name never set gets the
-//! runtime's retry policy, in a window of its own.
-//!
-//! The hot path pays one atomic addition per call (the deposit; a slot's turn-over, once a tenth of
-//! the window, costs a compare-and-swap); the sum over the window is read only when a retry asks.
+//! The retry budget at work: [`Budget`], a sliding window cut into ten slots of atomic counters, and
+//! its policy [`RetryBudget`]. What a budget allows and refuses is in
+//! [the module doc](super#retry-budgets).
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;

@@ -13,131 +13,31 @@
 //!   of two processes are independent 64-bit values.
 //! * **Stable text form.** [`Display`](fmt::Display) and [`FromStr`] round-trip exactly; serde uses the same
 //!   text.
+//!
+//! The id and its text form are here; [`Label`] (its prefix and node, and a key's scope), the rules for
+//! their text and [`ParseCallIdError`] (`validate.rs`), [`TraceId`] (`trace.rs`) and the entropy
+//! source (`entropy.rs`) each have a file.
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::clock::unix_ms_now;
 
-/// Longest accepted callId prefix, in bytes.
-pub const MAX_LABEL_LEN: usize = 32;
-/// Longest accepted node name, in bytes: a DNS label's length, so that a host or pod name fits.
-pub const MAX_NODE_LEN: usize = 63;
+mod entropy;
+mod label;
+mod trace;
+mod validate;
 
-/// A short text label (callId prefix, node name, key scope) that is cheap to clone.
-#[derive(Clone)]
-pub struct Label(LabelRepr);
-
-#[derive(Clone)]
-enum LabelRepr {
-    Static(&'static str),
-    Shared(Arc<str>),
-}
-
-impl Label {
-    /// A label borrowed for the whole program, as the macro's constants are. No allocation.
-    pub const fn from_static(s: &'static str) -> Label {
-        Label(LabelRepr::Static(s))
-    }
-
-    /// The label's text.
-    pub fn as_str(&self) -> &str {
-        match &self.0 {
-            LabelRepr::Static(s) => s,
-            LabelRepr::Shared(s) => s,
-        }
-    }
-}
-
-impl From<&str> for Label {
-    fn from(s: &str) -> Label {
-        Label(LabelRepr::Shared(Arc::from(s)))
-    }
-}
-
-impl From<String> for Label {
-    fn from(s: String) -> Label {
-        Label(LabelRepr::Shared(Arc::from(s)))
-    }
-}
-
-impl PartialEq for Label {
-    fn eq(&self, other: &Label) -> bool {
-        self.as_str() == other.as_str()
-    }
-}
-impl Eq for Label {}
-impl Hash for Label {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.as_str().hash(state)
-    }
-}
-impl fmt::Debug for Label {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self.as_str(), f)
-    }
-}
-impl fmt::Display for Label {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Checks that `s` can be a callId prefix: 1 to 32 bytes of ASCII letters, digits, `_`
-/// or `.` (no `-`, which ends the prefix).
-pub fn validate_label(s: &str) -> Result<(), ParseCallIdError> {
-    validate(
-        Field::Prefix,
-        s,
-        MAX_LABEL_LEN,
-        b"_.",
-        [
-            "a callId prefix must be 1 to 32 characters long",
-            "a callId prefix may only hold ASCII letters, digits, `_` and `.`",
-        ],
-    )
-}
-
-/// Checks that `s` can be a node name, the callId's last field: 1 to 63 bytes of ASCII
-/// letters, digits, `_`, `.` or `-`, so that host and pod names (`api-7`, `orders-5d9f-x2x9k`,
-/// `web.eu-1`) are node names as they are.
-pub fn validate_node(s: &str) -> Result<(), ParseCallIdError> {
-    validate(
-        Field::Node,
-        s,
-        MAX_NODE_LEN,
-        b"_.-",
-        [
-            "a node name must be 1 to 63 characters long",
-            "a node name may only hold ASCII letters, digits, `_`, `.` and `-`",
-        ],
-    )
-}
-
-/// `s` is 1 to `max` bytes of ASCII letters, digits and `extra`; else the first or the second reason.
-fn validate(
-    field: Field,
-    s: &str,
-    max: usize,
-    extra: &[u8],
-    [length, chars]: [&'static str; 2],
-) -> Result<(), ParseCallIdError> {
-    if s.is_empty() || s.len() > max {
-        return Err(ParseCallIdError::new(field, s, length));
-    }
-    if !s
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || extra.contains(&b))
-    {
-        return Err(ParseCallIdError::new(field, s, chars));
-    }
-    Ok(())
-}
+use entropy::entropy;
+pub use label::Label;
+pub use trace::TraceId;
+use validate::Field;
+pub(crate) use validate::MAX_NODE_LEN;
+pub use validate::{validate_label, validate_node, ParseCallIdError};
 
 /// The identity of one logical call: made once by the caller, before the first attempt, and carried
 /// unchanged by every retry, every receipt query and every compensation round.
@@ -339,208 +239,6 @@ impl<'de> Deserialize<'de> for CallId {
     }
 }
 
-/// Why a text is not a valid [`CallId`], callId prefix or node name. Its message names which one, the
-/// text, and what is allowed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid {field} `{input}`: {reason}")]
-pub struct ParseCallIdError {
-    field: Field,
-    input: String,
-    reason: &'static str,
-}
-
-/// What [`ParseCallIdError`] was parsing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Field {
-    CallId,
-    Prefix,
-    Node,
-    TraceId,
-}
-
-impl fmt::Display for Field {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Field::CallId => "callId",
-            Field::Prefix => "callId prefix",
-            Field::Node => "node name (`Runtime::builder().node(...)`)",
-            Field::TraceId => "traceId",
-        })
-    }
-}
-
-impl ParseCallIdError {
-    fn new(field: Field, input: &str, reason: &'static str) -> ParseCallIdError {
-        ParseCallIdError {
-            field,
-            input: input.to_owned(),
-            reason,
-        }
-    }
-
-    /// A field's error, reported for the whole callId it is part of.
-    fn within(mut self, whole: &str) -> ParseCallIdError {
-        self.field = Field::CallId;
-        self.input = whole.to_owned();
-        self
-    }
-
-    /// The text that was refused.
-    pub fn input(&self) -> &str {
-        &self.input
-    }
-
-    /// What is wrong with it.
-    pub fn reason(&self) -> &str {
-        self.reason
-    }
-}
-
-/// Groups the callIds of one business chain (check → debit → notify). 128 bits, shown as 32 hex digits.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct TraceId(u128);
-
-impl TraceId {
-    /// A new traceId, unique within the process by construction and random across processes.
-    pub fn new() -> TraceId {
-        let source = entropy();
-        let low = source.next();
-        let high = source.mix(low ^ source.trace_key);
-        TraceId((u128::from(high) << 64) | u128::from(low))
-    }
-
-    /// The traceId as a number.
-    pub fn as_u128(self) -> u128 {
-        self.0
-    }
-}
-
-impl Default for TraceId {
-    fn default() -> TraceId {
-        TraceId::new()
-    }
-}
-
-impl From<u128> for TraceId {
-    fn from(v: u128) -> TraceId {
-        TraceId(v)
-    }
-}
-
-impl fmt::Display for TraceId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:032x}", self.0)
-    }
-}
-
-impl fmt::Debug for TraceId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "TraceId({self})")
-    }
-}
-
-impl FromStr for TraceId {
-    type Err = ParseCallIdError;
-
-    fn from_str(s: &str) -> Result<TraceId, ParseCallIdError> {
-        if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(ParseCallIdError::new(
-                Field::TraceId,
-                s,
-                "a traceId is 32 hexadecimal digits",
-            ));
-        }
-        u128::from_str_radix(s, 16).map(TraceId).map_err(|_| {
-            ParseCallIdError::new(Field::TraceId, s, "a traceId is 32 hexadecimal digits")
-        })
-    }
-}
-
-impl Serialize for TraceId {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for TraceId {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<TraceId, D::Error> {
-        let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
-        text.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-/// The process-wide source of entropy fields: a counter fed through a keyed 64-bit bijection.
-pub(crate) struct Entropy {
-    counter: AtomicU64,
-    k0: u64,
-    k1: u64,
-    k2: u64,
-    trace_key: u64,
-}
-
-impl Entropy {
-    fn seeded(seed: [u64; 5]) -> Entropy {
-        Entropy {
-            counter: AtomicU64::new(seed[0]),
-            k0: seed[1],
-            // Multipliers must be odd to be invertible modulo 2^64.
-            k1: seed[2] | 1,
-            k2: seed[3],
-            trace_key: seed[4],
-        }
-    }
-
-    /// The next value: distinct from every earlier one of this process (the counter is unique and
-    /// [`Entropy::mix`] is a bijection).
-    pub(crate) fn next(&self) -> u64 {
-        self.mix(self.counter.fetch_add(1, Ordering::Relaxed))
-    }
-
-    /// A keyed bijection of `u64`: additions, odd multiplications and xor-shifts are each invertible.
-    fn mix(&self, x: u64) -> u64 {
-        let mut z = x.wrapping_add(self.k0);
-        z ^= z >> 31;
-        z = z.wrapping_mul(self.k1);
-        z ^= z >> 29;
-        z = z.wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 32;
-        z ^ self.k2
-    }
-}
-
-pub(crate) fn entropy() -> &'static Entropy {
-    static ENTROPY: OnceLock<Entropy> = OnceLock::new();
-    ENTROPY.get_or_init(|| Entropy::seeded(random_seed()))
-}
-
-/// Five random words from the operating system; if it has none to give, a hash of time, process id and
-/// stack address (still different per process, though no longer secret).
-fn random_seed() -> [u64; 5] {
-    let mut bytes = [0u8; 40];
-    if getrandom::fill(&mut bytes).is_err() {
-        use std::collections::hash_map::RandomState;
-        use std::hash::BuildHasher;
-        let state = RandomState::new();
-        let marker = 0u8;
-        for (i, chunk) in bytes.chunks_mut(8).enumerate() {
-            let word = state.hash_one((
-                i,
-                unix_ms_now(),
-                std::process::id(),
-                &marker as *const u8 as usize,
-            ));
-            chunk.copy_from_slice(&word.to_le_bytes());
-        }
-    }
-    let mut seed = [0u64; 5];
-    for (word, chunk) in seed.iter_mut().zip(bytes.chunks(8)) {
-        let mut buf = [0u8; 8];
-        buf.copy_from_slice(chunk);
-        *word = u64::from_le_bytes(buf);
-    }
-    seed
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -613,21 +311,5 @@ mod tests {
             e.to_string().starts_with("invalid callId prefix `o-rd`"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn mix_is_a_bijection_on_a_sample() {
-        let source = Entropy::seeded([0, 7, 11, 13, 17]);
-        let mut seen = std::collections::HashSet::new();
-        for x in 0..100_000u64 {
-            assert!(seen.insert(source.mix(x)));
-        }
-    }
-
-    #[test]
-    fn trace_ids_round_trip() {
-        let t = TraceId::new();
-        assert_eq!(t.to_string().parse::<TraceId>().unwrap(), t);
-        assert_ne!(TraceId::new(), t);
     }
 }

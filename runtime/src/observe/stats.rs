@@ -76,8 +76,8 @@ pub struct Stats {
     pub released: u64,
     /// Calls that failed closed because the store failed.
     pub failed_closed: u64,
-    /// Retries and lookups a budget refused ([`crate::budget`]).
+    /// Retries and lookups a budget refused ([retry budgets](crate::limits#retry-budgets)).
     pub budget_spent: u64,
-    /// Calls a dependency's [concurrency limit](crate::concurrency) refused (nothing ran).
+    /// Calls a dependency's [concurrency limit](crate::limits#concurrency-limits) refused (nothing ran).
     pub overloaded: u64,
 }

@@ -1,12 +1,12 @@
-//! What a runtime keeps per dependency: a retry [budget](crate::budget) and a
-//! [concurrency limit](crate::concurrency), for the runtime's own calls and for each name a function
-//! gives (`#[idempotent(budget = "payments")]`), and the lookup budget all calls share.
+//! What a runtime keeps per dependency ([`Dependencies`]): a retry [budget](super#retry-budgets) and a
+//! [concurrency limit](super#concurrency-limits), for the runtime's own calls and for each name a
+//! function gives (`#[idempotent(budget = "payments")]`), and the lookup budget all calls share.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use crate::budget::{Budget, RetryBudget};
-use crate::concurrency::{ConcurrencyLimit, Limiter};
+use super::budget::{Budget, RetryBudget, DEFAULT_LOOKUP_BUDGET};
+use super::concurrency::{ConcurrencyLimit, Limiter};
 
 /// The name of the runtime's own dependency, in metrics and errors.
 pub(crate) const RUNTIME: &str = "runtime";
@@ -47,11 +47,7 @@ impl Dependencies {
                 retries: Budget::new(policies.retries),
                 limiter: Limiter::new(policies.concurrency),
             }),
-            lookups: Budget::new(
-                policies
-                    .lookups
-                    .unwrap_or(crate::budget::DEFAULT_LOOKUP_BUDGET),
-            ),
+            lookups: Budget::new(policies.lookups.unwrap_or(DEFAULT_LOOKUP_BUDGET)),
             policies,
             named: RwLock::default(),
         }
