@@ -56,6 +56,29 @@ use crate::receipt::{Fence, ReceiptState};
 use crate::retry::Backoff;
 use crate::runtime::Runtime;
 
+/// A `tracing` event of a call (target `samekey`), opening with the fields every one carries —
+/// `call_id`, `key` (its short form) and `attempt`, in that order — then the event's own fields and
+/// message (DESIGN §4: every attempt, lookup, replay and state change is an event carrying them;
+/// `tests/tracing_events.rs` reads them). Defined before the step modules so that they all see it.
+///
+/// * `call_event!(LEVEL, call; fields…, "message")`: the call's callId and its attempts so far;
+/// * `call_event!(LEVEL, call, attempt; …)`: an attempt number of its own (`0u32` before the first
+///   attempt, and for events that are about none);
+/// * `call_event!(LEVEL, call_id, key, attempt; …)`: a callId that is not the call's (the record
+///   another call holds), or no call at hand (a task it left behind).
+macro_rules! call_event {
+    ($level:ident, $call:expr; $($fields:tt)+) => {
+        call_event!($level, $call.call_id, $call.key, $call.attempts; $($fields)+)
+    };
+    ($level:ident, $call:expr, $attempt:expr; $($fields:tt)+) => {
+        call_event!($level, $call.call_id, $call.key, $attempt; $($fields)+)
+    };
+    ($level:ident, $call_id:expr, $key:expr, $attempt:expr; $($fields:tt)+) => {
+        tracing::event!(target: "samekey", tracing::Level::$level,
+            call_id = %$call_id, key = %$key.short(), attempt = $attempt, $($fields)+)
+    };
+}
+
 mod attempt;
 mod begin;
 mod fenced;

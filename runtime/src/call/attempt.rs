@@ -28,8 +28,7 @@ impl<T, E> Call<T, E> {
         self.refused = false;
         self.count(Counter::Attempts);
         self.in_flight = true;
-        tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-            attempt = self.attempts, "attempt");
+        call_event!(DEBUG, self; "attempt");
         // An attempt that follows a claim answered at once (nothing awaited between them, in the
         // generated code or here) is stamped with the claim's reading of the clock, taken a few hundred
         // nanoseconds before (readings are in milliseconds): one read fewer. Any other attempt reads
@@ -90,8 +89,7 @@ impl<T, E> Call<T, E> {
         };
         match outcome {
             None => {
-                tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = self.attempts, "attempt timed out; outcome unknown");
+                call_event!(INFO, self; "attempt timed out; outcome unknown");
                 self.last_outcome = Some(AttemptOutcome::TimedOut);
                 self.note(attempt(AttemptOutcome::TimedOut, None));
                 Box::pin(self.unknown_outcome(None)).await
@@ -110,8 +108,7 @@ impl<T, E> Call<T, E> {
                 let described = self.codec.errors.describe(&error);
                 self.last_outcome = Some(class.into());
                 self.note(attempt(class.into(), Some(described)));
-                tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = self.attempts, class = ?class, "attempt failed");
+                call_event!(DEBUG, self; class = ?class, "attempt failed");
                 match class {
                     // After an uncertain attempt, a refusal may only mean "you already did that": the
                     // call's outcome is the earlier attempt's, so ask the receipt instead of recording
@@ -137,9 +134,7 @@ impl<T, E> Call<T, E> {
                     ErrorClass::RateLimited { retry_after } => {
                         self.last_error = Some(error);
                         if let Some(limit) = self.dependency.limiter.rate_limited(self.round) {
-                            tracing::info!(target: "samekey", call_id = %self.call_id,
-                                key = %self.key.short(), attempt = self.attempts,
-                                dependency = %self.dependency.name, limit,
+                            call_event!(INFO, self; dependency = %self.dependency.name, limit,
                                 "rate limited: fewer calls in flight");
                             crate::metrics::concurrency_limit(&self.dependency.name, Some(limit));
                         }
@@ -190,13 +185,11 @@ impl<T, E> Call<T, E> {
         match self.extend_lease(wait).await {
             Ok(()) => Ok(()),
             Err(e) if e.lost_key() => {
-                tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = self.attempts, error = %e, "lease refused: another owner holds the key");
+                call_event!(WARN, self; error = %e, "lease refused: another owner holds the key");
                 Err(self.fenced_out(None).await)
             }
             Err(e) => {
-                tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = self.attempts, error = %e, "could not extend the lease; stopping");
+                call_event!(WARN, self; error = %e, "could not extend the lease; stopping");
                 Err(self.exhausted().await)
             }
         }
@@ -209,8 +202,7 @@ impl<T, E> Call<T, E> {
         }
         if self.has_lookup {
             self.lookups_processing = 0;
-            tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                attempt = self.attempts, "asking the receipt");
+            call_event!(DEBUG, self; "asking the receipt");
             return Step::Lookup(self.call_id.clone());
         }
         match self.spec.on_unknown {
@@ -236,14 +228,12 @@ impl<T, E> Call<T, E> {
             let spec = self.spec;
             spec.metrics
                 .budget_spent(spec.scope, spec.budget_name(), false);
-            tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                attempt = self.attempts, budget = self.spec.budget.unwrap_or("runtime"),
+            call_event!(WARN, self; budget = self.spec.budget.unwrap_or("runtime"),
                 "retry budget spent: no retry");
             return self.exhausted().await;
         }
         if at_least > self.rt.max_retry_after() {
-            tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                attempt = self.attempts, retry_after_ms = ms(at_least),
+            call_event!(INFO, self; retry_after_ms = ms(at_least),
                 max_retry_after_ms = ms(self.rt.max_retry_after()),
                 "retry-after beyond max_retry_after; stopping");
             return self.exhausted().await;
@@ -259,8 +249,7 @@ impl<T, E> Call<T, E> {
         self.count(Counter::Retries);
         let spec = self.spec;
         spec.metrics.retry(spec.scope, spec.budget_name(), class);
-        tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-            attempt = self.attempts, delay_ms = ms(delay), "backing off");
+        call_event!(DEBUG, self; delay_ms = ms(delay), "backing off");
         self.back_off(delay).await;
         // The sleep is where an owner stalls past its lease: confirm, under the fence, that the key is
         // still this call's before anything is sent again.

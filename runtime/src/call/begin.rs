@@ -198,8 +198,8 @@ impl<T, E> Call<T, E> {
         match serde_json::to_vec(inputs) {
             Ok(bytes) => self.inputs = Some(Arc::from(bytes)),
             Err(e) => {
-                tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = 0u32, error = %e, "the call's inputs cannot be encoded; its compensation entry goes without them");
+                call_event!(WARN, self, 0u32;
+                    error = %e, "the call's inputs cannot be encoded; its compensation entry goes without them");
             }
         }
     }
@@ -220,16 +220,14 @@ impl<T, E> Call<T, E> {
             let checked =
                 operation::check(&spec.operation, addr, spec.scope, spec.name, self.self_type);
             if let Err(error) = checked {
-                tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = 0u32, error = %error, "refused before claiming");
+                call_event!(ERROR, self, 0u32; error = %error, "refused before claiming");
                 return self.fail_with(error);
             }
         }
         match self.problem.take().map(|p| *p) {
             None => {}
             Some(KeyProblem::Missing(part)) if self.spec.on_missing_key == OnMissingKey::Run => {
-                tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = 0u32, part, function = self.spec.name,
+                call_event!(WARN, self, 0u32; part, function = self.spec.name,
                     "key part missing; running once without idempotency (on_missing_key = \"run\")");
                 self.plain = true;
                 // Its own admission, as below: one shared with the claiming path (returning after it
@@ -242,15 +240,15 @@ impl<T, E> Call<T, E> {
                 return Step::Attempt;
             }
             Some(KeyProblem::Missing(part)) => {
-                tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = 0u32, part, function = self.spec.name, "key part missing; nothing ran");
+                call_event!(WARN, self, 0u32;
+                    part, function = self.spec.name, "key part missing; nothing ran");
                 return self.fail_with(Error::MissingKey {
                     part: part.to_owned(),
                 });
             }
             Some(KeyProblem::Refused(part, reason)) => {
-                tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = 0u32, part, reason, function = self.spec.name, "key part refused; nothing ran");
+                call_event!(WARN, self, 0u32;
+                    part, reason, function = self.spec.name, "key part refused; nothing ran");
                 return self.fail_with(Error::InvalidKey {
                     part: part.to_owned(),
                     reason: reason.to_owned(),
@@ -296,8 +294,8 @@ impl<T, E> Call<T, E> {
                     self.fence = Some(fence);
                     self.claimed_just_now = sent.is_none();
                     self.count(Counter::Claims);
-                    tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                        attempt = 0u32, fence = fence.0, function = self.spec.name, "claimed");
+                    call_event!(DEBUG, self, 0u32;
+                        fence = fence.0, function = self.spec.name, "claimed");
                     return Step::Attempt;
                 }
                 Ok(Claimed::Existing(record)) => match sent {
@@ -327,8 +325,7 @@ impl<T, E> Call<T, E> {
         if self.enclosing.holds(self.limiter_addr()) {
             // Nested in a call that holds a place in this limit, given back only once this call has
             // answered: waiting for a place would be waiting for itself.
-            tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                attempt = 0u32, dependency = %self.dependency.name,
+            call_event!(DEBUG, self, 0u32; dependency = %self.dependency.name,
                 "concurrency limit full; running on the enclosing call's place");
             return Ok(());
         }
@@ -339,8 +336,8 @@ impl<T, E> Call<T, E> {
             }
             Err(refused) => {
                 self.count(Counter::Overloaded);
-                tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = 0u32, dependency = %self.dependency.name, limit = refused.limit,
+                call_event!(WARN, self, 0u32;
+                    dependency = %self.dependency.name, limit = refused.limit,
                     "dependency rate limited and its concurrency limit full; nothing ran");
                 Err(self.fail_with(Error::Overloaded {
                     dependency: self.dependency.name.clone(),
@@ -377,8 +374,8 @@ impl<T, E> Call<T, E> {
         record: Receipt,
         sent: tokio::time::Instant,
     ) -> Step<T, E> {
-        tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-            attempt = 0u32, fence = record.fence.0, "the store answered this call's own claim as existing (sent again); it is this call's");
+        call_event!(INFO, self, 0u32;
+            fence = record.fence.0, "the store answered this call's own claim as existing (sent again); it is this call's");
         self.fence = Some(record.fence);
         self.count(Counter::Claims);
         match self.extend_lease(Duration::ZERO).await {
@@ -400,8 +397,7 @@ impl<T, E> Call<T, E> {
     /// another call's, running; such a claim is left to its lease.
     pub(super) fn unanswered(&self, sent: tokio::time::Instant, why: String) {
         if self.adopted {
-            tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                attempt = 0u32, why = %why,
+            call_event!(WARN, self, 0u32; why = %why,
                 "claim unanswered under an adopted callId, which other calls may carry; it is left to its lease");
             return;
         }

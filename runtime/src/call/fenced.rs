@@ -30,8 +30,8 @@ impl<T, E> Call<T, E> {
                     if let (ReceiptState::Failed, Some(Ok(value))) = (r.state, known) {
                         return Box::pin(self.contradicted(value, now)).await;
                     }
-                    tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                        attempt = self.attempts, state = %r.state, "another owner recorded the outcome; answering it");
+                    call_event!(INFO, self;
+                        state = %r.state, "another owner recorded the outcome; answering it");
                     let r = r.clone();
                     // An entry this run queued before it was fenced out is not needed by a settled
                     // call.
@@ -49,8 +49,7 @@ impl<T, E> Call<T, E> {
             return self.done(out);
         }
         if held_by_another {
-            tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                attempt = self.attempts, "another owner is resolving this call; answering unknown");
+            call_event!(WARN, self; "another owner is resolving this call; answering unknown");
             let call_id = self.call_id.clone();
             return self.fail_with(Error::Unknown { call_id });
         }
@@ -60,8 +59,7 @@ impl<T, E> Call<T, E> {
                 .give_up_unknown("lost its key with an uncertain outcome", now)
                 .await;
         }
-        tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-            attempt = self.attempts, "lost its key; nothing of this call ran");
+        call_event!(INFO, self; "lost its key; nothing of this call ran");
         self.plain_failure()
     }
 
@@ -70,8 +68,8 @@ impl<T, E> Call<T, E> {
     /// ([`What::Contradicted`]), logged, and queued as a `MANUAL` compensation entry (if no worker
     /// holds one for the call: then its worker's journal and this log say it).
     pub(super) async fn contradicted(&mut self, value: T, now: u64) -> Step<T, E> {
-        tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-            attempt = self.attempts, "another owner recorded FAILED, but this owner's request took effect; answering its success, and asking a person to reconcile");
+        call_event!(ERROR, self;
+            "another owner recorded FAILED, but this owner's request took effect; answering its success, and asking a person to reconcile");
         self.note(What::Contradicted {
             recorded: ReceiptState::Failed,
             known: ReceiptState::Success,
@@ -87,8 +85,7 @@ impl<T, E> Call<T, E> {
             Err(e) => Err(e),
         };
         if let Err(e) = escalated {
-            tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                attempt = self.attempts, error = %e, "could not queue the contradiction for a person");
+            call_event!(ERROR, self; error = %e, "could not queue the contradiction for a person");
         }
         self.done(Ok(value))
     }

@@ -32,13 +32,13 @@ impl<T, E> Call<T, E> {
                 // Gone already (evicted): nothing of this call's is left to release.
                 Ok(()) | Err(StoreError::NotFound) => {}
                 Err(e) if e.lost_key() => {
-                    tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                        attempt = self.attempts, error = %e, "release refused: another owner holds the key");
+                    call_event!(WARN, self;
+                        error = %e, "release refused: another owner holds the key");
                     return self.fenced_out(None).await;
                 }
                 Err(e) => {
-                    tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                        attempt = self.attempts, error = %e, "could not release the claim; the call is not reported failed");
+                    call_event!(WARN, self;
+                        error = %e, "could not release the claim; the call is not reported failed");
                     return self
                         .give_up_unknown(
                             &format!("{why}; the claim could not be released: {e}"),
@@ -49,8 +49,7 @@ impl<T, E> Call<T, E> {
             }
         }
         self.count(Counter::Released);
-        tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-            attempt = self.attempts, why, "claim released");
+        call_event!(INFO, self; why, "claim released");
         self.fence = None;
         if self.worth_journaling() {
             self.note(What::Released {
@@ -82,8 +81,7 @@ impl<T, E> Call<T, E> {
     /// (another owner holds the key), the call answers what that owner recorded instead (the entry is
     /// removed by that owner, or by the worker as settled).
     pub(super) async fn give_up_unknown(&mut self, reason: &str, now: u64) -> Step<T, E> {
-        tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-            attempt = self.attempts, reason, "outcome unknown; handed to compensation");
+        call_event!(WARN, self; reason, "outcome unknown; handed to compensation");
         self.count(Counter::Unknown);
         let entry = self.entry(reason, now);
         let store = self.rt.store();
@@ -94,14 +92,13 @@ impl<T, E> Call<T, E> {
         match handed {
             Ok(()) => {}
             Err(e) if e.lost_key() => {
-                tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = self.attempts, error = %e, "mark unknown refused: another owner holds the key");
+                call_event!(WARN, self;
+                    error = %e, "mark unknown refused: another owner holds the key");
                 // Boxed: a call fenced out with an uncertain outcome comes back here, keyless.
                 return Box::pin(self.fenced_out(None)).await;
             }
             Err(e) => {
-                tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = self.attempts, error = %e,
+                call_event!(ERROR, self; error = %e,
                     "could not hand the call to compensation: a record left PROCESSING is found by the orphan sweep, an entry left without its mark resolves it");
             }
         }

@@ -92,14 +92,14 @@ impl<T, E> Drop for Call<T, E> {
                 },
             });
             if let Err(e) = store.append_journal(&key, &journal, ttl, rt.now_ms()).await {
-                tracing::warn!(target: "samekey", call_id = %call_id, key = %key.short(),
-                    attempt = 0u32, error = %e, "could not write the cancelled call's journal");
+                call_event!(WARN, call_id, key, 0u32;
+                    error = %e, "could not write the cancelled call's journal");
             }
             match result {
-                Ok(()) => tracing::warn!(target: "samekey", call_id = %call_id, key = %key.short(),
-                    attempt = 0u32, what, "call dropped before it finished"),
-                Err(e) => tracing::error!(target: "samekey", call_id = %call_id, key = %key.short(),
-                    attempt = 0u32, what, error = %e, "call dropped before it finished; the store refused its last write"),
+                Ok(()) => call_event!(WARN, call_id, key, 0u32;
+                    what, "call dropped before it finished"),
+                Err(e) => call_event!(ERROR, call_id, key, 0u32;
+                    what, error = %e, "call dropped before it finished; the store refused its last write"),
             }
         });
     }

@@ -28,8 +28,8 @@ impl<T, E> Call<T, E> {
         for _ in 0..MAX_LOOKS {
             if let (Some(ours), Some(theirs)) = (self.fingerprint, record.fingerprint) {
                 if ours != theirs {
-                    tracing::warn!(target: "samekey", call_id = %record.call_id, key = %self.key.short(),
-                        attempt = 0u32, "key reused with a different request");
+                    call_event!(WARN, record.call_id, self.key, 0u32;
+                        "key reused with a different request");
                     return Held::Step(self.fail_with(Error::KeyReuse {
                         call_id: record.call_id,
                     }));
@@ -69,8 +69,7 @@ impl<T, E> Call<T, E> {
                     call_id: record.call_id,
                 }));
             }
-            tracing::debug!(target: "samekey", call_id = %record.call_id, key = %self.key.short(),
-                attempt = 0u32, "key busy; waiting for its outcome");
+            call_event!(DEBUG, record.call_id, self.key, 0u32; "key busy; waiting for its outcome");
             self.count(Counter::Waits);
             // Woken by the outcome, or at the latest after one lease (this function's), to ask again
             // whether the owner is still there.
@@ -116,8 +115,8 @@ impl<T, E> Call<T, E> {
                 }));
             }
         };
-        tracing::info!(target: "samekey", call_id = %record.call_id, key = %self.key.short(),
-            attempt = 0u32, from = %record.state, fence = fence.0, "took over an uncertain call");
+        call_event!(INFO, record.call_id, self.key, 0u32;
+            from = %record.state, fence = fence.0, "took over an uncertain call");
         self.call_id = record.call_id;
         self.fence = Some(fence);
         self.took_over = true;
@@ -143,8 +142,7 @@ impl<T, E> Call<T, E> {
     /// Answers with the outcome an earlier call stored.
     pub(super) fn replay(&mut self, record: &Receipt) -> Step<T, E> {
         self.count(Counter::Replays);
-        tracing::debug!(target: "samekey", call_id = %record.call_id, key = %self.key.short(),
-            attempt = 0u32, state = %record.state, "replay");
+        call_event!(DEBUG, record.call_id, self.key, 0u32; state = %record.state, "replay");
         let Some(bytes) = record.outcome.as_deref() else {
             return self.fail_with(Error::NotReplayable {
                 call_id: record.call_id.clone(),

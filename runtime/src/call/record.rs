@@ -31,8 +31,8 @@ impl<T, E> Call<T, E> {
         match encoded {
             Ok(bytes) => Some(bytes),
             Err(e) => {
-                tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = self.attempts, error = %e, "outcome cannot be encoded; duplicates will get NotReplayable");
+                call_event!(ERROR, self;
+                    error = %e, "outcome cannot be encoded; duplicates will get NotReplayable");
                 None
             }
         }
@@ -72,8 +72,7 @@ impl<T, E> Call<T, E> {
                 // Settled: nothing is left for the drop guard to do, whatever happens next.
                 self.recording = None;
                 self.fence = None;
-                tracing::debug!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = self.attempts, state = %state, transition = ?transition, "recorded");
+                call_event!(DEBUG, self; state = %state, transition = ?transition, "recorded");
                 if self.worth_journaling() {
                     self.note(What::Recorded {
                         state,
@@ -88,22 +87,21 @@ impl<T, E> Call<T, E> {
             }
             Err(e) if e.lost_key() => {
                 self.recording = None;
-                tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = self.attempts, state = %state, error = %e, "outcome refused: another owner holds the key");
+                call_event!(WARN, self;
+                    state = %state, error = %e, "outcome refused: another owner holds the key");
                 Box::pin(self.fenced_out(Some(out))).await
             }
             Err(e) => {
                 // The outcome is known and true: the caller gets it. The record cannot say so, so it
                 // is left UNKNOWN and queued with what is known (the drop guard, should the caller go
                 // away meanwhile, still knows the outcome and tries again).
-                tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = self.attempts, state = %state, error = %e,
+                call_event!(ERROR, self; state = %state, error = %e,
                     "outcome could not be recorded; leaving the call unknown");
                 let reason = format!("the outcome {state} is known but could not be recorded: {e}");
                 let entry = self.entry(reason.clone(), now);
                 if let Err(e) = Box::pin(leave_unknown(self.rt.store(), fence, entry, now)).await {
-                    tracing::error!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                        attempt = self.attempts, error = %e, "could not leave the call unknown either; its lease will end");
+                    call_event!(ERROR, self;
+                        error = %e, "could not leave the call unknown either; its lease will end");
                 }
                 self.recording = None;
                 // The journal after the writes that decide the call, not before them.
@@ -117,7 +115,6 @@ impl<T, E> Call<T, E> {
 
 pub(super) async fn finish_compensation(rt: &Runtime, key: &Key, call_id: &CallId) {
     if let Err(e) = rt.store().finish_compensation(call_id, None).await {
-        tracing::warn!(target: "samekey", call_id = %call_id, key = %key.short(), attempt = 0u32,
-            error = %e, "could not clear the compensation entry");
+        call_event!(WARN, call_id, key, 0u32; error = %e, "could not clear the compensation entry");
     }
 }

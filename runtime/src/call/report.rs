@@ -58,8 +58,8 @@ impl<T, E> Call<T, E> {
             .append_journal(&self.key, &events, keep, self.rt.now_ms())
             .await;
         if let Err(e) = written {
-            tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                attempt = self.attempts, error = %e, events = events.len(), "could not write the call's journal");
+            call_event!(WARN, self;
+                error = %e, events = events.len(), "could not write the call's journal");
         }
     }
 
@@ -115,8 +115,7 @@ impl<T, E> Call<T, E> {
     pub(super) fn store_failed(&mut self, e: StoreError) -> Step<T, E> {
         self.count(Counter::FailedClosed);
         crate::metrics::store_error(self.rt.store().kind());
-        tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-            attempt = self.attempts, error = %e, "store failed; failing closed");
+        call_event!(WARN, self; error = %e, "store failed; failing closed");
         self.fail_with(Error::Store(e))
     }
 }

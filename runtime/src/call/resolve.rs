@@ -27,8 +27,7 @@ impl<T, E> Call<T, E> {
             let spec = self.spec;
             spec.metrics
                 .budget_spent(spec.scope, spec.budget_name(), true);
-            tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                attempt = self.attempts, "lookup budget spent: outcome left unknown");
+            call_event!(WARN, self; "lookup budget spent: outcome left unknown");
             return self.give_up_unknown("lookup budget spent", now).await;
         }
         self.count(Counter::Lookups);
@@ -65,18 +64,15 @@ impl<T, E> Call<T, E> {
         );
         match answer {
             Ok(RemoteStatus::Succeeded(value)) => {
-                tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = self.attempts, "lookup: succeeded");
+                call_event!(INFO, self; "lookup: succeeded");
                 self.succeed(value).await
             }
             Ok(RemoteStatus::Failed(error)) => {
-                tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = self.attempts, "lookup: failed");
+                call_event!(INFO, self; "lookup: failed");
                 self.fail(error).await
             }
             Ok(RemoteStatus::NotReceived) => {
-                tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = self.attempts, "lookup: not received");
+                call_event!(INFO, self; "lookup: not received");
                 // The receipt covers the callId, so every attempt so far: none of them arrived (yet):
                 // a retry with the same callId is safe, the remote dedups a late arrival by it. But
                 // after a refusal, nothing took effect and the refusal is the remote's answer: it is
@@ -95,8 +91,7 @@ impl<T, E> Call<T, E> {
             }
             Ok(RemoteStatus::Processing) => {
                 self.lookups_processing += 1;
-                tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = self.attempts, polls = self.lookups_processing, "lookup: processing");
+                call_event!(INFO, self; polls = self.lookups_processing, "lookup: processing");
                 if self.lookups_processing > self.rt.lookup_polls() {
                     return self
                         .give_up_unknown("remote still processing after every lookup", now)
@@ -117,8 +112,7 @@ impl<T, E> Call<T, E> {
                 // long as the call has retries left; each failed lookup uses one up.
                 self.lookups_failed += 1;
                 if self.spent() > self.spec.retries {
-                    tracing::warn!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                        attempt = self.attempts, error = %e, failed_lookups = self.lookups_failed,
+                    call_event!(WARN, self; error = %e, failed_lookups = self.lookups_failed,
                         "lookup failed and no retry is left; outcome stays unknown");
                     return self
                         .give_up_unknown(&format!("receipt lookup failed: {e}"), now)
@@ -128,8 +122,7 @@ impl<T, E> Call<T, E> {
                     .spec
                     .backoff()
                     .delay(self.lookups_failed - 1, &mut self.rng);
-                tracing::info!(target: "samekey", call_id = %self.call_id, key = %self.key.short(),
-                    attempt = self.attempts, error = %e, failed_lookups = self.lookups_failed,
+                call_event!(INFO, self; error = %e, failed_lookups = self.lookups_failed,
                     delay_ms = ms(delay), "lookup failed; asking again");
                 if let Err(step) = self.hold_lease(delay).await {
                     return step;
