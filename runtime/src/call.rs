@@ -316,6 +316,13 @@ pub enum Begun<T, E> {
 pub struct Run<T, E>(Call<T, E>);
 
 /// The state of a call that claims, waits, attempts or resolves.
+///
+/// Where the call stands with its key is one [`Phase`]. The flags that stay are facts that hold
+/// across phases, not phases: `took_over`, `uncertain`, `journaled` and `adopted` are sticky facts
+/// of the run (read after the phase that set them ended: by the answer's report, by the drop guard,
+/// by the journal); `refused` says why the lookup under way was asked; `plain` is the mode the run
+/// was started in; `admitted` is a place in the dependency's concurrency limit (a plain run holds
+/// one too, without ever claiming); `has_lookup` is configuration.
 struct Call<T, E> {
     rt: Runtime,
     spec: &'static Spec,
@@ -323,8 +330,8 @@ struct Call<T, E> {
     call_id: CallId,
     trace_id: TraceId,
     fingerprint: Option<Fingerprint>,
-    /// Some while this run owns the key.
-    fence: Option<Fence>,
+    /// Where the call stands with its key: claiming it, owning it (and doing what), or not holding it.
+    phase: Phase,
     /// Whether this run took the key over from an earlier, uncertain owner.
     took_over: bool,
     attempts: u32,
@@ -332,10 +339,6 @@ struct Call<T, E> {
     /// reset, a take-over of an uncertain call). Sticky: a later "not received" allows a retry with the
     /// same callId, but not a release of the key, since the first request may still arrive.
     uncertain: bool,
-    /// An attempt is running (for the drop guard).
-    in_flight: bool,
-    /// The outcome being written (for the drop guard: it writes it if the caller goes away meanwhile).
-    recording: Option<(ReceiptState, Option<Arc<[u8]>>)>,
     last_error: Option<E>,
     lookups_processing: u32,
     /// Lookups that failed (no answer, an error): each one uses up a retry.
@@ -367,12 +370,6 @@ struct Call<T, E> {
     journaled: bool,
     /// When this run's claim took the key (the time of the journal's `Claimed`).
     claimed_ms: u64,
-    /// The claim was answered at once (the in-process store) and nothing has waited since: the first
-    /// attempt starts at `claimed_ms`, without reading the clock again.
-    claimed_just_now: bool,
-    /// A claim is on its way to a store that answers asynchronously, sent (stamped `claimed_ms`) at this
-    /// instant: if its answer never comes, it is given back ([`crate::unanswered`]).
-    claim_sent: Option<tokio::time::Instant>,
     /// The callId was adopted from an inbound request: other calls may carry it too (the caller's
     /// retries, arriving as requests of their own), so a record under it is not surely this call's.
     adopted: bool,
@@ -392,6 +389,45 @@ struct Call<T, E> {
     enclosing: Places,
     /// The limiter's round when the latest attempt was sent.
     round: u32,
+}
+
+/// Where a call stands with its key: the states the drop guard tells apart, one at a time (they were
+/// five fields: the fence, a claim sent, a claim answered just now, an attempt in flight, an outcome
+/// being written).
+enum Phase {
+    /// No claim is held: before the claim, once answered (or given back), fenced out, or running
+    /// without idempotency.
+    Free,
+    /// A claim is on its way to a store that answers asynchronously, sent (stamped `claimed_ms`) at
+    /// this instant: if its answer never comes, it is given back ([`crate::unanswered`]).
+    Claiming(tokio::time::Instant),
+    /// Owns the key under this fence, claimed by an answer at once (the in-process store), and nothing
+    /// has waited since: the first attempt starts at `claimed_ms`, without reading the clock again.
+    JustClaimed(Fence),
+    /// Owns the key under this fence, between attempts (backing off, looking up, giving up).
+    Owner(Fence),
+    /// Owns the key under this fence while an attempt runs: dropped now, the call may have taken effect.
+    Attempting(Fence),
+    /// Owns the key under this fence while its final outcome is written: dropped now, the drop guard
+    /// writes it.
+    Recording {
+        fence: Fence,
+        state: ReceiptState,
+        outcome: Option<Arc<[u8]>>,
+    },
+}
+
+impl Phase {
+    /// The fence of the claim the call holds, if it holds one.
+    fn fence(&self) -> Option<Fence> {
+        match *self {
+            Phase::Free | Phase::Claiming(_) => None,
+            Phase::JustClaimed(fence)
+            | Phase::Owner(fence)
+            | Phase::Attempting(fence)
+            | Phase::Recording { fence, .. } => Some(fence),
+        }
+    }
 }
 
 /// An [`observed`](crate::observed) call's report slot.

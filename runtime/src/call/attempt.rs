@@ -16,7 +16,7 @@ use crate::metrics::RetryClass;
 use crate::receipt::Fence;
 use crate::stats::Counter;
 
-use super::{Call, CallResult, OnUnknown, Step};
+use super::{Call, CallResult, OnUnknown, Phase, Step};
 
 impl<T, E> Call<T, E> {
     pub(super) async fn attempt<F, O>(&mut self, body: F) -> Step<T, E>
@@ -27,13 +27,25 @@ impl<T, E> Call<T, E> {
         self.attempts += 1;
         self.refused = false;
         self.count(Counter::Attempts);
-        self.in_flight = true;
+        // From here until the body returns, a call dropped may have taken effect (a plain run holds
+        // no claim: nothing to mark).
+        let just_claimed = match self.phase {
+            Phase::JustClaimed(fence) => {
+                self.phase = Phase::Attempting(fence);
+                true
+            }
+            Phase::Owner(fence) => {
+                self.phase = Phase::Attempting(fence);
+                false
+            }
+            _ => false,
+        };
         call_event!(DEBUG, self; "attempt");
         // An attempt that follows a claim answered at once (nothing awaited between them, in the
         // generated code or here) is stamped with the claim's reading of the clock, taken a few hundred
         // nanoseconds before (readings are in milliseconds): one read fewer. Any other attempt reads
         // the clock.
-        let started = if std::mem::take(&mut self.claimed_just_now) {
+        let started = if just_claimed {
             self.claimed_ms
         } else {
             self.rt.now_ms()
@@ -49,7 +61,7 @@ impl<T, E> Call<T, E> {
             self.trace_id,
             self.key.clone(),
             self.attempts,
-            self.fence.unwrap_or(Fence(0)),
+            self.phase.fence().unwrap_or(Fence(0)),
             started,
             started.saturating_add(ms(self.spec.ttl)),
         )
@@ -70,7 +82,9 @@ impl<T, E> Call<T, E> {
             None => Some(self.heartbeat(pin!(body)).await),
         }
         .map(CallResult::into_result);
-        self.in_flight = false;
+        if let Phase::Attempting(fence) = self.phase {
+            self.phase = Phase::Owner(fence);
+        }
         if self.plain {
             // No claim, no receipt: the body's answer is the call's, and a timeout stays unknown.
             return match outcome {
@@ -153,7 +167,7 @@ impl<T, E> Call<T, E> {
     /// Awaits an attempt that has no timeout, its lease kept alive for as long as it runs
     /// ([`crate::lease`]), so that a slow body is never taken for a dead one.
     pub(super) async fn heartbeat<F: Future>(&mut self, body: Pin<&mut F>) -> F::Output {
-        let Some(fence) = self.fence else {
+        let Some(fence) = self.phase.fence() else {
             return body.await;
         };
         let owner = Owner {
@@ -169,7 +183,7 @@ impl<T, E> Call<T, E> {
 
     /// Extends this call's claim to cover `wait` and then one more lease.
     pub(super) async fn extend_lease(&self, wait: Duration) -> Result<(), StoreError> {
-        let Some(fence) = self.fence else {
+        let Some(fence) = self.phase.fence() else {
             return Ok(());
         };
         let lease = ms(wait.saturating_add(self.lease()));

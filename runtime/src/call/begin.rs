@@ -23,7 +23,9 @@ use crate::store::{Claim, Claimed, StoreClock};
 use crate::unanswered::{self, Unanswered};
 
 use super::held::Held;
-use super::{Begun, Call, CallError, CallOutput, Codec, Observer, OnMissingKey, Run, Spec, Step};
+use super::{
+    Begun, Call, CallError, CallOutput, Codec, Observer, OnMissingKey, Phase, Run, Spec, Step,
+};
 
 /// The body of [`begin`](super::begin), inlined into it (its one caller): the bounds are checked
 /// there, once, with the message a user reads.
@@ -91,12 +93,10 @@ pub(super) fn begin<T: CallOutput, E: CallError>(
         call_id,
         trace_id,
         fingerprint,
-        fence: None,
+        phase: Phase::Free,
         took_over: false,
         attempts: 0,
         uncertain: false,
-        in_flight: false,
-        recording: None,
         last_error: None,
         lookups_processing: 0,
         lookups_failed: 0,
@@ -118,8 +118,6 @@ pub(super) fn begin<T: CallOutput, E: CallError>(
         journal: Vec::new(),
         journaled: false,
         claimed_ms: now,
-        claimed_just_now: false,
-        claim_sent: None,
         adopted,
         last_outcome: None,
         inputs: None,
@@ -278,9 +276,12 @@ impl<T, E> Call<T, E> {
             let (claimed, sent) = match self.rt.memory() {
                 Some(memory) => (memory.claim_now(claim), None),
                 None => {
-                    self.claim_sent = Some(tokio::time::Instant::now());
+                    let sent = tokio::time::Instant::now();
+                    self.phase = Phase::Claiming(sent);
                     let claimed = self.rt.store().claim(claim).await;
-                    (claimed, self.claim_sent.take())
+                    // Answered: the claim is no longer on its way (the answer says whether it holds).
+                    self.phase = Phase::Free;
+                    (claimed, Some(sent))
                 }
             };
             match claimed {
@@ -291,8 +292,10 @@ impl<T, E> Call<T, E> {
                     return self.store_failed(e);
                 }
                 Ok(Claimed::Acquired(fence)) => {
-                    self.fence = Some(fence);
-                    self.claimed_just_now = sent.is_none();
+                    self.phase = match sent {
+                        None => Phase::JustClaimed(fence),
+                        Some(_) => Phase::Owner(fence),
+                    };
                     self.count(Counter::Claims);
                     call_event!(DEBUG, self, 0u32;
                         fence = fence.0, function = self.spec.name, "claimed");
@@ -376,13 +379,13 @@ impl<T, E> Call<T, E> {
     ) -> Step<T, E> {
         call_event!(INFO, self, 0u32;
             fence = record.fence.0, "the store answered this call's own claim as existing (sent again); it is this call's");
-        self.fence = Some(record.fence);
+        self.phase = Phase::Owner(record.fence);
         self.count(Counter::Claims);
         match self.extend_lease(Duration::ZERO).await {
             Ok(()) => Step::Attempt,
             Err(e) if e.lost_key() => self.fenced_out(None).await,
             Err(e) => {
-                self.fence = None;
+                self.phase = Phase::Free;
                 self.unanswered(
                     sent,
                     format!("the store failed while renewing its lease: {e}"),

@@ -5,7 +5,7 @@ use crate::journal::What;
 use crate::receipt::ReceiptState;
 
 use super::record::finish_compensation;
-use super::{Call, Step};
+use super::{Call, Phase, Step};
 
 impl<T, E> Call<T, E> {
     /// The answer of a call whose write was refused because another owner holds its key now (it stalled
@@ -16,7 +16,7 @@ impl<T, E> Call<T, E> {
     /// recorded success. Without a final record, the known outcome, else [`Error::Unknown`] — queued
     /// only when no other owner holds the call, since the one that does resolves it.
     pub(super) async fn fenced_out(&mut self, known: Option<Result<T, E>>) -> Step<T, E> {
-        self.fence = None;
+        self.phase = Phase::Free;
         self.note(What::FencedOut);
         self.flush().await;
         let now = self.rt.now_ms();

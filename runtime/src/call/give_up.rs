@@ -8,7 +8,7 @@ use crate::receipt::Fence;
 use crate::stats::Counter;
 use crate::store::Store;
 
-use super::{Call, Step};
+use super::{Call, Phase, Step};
 
 impl<T, E> Call<T, E> {
     /// No attempt left: release the claim if nothing can have run, else leave the call `UNKNOWN`. A plain
@@ -27,7 +27,7 @@ impl<T, E> Call<T, E> {
     /// error, once the release was applied; a release that fails leaves the call `UNKNOWN`.
     pub(super) async fn give_back(&mut self, why: &'static str) -> Step<T, E> {
         let now = self.rt.now_ms();
-        if let Some(fence) = self.fence {
+        if let Some(fence) = self.phase.fence() {
             match self.rt.store().release(&self.key, fence).await {
                 // Gone already (evicted): nothing of this call's is left to release.
                 Ok(()) | Err(StoreError::NotFound) => {}
@@ -50,7 +50,7 @@ impl<T, E> Call<T, E> {
         }
         self.count(Counter::Released);
         call_event!(INFO, self; why, "claim released");
-        self.fence = None;
+        self.phase = Phase::Free;
         if self.worth_journaling() {
             self.note(What::Released {
                 reason: why.to_owned(),
@@ -85,7 +85,7 @@ impl<T, E> Call<T, E> {
         self.count(Counter::Unknown);
         let entry = self.entry(reason, now);
         let store = self.rt.store();
-        let handed = match self.fence {
+        let handed = match self.phase.fence() {
             Some(fence) => leave_unknown(store, fence, entry, now).await,
             None => store.enqueue_compensation(entry).await,
         };

@@ -9,7 +9,7 @@ use crate::store::Completion;
 
 use super::give_up::leave_unknown;
 use super::record::finish_compensation;
-use super::Call;
+use super::{Call, Phase};
 
 /// What the drop guard of a cancelled run does with the key it owns.
 enum Leftover {
@@ -26,20 +26,25 @@ impl<T, E> Drop for Call<T, E> {
         if std::mem::take(&mut self.admitted) {
             self.dependency.limiter.leave();
         }
-        if let Some(sent) = self.claim_sent.take() {
-            self.unanswered(sent, "its caller went away".to_owned());
-            return;
-        }
-        let Some(fence) = self.fence.take() else {
-            return;
+        let (fence, leftover) = match std::mem::replace(&mut self.phase, Phase::Free) {
+            Phase::Free => return,
+            Phase::Claiming(sent) => {
+                self.unanswered(sent, "its caller went away".to_owned());
+                return;
+            }
+            Phase::Recording {
+                fence,
+                state,
+                outcome,
+            } => (fence, Leftover::Record(state, outcome)),
+            Phase::Attempting(fence) => (fence, Leftover::Unknown),
+            Phase::JustClaimed(fence) | Phase::Owner(fence) if self.uncertain => {
+                (fence, Leftover::Unknown)
+            }
+            Phase::JustClaimed(fence) | Phase::Owner(fence) => (fence, Leftover::Release),
         };
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
-        };
-        let leftover = match self.recording.take() {
-            Some((state, outcome)) => Leftover::Record(state, outcome),
-            None if self.uncertain || self.in_flight => Leftover::Unknown,
-            None => Leftover::Release,
         };
         let rt = self.rt.clone();
         let key = self.key.clone();

@@ -9,7 +9,7 @@ use crate::receipt::{Receipt, ReceiptState};
 use crate::stats::Counter;
 use crate::takeover::{self, TakenOver};
 
-use super::{Call, OnBusy, OnUnknown, Step};
+use super::{Call, OnBusy, OnUnknown, Phase, Step};
 
 /// How many times a call looks at a record held by others (waits, take-overs lost to someone else)
 /// before it answers `InProgress`: a bound against a store that keeps answering the same record.
@@ -118,7 +118,7 @@ impl<T, E> Call<T, E> {
         call_event!(INFO, record.call_id, self.key, 0u32;
             from = %record.state, fence = fence.0, "took over an uncertain call");
         self.call_id = record.call_id;
-        self.fence = Some(fence);
+        self.phase = Phase::Owner(fence);
         self.took_over = true;
         self.uncertain = true;
         self.count(Counter::Claims);

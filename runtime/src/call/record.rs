@@ -13,7 +13,7 @@ use crate::runtime::Runtime;
 use crate::store::Completion;
 
 use super::give_up::leave_unknown;
-use super::{Call, Step};
+use super::{Call, Phase, Step};
 
 impl<T, E> Call<T, E> {
     // `succeed` and `fail` hand out `settle`'s future rather than wrap it in one of their own.
@@ -49,10 +49,14 @@ impl<T, E> Call<T, E> {
         outcome: Option<Arc<[u8]>>,
         out: Result<T, E>,
     ) -> Step<T, E> {
-        let Some(fence) = self.fence else {
+        let Some(fence) = self.phase.fence() else {
             return self.done(out);
         };
-        self.recording = Some((state, outcome.clone()));
+        self.phase = Phase::Recording {
+            fence,
+            state,
+            outcome: outcome.clone(),
+        };
         let now = self.rt.now_ms();
         let completion = Completion {
             state,
@@ -70,8 +74,7 @@ impl<T, E> Call<T, E> {
         match written {
             Ok(transition) => {
                 // Settled: nothing is left for the drop guard to do, whatever happens next.
-                self.recording = None;
-                self.fence = None;
+                self.phase = Phase::Free;
                 call_event!(DEBUG, self; state = %state, transition = ?transition, "recorded");
                 if self.worth_journaling() {
                     self.note(What::Recorded {
@@ -86,7 +89,7 @@ impl<T, E> Call<T, E> {
                 self.done(out)
             }
             Err(e) if e.lost_key() => {
-                self.recording = None;
+                self.phase = Phase::Owner(fence);
                 call_event!(WARN, self;
                     state = %state, error = %e, "outcome refused: another owner holds the key");
                 Box::pin(self.fenced_out(Some(out))).await
@@ -103,7 +106,7 @@ impl<T, E> Call<T, E> {
                     call_event!(ERROR, self;
                         error = %e, "could not leave the call unknown either; its lease will end");
                 }
-                self.recording = None;
+                self.phase = Phase::Owner(fence);
                 // The journal after the writes that decide the call, not before them.
                 self.note(What::Unknown { reason });
                 self.flush().await;

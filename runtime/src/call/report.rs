@@ -7,7 +7,7 @@ use crate::journal::{Event, What};
 use crate::observe::{Answer, CallReport};
 use crate::stats::Counter;
 
-use super::{Call, Observer, Step};
+use super::{Call, Observer, Phase, Step};
 
 impl<T, E> Call<T, E> {
     /// Whether this call's story is more than its receipt tells: more than one attempt, a lookup,
@@ -25,7 +25,7 @@ impl<T, E> Call<T, E> {
     pub(super) fn note(&mut self, what: What) {
         if self.journal.is_empty() && !self.journaled && !self.took_over {
             let claimed = What::Claimed {
-                fence: self.fence.map_or(0, |f| f.0),
+                fence: self.phase.fence().map_or(0, |f| f.0),
             };
             let event = self.event(self.claimed_ms, claimed);
             self.journal.push(event);
@@ -76,7 +76,7 @@ impl<T, E> Call<T, E> {
     }
 
     pub(super) fn done(&mut self, out: Result<T, E>) -> Step<T, E> {
-        self.fence = None;
+        self.phase = Phase::Free;
         let spec = self.spec;
         spec.metrics.call(
             spec.scope,
