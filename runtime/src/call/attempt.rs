@@ -1,6 +1,17 @@
 //! One attempt (DESIGN §4, row 3): the body run under its timeout (or with its lease kept alive), its
 //! outcome classified, and what follows from the class — a retry after a backoff, a lookup, a release,
 //! a record.
+//!
+//! # Guarantees
+//!
+//! * Every attempt carries the call's callId; a retry is sent only after its backoff and only once
+//!   the lease, extended over the wait, confirms under the fence that the key is still this call's.
+//! * An uncertain outcome (a timeout, `Unknown`) is never retried blindly: it is asked by callId, or
+//!   retried with the same callId under `on_unknown = "rerun"`, or left `UNKNOWN` under `"hold"`.
+//! * After an uncertain attempt, a refusal is never given back: it is asked about (with a `lookup`),
+//!   or recorded `FAILED`.
+//! * Retries draw on the dependency's retry budget; a spent budget, a `retry_after` past
+//!   `max_retry_after` or spent retries end the call as exhaustion does (`give_up.rs`).
 
 use std::future::Future;
 use std::pin::{pin, Pin};
@@ -194,7 +205,7 @@ impl<T, E> Call<T, E> {
     }
 
     /// Extends the claim over a wait and the attempt after it. A refusal means another owner holds the
-    /// key now ([`Run::fenced_out`]); a failing store ends the call as [`Run::exhausted`] does.
+    /// key now ([`Call::fenced_out`]); a failing store ends the call as [`Call::exhausted`] does.
     pub(super) async fn hold_lease(&mut self, wait: Duration) -> Result<(), Step<T, E>> {
         match self.extend_lease(wait).await {
             Ok(()) => Ok(()),

@@ -1,6 +1,18 @@
 //! Begin and claim (DESIGN §4, row 1): the key and the callId fixed once, a replay answered in process
 //! when it can be, the call's place in its dependency's concurrency limit, and the claim — with a
 //! claim whose answer never came handed to [`crate::unanswered`].
+//!
+//! # Guarantees
+//!
+//! * The key and the callId are made once, here, before anything is claimed or sent.
+//! * Nothing is claimed for a key that does not name the operation (a part missing or refused, a
+//!   default scope that clashes), and nothing runs without a claim, unless the function opted in to
+//!   run once unprotected (`on_missing_key = "run"`).
+//! * A claim the store fails on fails the call closed; one whose answer never came is given back only
+//!   under the call's own, not adopted, callId; one answered as existing although this call sent it
+//!   is owned under its fence, its lease renewed first.
+//! * The in-process replay answers exactly what the claim would have (a finished `SUCCESS`, its
+//!   `verify` fingerprint matching), counted the same way; anything else takes the whole way.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -27,7 +39,7 @@ use super::{
     Begun, Call, CallError, CallOutput, Codec, Observer, OnMissingKey, Phase, Run, Spec, Step,
 };
 
-/// The body of [`begin`](super::begin), inlined into it (its one caller): the bounds are checked
+/// The body of [`begin`](fn@super::begin), inlined into it (its one caller): the bounds are checked
 /// there, once, with the message a user reads.
 #[inline(always)]
 pub(super) fn begin<T: CallOutput, E: CallError>(
@@ -350,7 +362,7 @@ impl<T, E> Call<T, E> {
         }
     }
 
-    /// The address that names this call's limiter in a [`Places`].
+    /// The address that names this call's limiter in a [`Places`](crate::context::Places).
     pub(super) fn limiter_addr(&self) -> usize {
         std::ptr::from_ref(&self.dependency.limiter) as usize
     }

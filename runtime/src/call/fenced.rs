@@ -1,4 +1,13 @@
 //! An owner fenced out: a write refused because another owner holds the key now.
+//!
+//! # Guarantees
+//!
+//! * The receipt is read again: a final outcome recorded there is the answer, except `FAILED` for a
+//!   request this owner knows took effect — its success is answered, journaled as contradicted and
+//!   queued `MANUAL` for a person. A known failure never overrides a recorded success.
+//! * Without a final record, the outcome this owner knows is answered; else nothing is queued for a
+//!   call another owner now holds, and with no record of the call left, an uncertain one is queued
+//!   for compensation and one that never ran answers its plain failure.
 
 use crate::error::Error;
 use crate::journal::What;

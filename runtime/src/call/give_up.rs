@@ -1,5 +1,13 @@
 //! Give up (DESIGN §4, row 4, and every uncertain end): a claim released when nothing can have run, else
 //! the call queued for compensation, marked `UNKNOWN` and answered [`Error::Unknown`].
+//!
+//! # Guarantees
+//!
+//! * A claim is released only when no attempt may have taken effect, and a plain failure is answered
+//!   only once the release was applied: a refused release reads the receipt again, a failed one
+//!   leaves the call `UNKNOWN`.
+//! * The compensation entry is written before the `UNKNOWN` mark, so that a record is never `UNKNOWN`
+//!   without one, whenever the process dies.
 
 use crate::compensation::CompensationEntry;
 use crate::error::{Error, StoreError};

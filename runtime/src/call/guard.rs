@@ -1,4 +1,13 @@
 //! The drop guard: what a run dropped mid-way (its future cancelled) does with the key it owns.
+//!
+//! # Guarantees
+//!
+//! * Told apart by the call's phase: a claim still on its way is given back if it was written (under
+//!   the call's own callId); a known outcome being written is written; an attempt that may have run,
+//!   or any uncertain outcome, is marked `UNKNOWN` and queued; only a call whose every attempt was
+//!   refused before taking effect releases its claim.
+//! * The work runs in a task of its own; without a tokio runtime to run it, the lease runs out and
+//!   the next call resolves the key through `lookup`.
 
 use std::sync::Arc;
 

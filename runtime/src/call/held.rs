@@ -1,6 +1,15 @@
 //! A key already present (DESIGN §4, row 2): a finished receipt replayed (a `verify` mismatch refused),
 //! a live owner waited for or refused (`on_busy`), an uncertain owner taken over through
 //! [`crate::takeover`] before anything is resolved.
+//!
+//! # Guarantees
+//!
+//! * Whether an owner's lease ended is the store's to judge: the key is taken over only when the
+//!   store hands it over, under a new fence and the recorded callId — never a new one.
+//! * A taken-over call is asked about before anything is sent (`lookup`), re-run only under
+//!   `on_unknown = "rerun"`, else answered [`Error::Unknown`] and left to compensation; one whose
+//!   reversal a compensation worker began is never run by a duplicate.
+//! * Waiting for a live owner is bounded (the runtime's busy wait, and a bound on the looks).
 
 use crate::clock::ms;
 use crate::error::Error;

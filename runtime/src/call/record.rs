@@ -1,5 +1,12 @@
 //! Record the outcome (DESIGN §4, row 3, `Ok` and `Permanent`; a lookup's `Succeeded` and `Failed`): the
 //! final receipt written under the call's fence, and answered.
+//!
+//! # Guarantees
+//!
+//! * An outcome that happened is answered as it happened, whether or not its write succeeds: a write
+//!   refused by another owner goes to `fenced.rs`; a failed one leaves the call `UNKNOWN` and queued,
+//!   with the known outcome in the reason.
+//! * A taken-over call's compensation entry is removed only once its outcome is recorded.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -40,7 +47,7 @@ impl<T, E> Call<T, E> {
 
     /// Records the final outcome and answers it: it happened. If the caller goes away during the write,
     /// the drop guard finishes it. A refused write means another owner holds the key
-    /// ([`Run::fenced_out`]); a failed one leaves the call `UNKNOWN` and queued, with the known outcome
+    /// ([`Call::fenced_out`]); a failed one leaves the call `UNKNOWN` and queued, with the known outcome
     /// in the reason. The compensation entry of a taken-over call is removed only once the outcome is
     /// recorded.
     pub(super) async fn settle(

@@ -1,5 +1,11 @@
 //! What every step writes down and how the call answers: counters and metrics, the journal's pending
 //! events, the observer's report.
+//!
+//! # Guarantees
+//!
+//! * A call that its first attempt settles writes no journal events (its receipt tells the story);
+//!   the first event of a run that claimed its key brings the claim with it.
+//! * A journal the store fails to take costs the call a warning, never its answer.
 
 use crate::clock::ms;
 use crate::error::{Error, StoreError};
@@ -20,7 +26,7 @@ impl<T, E> Call<T, E> {
             || self.lookups_failed > 0
     }
 
-    /// Adds an event to the journal (written by the next [`Run::flush`]); the first one of a run
+    /// Adds an event to the journal (written by the next [`Call::flush`]); the first one of a run
     /// that claimed its key brings the claim with it.
     pub(super) fn note(&mut self, what: What) {
         if self.journal.is_empty() && !self.journaled && !self.took_over {

@@ -1,5 +1,13 @@
 //! Lookup and resolve (DESIGN §4, rows 2 and 3, `Unknown`): the receipt asked by callId, under a time
 //! limit and the lookup budget, and the call continued from its answer.
+//!
+//! # Guarantees
+//!
+//! * Only "not received" lets the call send again, with the same callId; after a refusal, it makes the
+//!   refusal the answer (recorded `FAILED`), never a release.
+//! * A lookup holds the lease over its own time limit; "processing" is asked again a bounded number
+//!   of times; a failed lookup is asked again while retries last, each failure using one; a spent
+//!   lookup budget leaves the outcome `UNKNOWN`.
 
 use std::future::Future;
 use std::time::Duration;
