@@ -150,6 +150,10 @@ pub(super) fn begin<T: CallOutput, E: CallError>(
 ///
 /// With a `keeper` (a `Clone` value type), the first such replay keeps the decoded value beside the
 /// receipt and later ones clone it instead of decoding the JSON again.
+///
+/// `#[inline]`: its one caller, [`begin`](fn@super::begin), is made in another codegen unit since the
+/// two live in different modules, and a replay is the path where the call itself costs most.
+#[inline]
 #[allow(clippy::too_many_arguments)]
 fn replay_in_process<T: CallOutput, E>(
     rt: &Runtime,
