@@ -36,11 +36,6 @@ mod takeover;
 pub mod testing;
 mod unanswered;
 
-// The path `crate::metrics::…` that the bodies of call.rs and compensator.rs still name (both are being
-// split into folders in issue 25; only their `use` lines followed this move). Remove once they name
-// `observe::metrics`.
-use observe::metrics;
-
 pub use at_most_once::AtMostOnce;
 pub use call_id::{validate_label, validate_node, CallId, Label, ParseCallIdError, TraceId};
 pub use callback::{Applied, Callback};
