@@ -23,8 +23,8 @@ use samekey::journal::AttemptOutcome;
 use samekey::reconcile::{Reconciler, RemoteOutcome, RemoteRecord};
 use samekey::store::{Claim, Claimed, Completion, ReceiptQuery};
 use samekey::{
-    CallId, CompensationEntry, Compensator, Event, Key, Operation, ReceiptState, RemoteStatus,
-    Runtime, Store, What,
+    compensation::CompensationEntry, compensation::Operation, journal::Event, journal::EventKind,
+    CallId, Compensator, Key, ReceiptState, RemoteStatus, Runtime, Store,
 };
 
 async fn stores() -> Vec<(&'static str, Arc<dyn Store>)> {
@@ -63,7 +63,7 @@ async fn stores() -> Vec<(&'static str, Arc<dyn Store>)> {
 }
 
 /// A new call claiming a key of its own in `scope`, as a caller would: its callId, key, fence, time.
-async fn claimed(rt: &Runtime, scope: &str) -> (CallId, Key, samekey::Fence, u64) {
+async fn claimed(rt: &Runtime, scope: &str) -> (CallId, Key, samekey::receipt::Fence, u64) {
     let call_id = CallId::new("pay", "bench").expect("callId");
     let key = Key::build(scope, &call_id.to_string());
     let now = rt.now_ms();
@@ -230,7 +230,7 @@ fn retried_call_events(call_id: &CallId, now: u64) -> [Vec<Event>; 2] {
         node: "bench".into(),
         what,
     };
-    let attempt = |n, outcome, error: Option<&str>| What::Attempt {
+    let attempt = |n, outcome, error: Option<&str>| EventKind::Attempt {
         attempt: n,
         started_ms: now,
         outcome,
@@ -238,20 +238,20 @@ fn retried_call_events(call_id: &CallId, now: u64) -> [Vec<Event>; 2] {
     };
     [
         vec![
-            event(What::Claimed { fence: 1 }),
+            event(EventKind::Claimed { fence: 1 }),
             event(attempt(
                 1,
                 AttemptOutcome::Retryable,
                 Some("gateway unavailable (503)"),
             )),
-            event(What::Backoff {
+            event(EventKind::Backoff {
                 attempt: 1,
                 delay_ms: 200,
             }),
         ],
         vec![
             event(attempt(2, AttemptOutcome::Ok, None)),
-            event(What::Recorded {
+            event(EventKind::Recorded {
                 state: ReceiptState::Success,
                 by: "call".into(),
             }),

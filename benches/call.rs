@@ -114,8 +114,8 @@ fn calls(c: &mut Criterion) {
         b.to_async(&rt).iter_custom(|iters| async move {
             let fresh = Service {
                 samekey: Runtime::builder()
-                    .retry_budget(samekey::RetryBudget::unlimited())
-                    .lookup_budget(samekey::RetryBudget::unlimited())
+                    .retry_budget(samekey::limits::RetryBudget::unlimited())
+                    .lookup_budget(samekey::limits::RetryBudget::unlimited())
                     .build()
                     .expect("runtime"),
             };

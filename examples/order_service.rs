@@ -23,7 +23,8 @@ use std::time::Duration;
 
 use samekey::testing::{FaultMix, Remote, RemoteError, Schedule};
 use samekey::{
-    idempotent, CallId, Classify, Compensator, ErrorClass, Operation, RemoteStatus, Runtime,
+    compensation::Operation, idempotent, CallId, Classify, Compensator, ErrorClass, RemoteStatus,
+    Runtime,
 };
 use serde::{Deserialize, Serialize};
 
@@ -451,7 +452,7 @@ async fn durable(
 }
 
 /// The order a call charged, from its recorded outcome (a `Charge`); `None` if it charged nothing.
-fn order_of(history: &samekey::History) -> Option<u64> {
+fn order_of(history: &samekey::journal::History) -> Option<u64> {
     history
         .receipt
         .as_ref()
@@ -495,7 +496,7 @@ async fn compare(seed: u64) -> Result<(), Box<dyn std::error::Error>> {
         samekey: Runtime::builder()
             .node("demo")
             .jitter_seed(seed)
-            .clock(samekey::TokioClock::new())
+            .clock(samekey::clock::TokioClock::new())
             .build()?,
     };
     let (mut told, told_failed) = run(|order| service.charge(order)).await;
@@ -514,7 +515,7 @@ async fn compare(seed: u64) -> Result<(), Box<dyn std::error::Error>> {
                 let gateway = asked.clone();
                 async move { gateway.status(&call).await }
             })
-            .rerun(move |entry: samekey::CompensationEntry| {
+            .rerun(move |entry: samekey::compensation::CompensationEntry| {
                 let gateway = resent.clone();
                 async move {
                     let Some(Ok((order,))) = entry.inputs::<(Order,)>() else {

@@ -10,7 +10,9 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use samekey::{idempotent, Applied, CallId, Callback, Classify, ErrorClass, Runtime, Store};
+use samekey::{
+    callback::Applied, callback::Callback, idempotent, CallId, Classify, ErrorClass, Runtime, Store,
+};
 
 #[derive(Debug, thiserror::Error)]
 enum ShopError {

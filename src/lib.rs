@@ -48,16 +48,16 @@
 //! * [`idempotent`]: the attribute's reference — arguments, keys and scopes, the function's types, the
 //!   decision table (what a call does), `lookup`, which runtime, replays, tracing events.
 //! * [`guide`]: one page per topic — [errors](guide::errors) (which class when, what samekey
-//!   answers), [keys](guide::keys), [stores](guide::stores), [limits](guide::limits) (retry budgets,
-//!   rate limits), [compensation](guide::compensation), [callbacks](guide::callbacks),
+//!   answers), [keys](guide::keys), [stores](store), [limits] (retry budgets,
+//!   rate limits), [compensation], [callbacks](callback),
 //!   [metrics](guide::metrics), [testing](guide::testing), [HTTP and messages](guide::http),
 //!   [compile-time errors](guide::compile_errors).
 //! * [`Runtime`]: the store, node name, clock and limits calls use; [`Runtime::scope`] for tests;
 //!   [`Runtime::stats`], [`Runtime::receipt`] and [`Runtime::compensations`] to see what happened.
 //! * [`journal`]: a call's timeline; [`reconcile`]: a day's receipts against the counterparty's.
 //! * [`at_most_once`]: the same guarantees without the attribute, for layers and consumers.
-//! * [`observed`]: whether a call was a replay, and its callId.
-//! * [`store`]: the [`Store`] contract and the backends; [`conformance`] for your own.
+//! * [`observe::observed`]: whether a call was a replay, and its callId.
+//! * [`store`]: the [`Store`] contract and the backends; `conformance` (feature `conformance`) for your own.
 //! * [`KeyPart`]: what may be part of a key.
 //!
 //! The operator's side — the `samekey` command, "it ran twice", "it says unknown" — is the runbook in
@@ -123,17 +123,9 @@ pub use samekey_macros::scoped;
 /// `#[key_part(skip)]` leaves a field out.
 pub use samekey_macros::KeyPart;
 
-pub use samekey_runtime::{
-    at_most_once, current, default_runtime, key_bytes, observed, store, try_current, Answer,
-    Applied, AtMostOnce, Backoff, Builder, CallId, CallReport, Callback, Classify, Clock,
-    CompensationEntry, CompensationState, Compensator, ConcurrencyLimit, Context, Error,
-    ErrorClass, Event, Fence, Fingerprint, History, Inbound, Key, KeyBuilder, KeyBytes, KeyEncoder,
-    KeyPart, Label, MemoryStore, NotReceived, Operation, ParseCallIdError, Pass, Receipt,
-    ReceiptState, RemoteStatus, Resolution, RetryBudget, Runtime, Stats, Store, StoreError,
-    StoredByMessage, SystemClock, TokioClock, TraceId, Transition, What, DEFAULT_BUSY_WAIT,
-    DEFAULT_COMPENSATION_ROUNDS, DEFAULT_CONCURRENCY_LIMIT, DEFAULT_LEASE, DEFAULT_LOOKUP_BUDGET,
-    DEFAULT_LOOKUP_POLLS, DEFAULT_MAX_RETRY_AFTER, DEFAULT_RETRY_BUDGET, FORGOTTEN_KEEP,
-};
+// One list of names, the runtime's: the everyday names at the root, everything else in its module
+// (`CHANGELOG.md` lists the moves). The modules below are named again only to carry a guide page.
+pub use samekey_runtime::*;
 
 /// The SQL driver of the SQLite and PostgreSQL stores (features `sqlite`, `postgres`): use it for the
 /// pools and transactions you hand samekey, so that both sides agree on its version.
@@ -144,13 +136,17 @@ pub use samekey_runtime::sqlx;
 #[cfg(feature = "redis")]
 pub use samekey_runtime::redis;
 
-/// Retry budgets and adaptive concurrency limits, per runtime and per dependency (see
-/// [`Builder::retry_budget`] and [`Builder::concurrency_limit`]).
+#[doc = include_str!("../docs/stores.md")]
+pub use samekey_runtime::store;
+
+#[doc = include_str!("../docs/limits.md")]
 pub use samekey_runtime::limits;
 
-/// What samekey lets you see of its calls — reports, stats, metrics (`observe::metrics`), the journal,
-/// tracing — and where each is documented.
-pub use samekey_runtime::observe;
+#[doc = include_str!("../docs/compensation.md")]
+pub use samekey_runtime::compensation;
+
+#[doc = include_str!("../docs/callbacks.md")]
+pub use samekey_runtime::callback;
 
 #[doc = include_str!("../docs/journal.md")]
 pub use samekey_runtime::journal;
@@ -158,31 +154,16 @@ pub use samekey_runtime::journal;
 #[doc = include_str!("../docs/reconcile.md")]
 pub use samekey_runtime::reconcile;
 
-/// The store conformance suite, for backend authors: see [`samekey_runtime::conformance`].
-#[cfg(feature = "conformance")]
-pub use samekey_runtime::conformance;
-/// Generates one test per conformance check for a store: see [`samekey_runtime::conformance`].
-#[cfg(feature = "conformance")]
-pub use samekey_runtime::store_conformance_tests;
-
 /// Guides: one page per topic, with examples that run as doctests. Docs only: no code.
 ///
 /// The attribute's own reference is [`idempotent`]; these pages cover what is around
-/// it. Pages about one module open that module's documentation instead: [`journal`],
-/// [`reconcile`].
+/// it. Pages about one module open that module's documentation instead: [`store`], [`limits`],
+/// [`compensation`], [`callback`], [`journal`], [`reconcile`].
 pub mod guide {
     #[doc = include_str!("../docs/errors.md")]
     pub mod errors {}
     #[doc = include_str!("../docs/keys.md")]
     pub mod keys {}
-    #[doc = include_str!("../docs/stores.md")]
-    pub mod stores {}
-    #[doc = include_str!("../docs/limits.md")]
-    pub mod limits {}
-    #[doc = include_str!("../docs/compensation.md")]
-    pub mod compensation {}
-    #[doc = include_str!("../docs/callbacks.md")]
-    pub mod callbacks {}
     #[doc = include_str!("../docs/metrics.md")]
     pub mod metrics {}
     #[doc = include_str!("../docs/testing.md")]

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use samekey::at_most_once::{AtMostOnce, OnUnknown};
-use samekey::{CallId, Error, ReceiptState, Runtime, TokioClock};
+use samekey::{clock::TokioClock, CallId, Error, ReceiptState, Runtime};
 use support::{Fault, Remote, TestError};
 
 static CHARGE: AtMostOnce = AtMostOnce::new("core.charge")

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use samekey::{idempotent, RetryBudget, Runtime, TokioClock};
+use samekey::{clock::TokioClock, idempotent, limits::RetryBudget, Runtime};
 use support::TestError;
 
 /// A dependency that refuses before processing (retryable, nothing ran) while it is down, and, when it
@@ -42,7 +42,7 @@ struct Svc {
 }
 
 impl Svc {
-    fn new(rt: samekey::Builder) -> Arc<Svc> {
+    fn new(rt: samekey::runtime::RuntimeBuilder) -> Arc<Svc> {
         Arc::new(Svc {
             rt: rt.clock(TokioClock::new()).jitter_seed(7).build().unwrap(),
             payments: Arc::default(),

@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use samekey::store::{Claim, Claimed, Completion, LocalCache};
 use samekey::{
-    CallId, Clock, Key, MemoryStore, Receipt, ReceiptState, Runtime, Store, SystemClock, Transition,
+    clock::Clock, clock::SystemClock, receipt::Transition, CallId, Key, MemoryStore, Receipt,
+    ReceiptState, Runtime, Store,
 };
 use support::faulty::{Act, Faulty, Gate};
 

@@ -6,7 +6,10 @@ mod support;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use samekey::{idempotent, Applied, CallId, Callback, Error, ReceiptState, Runtime, Store, What};
+use samekey::{
+    callback::Applied, callback::Callback, idempotent, journal::EventKind, CallId, Error,
+    ReceiptState, Runtime, Store,
+};
 use support::stores::*;
 use support::{Fault, Remote, TestError};
 
@@ -140,7 +143,7 @@ async fn callback_scenarios(store: Arc<dyn Store>) {
     ));
 
     // The journal, read by another process: the lost reply, the deliveries, the refusal.
-    let whats: Vec<What> = restarted
+    let whats: Vec<EventKind> = restarted
         .rt
         .history(&call_id)
         .await
@@ -150,14 +153,14 @@ async fn callback_scenarios(store: Arc<dyn Store>) {
         .map(|e| e.what)
         .collect();
     assert!(
-        whats.iter().any(|w| matches!(w, What::Unknown { .. })),
+        whats.iter().any(|w| matches!(w, EventKind::Unknown { .. })),
         "{whats:?}"
     );
     let deliveries = |applied: bool| {
         whats
             .iter()
             .filter(|w| {
-                **w == What::Callback {
+                **w == EventKind::Callback {
                     state: ReceiptState::Success,
                     applied,
                 }
@@ -167,7 +170,7 @@ async fn callback_scenarios(store: Arc<dyn Store>) {
     assert_eq!((deliveries(true), deliveries(false)), (1, 3), "{whats:?}");
     assert_eq!(
         whats.last(),
-        Some(&What::CallbackRefused {
+        Some(&EventKind::CallbackRefused {
             from: ReceiptState::Success,
             to: ReceiptState::Failed
         })
@@ -212,7 +215,7 @@ async fn a_late_success_for_a_declined_call_is_refused(store: Arc<dyn Store>) {
     let shop = Shop::on(store.clone(), shipped.clone());
     let order = order("declined");
     shop.remote.script([Fault::Reject]);
-    let (out, report) = samekey::observed(shop.charge(&order, 500)).await;
+    let (out, report) = samekey::observe::observed(shop.charge(&order, 500)).await;
     assert!(matches!(out, Err(TestError::Rejected)), "{out:?}");
     let call_id = report.expect("reported").call_id().clone();
 
@@ -237,7 +240,7 @@ async fn a_late_success_for_a_declined_call_is_refused(store: Arc<dyn Store>) {
         .into_iter()
         .filter(|e| {
             e.what
-                == What::CallbackRefused {
+                == EventKind::CallbackRefused {
                     from: ReceiptState::Failed,
                     to: ReceiptState::Success,
                 }

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use samekey::{
-    idempotent, CallId, CompensationState, Compensator, Error, Operation, ReceiptState, Runtime,
-    Store,
+    compensation::CompensationState, compensation::Operation, idempotent, CallId, Compensator,
+    Error, ReceiptState, Runtime, Store,
 };
 use support::stores::*;
 use support::{Fault, Remote, TestError};
@@ -202,7 +202,7 @@ async fn an_open_reversal_stops_every_taker(svc: Svc) {
         Err(TestError::Samekey(Error::Unknown { .. }))
     ));
     assert_eq!(svc.remote.effects(&order), 0, "never charged");
-    let callback = samekey::Callback::succeeded(&500u64).unwrap();
+    let callback = samekey::callback::Callback::succeeded(&500u64).unwrap();
     assert!(matches!(
         svc.rt.apply_callback(&call_id, callback).await,
         Err(Error::Unknown { .. })
@@ -414,7 +414,7 @@ async fn rounds_end_with_a_person(svc: Svc) {
         .events
         .into_iter()
         .filter_map(|e| match e.what {
-            samekey::What::Compensation { step, .. } => Some(step),
+            samekey::journal::EventKind::Compensation { step, .. } => Some(step),
             _ => None,
         })
         .collect();

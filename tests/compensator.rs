@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use samekey::{
-    idempotent, CallId, CompensationState, Compensator, Error, NotReceived, Operation,
-    RemoteStatus, Resolution, Runtime, TokioClock,
+    clock::TokioClock, compensation::CompensationState, compensation::ManualResolution,
+    compensation::NotReceivedPolicy, compensation::Operation, idempotent, CallId, Compensator,
+    Error, RemoteStatus, Runtime,
 };
 use support::{Fault, Remote, TestError};
 
@@ -72,7 +73,7 @@ impl Svc {
         self.remote.call(order, || amount).await
     }
 
-    async fn queued(&self) -> Vec<samekey::CompensationEntry> {
+    async fn queued(&self) -> Vec<samekey::compensation::CompensationEntry> {
         self.rt.compensations().await.unwrap()
     }
 }
@@ -126,7 +127,7 @@ async fn a_charge_never_received_gives_its_key_back_once_the_remote_refuses_it()
     let worker = Compensator::new(&svc.rt)
         .operation(
             "orders.charge",
-            svc.operation().not_received(NotReceived::Release {
+            svc.operation().not_received(NotReceivedPolicy::Release {
                 refused_after: Duration::from_secs(90),
             }),
         )
@@ -162,7 +163,7 @@ async fn a_charge_never_received_may_be_failed_instead() {
     let call_id = svc.unknown("o-3", Fault::LoseRequest).await;
     let worker = Compensator::new(&svc.rt).operation(
         "orders.charge",
-        svc.operation().not_received(NotReceived::Fail {
+        svc.operation().not_received(NotReceivedPolicy::Fail {
             refused_after: Duration::from_secs(30),
         }),
     );
@@ -221,7 +222,7 @@ async fn an_undecided_call_waits_for_later_rounds_then_asks_a_person_once() {
     worker
         .resolve(
             &call_id,
-            Resolution::Succeeded(serde_json::json!(500)),
+            ManualResolution::Succeeded(serde_json::json!(500)),
             "alice",
             "confirmed on the provider's dashboard",
         )
@@ -242,7 +243,7 @@ async fn a_resolution_that_disagrees_with_a_settled_call_is_refused() {
     let now = svc.rt.now_ms();
     svc.rt
         .store()
-        .enqueue_compensation(samekey::CompensationEntry::new(
+        .enqueue_compensation(samekey::compensation::CompensationEntry::new(
             call_id.clone(),
             key,
             "stale",
@@ -252,7 +253,12 @@ async fn a_resolution_that_disagrees_with_a_settled_call_is_refused() {
         .unwrap();
     let worker = svc.worker();
     let refused = worker
-        .resolve(&call_id, Resolution::Release, "bob", "customer says unpaid")
+        .resolve(
+            &call_id,
+            ManualResolution::Release,
+            "bob",
+            "customer says unpaid",
+        )
         .await;
     assert!(
         matches!(
@@ -268,7 +274,7 @@ async fn a_resolution_that_disagrees_with_a_settled_call_is_refused() {
     worker
         .resolve(
             &call_id,
-            Resolution::Succeeded(serde_json::json!(500)),
+            ManualResolution::Succeeded(serde_json::json!(500)),
             "bob",
             "agrees with the receipt",
         )
@@ -300,7 +306,7 @@ async fn two_workers_never_work_one_entry() {
     };
     let (a, b) = (worker(), worker());
     let drain = |w: Compensator| async move {
-        let mut total = samekey::Pass::default();
+        let mut total = samekey::compensation::PassReport::default();
         loop {
             let pass = w.run_once().await.unwrap();
             if pass.taken == 0 {
@@ -483,7 +489,9 @@ async fn an_entry_settled_by_a_duplicate_is_removed_without_asking() {
     let now = svc.rt.now_ms();
     svc.rt
         .store()
-        .enqueue_compensation(samekey::CompensationEntry::new(call_id, key, "left", now))
+        .enqueue_compensation(samekey::compensation::CompensationEntry::new(
+            call_id, key, "left", now,
+        ))
         .await
         .unwrap();
     let lookups = svc.remote.lookups();
@@ -586,7 +594,7 @@ async fn an_entry_carries_its_attempts_last_error_and_inputs() {
 
 fn reversal_counting(svc: &Svc, runs: Arc<AtomicU32>, fail_first: u32) -> Operation {
     svc.operation()
-        .reversal(move |entry: samekey::CompensationEntry| {
+        .reversal(move |entry: samekey::compensation::CompensationEntry| {
             let runs = runs.clone();
             async move {
                 let n = runs.fetch_add(1, Ordering::SeqCst);
@@ -685,7 +693,7 @@ async fn a_charge_never_received_may_be_sent_again_under_its_callid() {
     let worker = Compensator::new(&svc.rt).operation(
         "orders.charge",
         svc.operation()
-            .rerun(move |entry: samekey::CompensationEntry| {
+            .rerun(move |entry: samekey::compensation::CompensationEntry| {
                 let remote = remote.clone();
                 async move {
                     let (order, amount): (String, u64) = entry.inputs().unwrap().unwrap();
@@ -760,7 +768,10 @@ async fn a_person_makes_an_entry_due_now_or_escalates_it_and_the_journal_says_wh
     );
     let gone = worker.retry(&call_id, "carol", "again").await;
     assert!(
-        matches!(gone, Err(Error::Store(samekey::StoreError::NotFound))),
+        matches!(
+            gone,
+            Err(Error::Store(samekey::store::StoreError::NotFound))
+        ),
         "{gone:?}"
     );
 }
@@ -799,7 +810,7 @@ async fn a_finished_call_is_forgotten_by_hand_and_runs_again_but_an_undecided_on
     assert_eq!(svc.charge("o-22", 500).await, Ok(500));
     assert_eq!(svc.charge("o-22", 500).await, Ok(500), "a replay");
     assert_eq!(svc.remote.effects("o-22"), 1);
-    let mut key = samekey::KeyBuilder::new("orders.charge");
+    let mut key = samekey::key::KeyBuilder::new("orders.charge");
     key.part("o-22");
     let key = key.finish();
 
@@ -821,7 +832,7 @@ async fn a_finished_call_is_forgotten_by_hand_and_runs_again_but_an_undecided_on
     );
 
     let unknown = svc.unknown("o-23", Fault::LoseReply).await;
-    let mut key = samekey::KeyBuilder::new("orders.charge");
+    let mut key = samekey::key::KeyBuilder::new("orders.charge");
     key.part("o-23");
     let refused = svc.rt.forget(&key.finish(), "alice", "redo").await;
     match refused {
@@ -831,11 +842,11 @@ async fn a_finished_call_is_forgotten_by_hand_and_runs_again_but_an_undecided_on
         ),
         other => panic!("{other:?}"),
     }
-    let mut nothing = samekey::KeyBuilder::new("orders.charge");
+    let mut nothing = samekey::key::KeyBuilder::new("orders.charge");
     nothing.part("o-none");
     assert!(matches!(
         svc.rt.forget(&nothing.finish(), "alice", "redo").await,
-        Err(Error::Store(samekey::StoreError::NotFound))
+        Err(Error::Store(samekey::store::StoreError::NotFound))
     ));
 }
 
@@ -872,7 +883,7 @@ impl Paused {
         self.remote.call(order, || amount).await
     }
 
-    fn worker(&self, not_received: NotReceived) -> Compensator {
+    fn worker(&self, not_received: NotReceivedPolicy) -> Compensator {
         let remote = self.remote.clone();
         Compensator::new(&self.rt)
             .operation(
@@ -891,11 +902,11 @@ impl Paused {
     /// Returns the owner's task and the gate that un-pauses it.
     async fn paused_owner_swept(
         self: &Arc<Self>,
-        not_received: NotReceived,
+        not_received: NotReceivedPolicy,
     ) -> (
         tokio::task::JoinHandle<Result<u64, TestError>>,
         support::faulty::Gate,
-        samekey::Pass,
+        samekey::compensation::PassReport,
     ) {
         let pause = support::faulty::Gate::new();
         self.store.plan(
@@ -922,7 +933,7 @@ impl Paused {
 #[tokio::test(start_paused = true)]
 async fn a_paused_owner_s_late_charge_is_answered_and_then_recorded() {
     let svc = Paused::new();
-    let (owner, pause, pass) = svc.paused_owner_swept(NotReceived::Hold).await;
+    let (owner, pause, pass) = svc.paused_owner_swept(NotReceivedPolicy::Hold).await;
     assert_eq!((pass.rescheduled, pass.failed), (1, 0), "{pass:?}");
     pause.open();
     assert_eq!(
@@ -932,7 +943,11 @@ async fn a_paused_owner_s_late_charge_is_answered_and_then_recorded() {
     );
     assert_eq!(svc.remote.effects("o-paused"), 1);
     tokio::time::advance(Duration::from_secs(2)).await;
-    let next = svc.worker(NotReceived::Hold).run_once().await.unwrap();
+    let next = svc
+        .worker(NotReceivedPolicy::Hold)
+        .run_once()
+        .await
+        .unwrap();
     assert_eq!(next.succeeded, 1, "{next:?}");
     assert_eq!(svc.charge("o-paused", 500).await, Ok(500), "replayed");
     assert_eq!(svc.remote.effects("o-paused"), 1);
@@ -945,7 +960,7 @@ async fn a_paused_owner_s_late_charge_is_answered_and_then_recorded() {
 #[tokio::test(start_paused = true)]
 async fn a_fenced_out_owner_never_answers_a_recorded_outcome_it_knows_is_false() {
     let svc = Paused::new();
-    let fail = NotReceived::Fail {
+    let fail = NotReceivedPolicy::Fail {
         refused_after: Duration::ZERO,
     };
     let (owner, pause, pass) = svc.paused_owner_swept(fail).await;
@@ -958,7 +973,7 @@ async fn a_fenced_out_owner_never_answers_a_recorded_outcome_it_knows_is_false()
     assert!(
         history.events.iter().any(|e| matches!(
             e.what,
-            samekey::What::Contradicted {
+            samekey::journal::EventKind::Contradicted {
                 recorded: samekey::ReceiptState::Failed,
                 known: samekey::ReceiptState::Success,
             }
@@ -1041,7 +1056,7 @@ async fn every_take_over_respects_a_reversal_an_earlier_worker_began() {
         other => panic!("the duplicate must not act: {other:?}"),
     }
     assert_eq!(svc.remote.effects("o-15"), 0, "never charged");
-    let callback = samekey::Callback::succeeded(&700u64).unwrap();
+    let callback = samekey::callback::Callback::succeeded(&700u64).unwrap();
     assert!(matches!(
         svc.rt.apply_callback(&call_id, callback).await,
         Err(Error::Unknown { .. })
@@ -1081,7 +1096,11 @@ async fn a_duplicate_dropped_while_its_take_over_reads_the_journal_releases_noth
     let held = svc.rt.store().get(&key, svc.rt.now_ms()).await.unwrap();
     assert!(held.is_some(), "never released");
     tokio::time::advance(Duration::from_secs(4)).await;
-    let pass = svc.worker(NotReceived::Hold).run_once().await.unwrap();
+    let pass = svc
+        .worker(NotReceivedPolicy::Hold)
+        .run_once()
+        .await
+        .unwrap();
     assert_eq!(pass.succeeded, 1, "{pass:?}");
     assert_eq!(svc.charge("o-16", 500).await, Ok(500), "replayed");
     assert_eq!(svc.remote.effects("o-16"), 1, "charged once");

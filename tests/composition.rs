@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use samekey::{idempotent, ConcurrencyLimit, Error, ReceiptState, Runtime, TokioClock};
+use samekey::{
+    clock::TokioClock, idempotent, limits::ConcurrencyLimit, Error, ReceiptState, Runtime,
+};
 use support::TestError;
 use tokio::sync::Notify;
 
@@ -72,7 +74,7 @@ fn runtime() -> Runtime {
         .clock(TokioClock::new())
         .jitter_seed(5)
         .concurrency_limit(ConcurrencyLimit::adaptive().max(8))
-        .retry_budget(samekey::RetryBudget::unlimited())
+        .retry_budget(samekey::limits::RetryBudget::unlimited())
         .build()
         .unwrap()
 }
@@ -256,7 +258,7 @@ async fn a_nested_call_on_another_dependency_waits_in_its_own_limit() {
                 "shipping",
                 ConcurrencyLimit::adaptive().max_wait(Duration::from_millis(100)),
             )
-            .retry_budget(samekey::RetryBudget::unlimited())
+            .retry_budget(samekey::limits::RetryBudget::unlimited())
             .build()
             .unwrap(),
         charges: AtomicU32::new(0),

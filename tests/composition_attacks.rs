@@ -14,8 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use samekey::{
-    idempotent, CallId, Callback, CompensationState, Compensator, Error, Operation, ReceiptState,
-    RemoteStatus, Runtime, TokioClock,
+    callback::Callback, clock::TokioClock, compensation::CompensationState,
+    compensation::Operation, idempotent, CallId, Compensator, Error, ReceiptState, RemoteStatus,
+    Runtime,
 };
 use samekey_http::{Envelope, Inbox};
 use support::{Fault, Remote, TestClock, TestError};
@@ -214,7 +215,7 @@ async fn a_callback_about_a_call_never_lands_on_its_message_s_work() {
     let redelivered = inbox
         .deliver(message, |_order| async move { Ok::<u64, TestError>(1) })
         .await;
-    assert_eq!(applied, Ok(samekey::Applied::Applied));
+    assert_eq!(applied, Ok(samekey::callback::Applied::Applied));
     assert_eq!(
         charge.state,
         ReceiptState::Success,
@@ -403,7 +404,7 @@ async fn repeated_callbacks_never_push_a_reversal_out_of_the_journal() {
             .any(|e| {
                 matches!(
                     e.what,
-                    samekey::journal::What::Compensation {
+                    samekey::journal::EventKind::Compensation {
                         step: samekey::journal::CompensationStep::Reversing,
                         ..
                     }
@@ -650,7 +651,7 @@ async fn a_nested_call_dropped_by_its_parent_s_timeout_is_never_run_again() {
         rt: Runtime::builder()
             .node("chain")
             .clock(TokioClock::new())
-            .retry_budget(samekey::RetryBudget::unlimited())
+            .retry_budget(samekey::limits::RetryBudget::unlimited())
             .build()
             .unwrap(),
         notified: AtomicU32::new(0),
@@ -707,7 +708,7 @@ async fn a_duplicate_during_a_slow_rerun_waits_and_replays_it() {
             "review.pay",
             pay.lookup().rerun({
                 let (started, release) = (started.clone(), release.clone());
-                move |entry: samekey::CompensationEntry| {
+                move |entry: samekey::compensation::CompensationEntry| {
                     let (remote, started, release) =
                         (remote.clone(), started.clone(), release.clone());
                     async move {
@@ -785,7 +786,7 @@ async fn a_call_id_on_two_keys_keeps_each_key_s_entry() {
     );
     let shared = CallId::new("req", "client").unwrap();
     pay.remote.script([Fault::LoseReply]);
-    let first = samekey::Inbound::new()
+    let first = samekey::context::Inbound::new()
         .call_id(shared.clone())
         .scope(pay.charge("o-11", 700))
         .await;
@@ -793,7 +794,7 @@ async fn a_call_id_on_two_keys_keeps_each_key_s_entry() {
         first,
         Err(TestError::Samekey(Error::Unknown { .. }))
     ));
-    let second = samekey::Inbound::new()
+    let second = samekey::context::Inbound::new()
         .call_id(shared.clone())
         .scope(pay.charge("o-12", 700))
         .await;

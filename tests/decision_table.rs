@@ -8,16 +8,16 @@ use std::time::Duration;
 
 use samekey::store::{Claim, Claimed};
 use samekey::{
-    idempotent, CallId, CompensationState, Error, Inbound, MemoryStore, ReceiptState, Runtime,
-    Store, StoreError,
+    compensation::CompensationState, context::Inbound, idempotent, store::StoreError, CallId,
+    Error, MemoryStore, ReceiptState, Runtime, Store,
 };
 use support::faulty::Faulty;
 use support::{Fault, Remote, TestError};
 use tokio::time::Instant;
 
 /// A runtime on tokio's (paused) time: `tokio::time::advance` ends leases and TTLs.
-fn runtime() -> samekey::Builder {
-    Runtime::builder().clock(samekey::TokioClock::new())
+fn runtime() -> samekey::runtime::RuntimeBuilder {
+    Runtime::builder().clock(samekey::clock::TokioClock::new())
 }
 
 struct Payments {
@@ -565,7 +565,7 @@ async fn lookup_processing_too_long_leaves_the_call_unknown() {
     );
     assert_eq!(
         p.remote.lookups(),
-        1 + u64::from(samekey::DEFAULT_LOOKUP_POLLS)
+        1 + u64::from(samekey::runtime::DEFAULT_LOOKUP_POLLS)
     );
     assert_eq!(queued(&p).await, vec![call_id.clone()]);
     tokio::time::advance(Duration::from_secs(120)).await;
@@ -852,7 +852,7 @@ async fn window_buckets_split_days() {
 async fn window_longer_than_the_default_ttl_keeps_the_key() {
     /// The start of a 7-day bucket, then tokio's (paused) time.
     struct WeekStart(Instant);
-    impl samekey::Clock for WeekStart {
+    impl samekey::clock::Clock for WeekStart {
         fn now_ms(&self) -> u64 {
             2_900 * 604_800_000 + u64::try_from(self.0.elapsed().as_millis()).unwrap()
         }
@@ -948,7 +948,7 @@ async fn a_replay_on_the_system_clock_ends_with_its_ttl() {
 async fn a_first_attempt_starts_at_its_claim_s_reading_of_the_clock() {
     /// Moves one millisecond forward on every read.
     struct Ticking(std::sync::atomic::AtomicU64);
-    impl samekey::Clock for Ticking {
+    impl samekey::clock::Clock for Ticking {
         fn now_ms(&self) -> u64 {
             self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
         }

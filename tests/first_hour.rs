@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use samekey::{
-    idempotent, observed, Answer, Classify, Error, ErrorClass, KeyPart, RemoteStatus, Runtime,
-    TokioClock,
+    clock::TokioClock, idempotent, observe::observed, observe::CallAnswer, Classify, Error,
+    ErrorClass, KeyPart, RemoteStatus, Runtime,
 };
 use serde::{Deserialize, Serialize};
 
@@ -309,10 +309,10 @@ async fn a_duplicate_is_told_it_is_a_replay_and_gets_the_first_calls_id() {
     let (second, second_report) = observed(payments.charge(&order("o-2"), "4242")).await;
     let (first_report, second_report) = (first_report.unwrap(), second_report.unwrap());
     assert_eq!(first.unwrap(), second.unwrap());
-    assert_eq!(first_report.answer(), Answer::Executed);
+    assert_eq!(first_report.answer(), CallAnswer::Executed);
     assert!(!first_report.replayed());
     assert_eq!(first_report.attempts(), 1);
-    assert_eq!(second_report.answer(), Answer::Replayed);
+    assert_eq!(second_report.answer(), CallAnswer::Replayed);
     assert!(second_report.replayed());
     assert_eq!(second_report.attempts(), 0);
     assert_eq!(second_report.call_id(), first_report.call_id());
@@ -379,7 +379,7 @@ async fn a_lost_reply_is_looked_up_with_the_gateways_own_status_and_not_charged_
     payments.gateway.script(&[Next::LoseReply]);
     let (charged, report) = observed(payments.charge(&order("o-5"), "4242")).await;
     assert_eq!(charged.unwrap(), ChargeId("ch_o-5".into()));
-    assert_eq!(report.unwrap().answer(), Answer::Executed);
+    assert_eq!(report.unwrap().answer(), CallAnswer::Executed);
     assert_eq!(payments.gateway.requests.load(Ordering::SeqCst), 1);
     assert_eq!(payments.gateway.charges_for("o-5"), 1);
     assert_eq!(payments.samekey.stats().lookups, 1);
@@ -435,7 +435,7 @@ async fn a_missing_request_id_runs_nothing_unless_the_function_opts_in() {
         Err(PayError::Samekey(Error::MissingKey { part })) => assert_eq!(part, "request_id"),
         other => panic!("{other:?}"),
     }
-    assert_eq!(report.unwrap().answer(), Answer::Refused);
+    assert_eq!(report.unwrap().answer(), CallAnswer::Refused);
     assert_eq!(payments.samekey.stats().claims, 0, "nothing was claimed");
     // Two requests without an id are not duplicates of each other.
     assert!(payments.refund(None, 700).await.is_err());
@@ -445,7 +445,7 @@ async fn a_missing_request_id_runs_nothing_unless_the_function_opts_in() {
 
     let (first, report) = observed(payments.note(None, 1)).await;
     assert_eq!(first.unwrap(), 1);
-    assert_eq!(report.unwrap().answer(), Answer::Unprotected);
+    assert_eq!(report.unwrap().answer(), CallAnswer::Unprotected);
     assert_eq!(
         payments.note(None, 2).await.unwrap(),
         2,
@@ -622,7 +622,7 @@ async fn observed_reports_the_outermost_call_not_the_ones_inside_it() {
     assert_eq!(out.unwrap(), 2);
     let report = report.unwrap();
     assert_eq!(report.key().scope(), "first_hour.outer");
-    assert_eq!(report.answer(), Answer::Executed);
+    assert_eq!(report.answer(), CallAnswer::Executed);
     // Nothing to report without an #[idempotent] call.
     let ((), none) = observed(async {}).await;
     assert!(none.is_none());

@@ -10,8 +10,8 @@ use std::time::Duration;
 use samekey::journal::{AttemptOutcome, CompensationStep, LookupOutcome};
 use samekey::Store;
 use samekey::{
-    idempotent, observed, CallId, Callback, Compensator, MemoryStore, Operation, ReceiptState,
-    Resolution, Runtime, What,
+    callback::Callback, compensation::ManualResolution, compensation::Operation, idempotent,
+    journal::EventKind, observe::observed, CallId, Compensator, MemoryStore, ReceiptState, Runtime,
 };
 use support::faulty::{Act, Faulty, Gate};
 use support::{Fault, Remote, TestError};
@@ -28,7 +28,7 @@ impl Payments {
 
     fn on(store: Arc<dyn samekey::Store>) -> Payments {
         let rt = Runtime::builder()
-            .clock(samekey::TokioClock::new())
+            .clock(samekey::clock::TokioClock::new())
             .node("api-1")
             .shared_store(store)
             .build()
@@ -62,8 +62,8 @@ impl Payments {
     }
 }
 
-/// The `What` of each event, in order.
-fn whats(events: &[samekey::Event]) -> Vec<What> {
+/// The `EventKind` of each event, in order.
+fn whats(events: &[samekey::journal::Event]) -> Vec<EventKind> {
     events.iter().map(|e| e.what.clone()).collect()
 }
 
@@ -80,10 +80,10 @@ async fn the_happy_path_journals_nothing_and_its_timeline_comes_from_the_receipt
     let history = p.rt.history(&call_id).await.unwrap();
     assert!(history.events.is_empty(), "{:?}", history.events);
     let timeline = history.timeline();
-    assert!(matches!(timeline[0].what, What::Claimed { .. }));
+    assert!(matches!(timeline[0].what, EventKind::Claimed { .. }));
     assert_eq!(
         timeline[1].what,
-        What::Recorded {
+        EventKind::Recorded {
             state: ReceiptState::Success,
             by: "call".into()
         }
@@ -99,9 +99,9 @@ async fn a_retried_call_journals_each_attempt_its_class_and_backoff() {
     assert_eq!(out, Ok(5));
     let events = p.rt.history(&call_id).await.unwrap().events;
     let whats = whats(&events);
-    assert!(matches!(whats[0], What::Claimed { .. }), "{whats:?}");
+    assert!(matches!(whats[0], EventKind::Claimed { .. }), "{whats:?}");
     match &whats[1] {
-        What::Attempt {
+        EventKind::Attempt {
             attempt: 1,
             outcome: AttemptOutcome::Retryable,
             error: Some(error),
@@ -110,13 +110,13 @@ async fn a_retried_call_journals_each_attempt_its_class_and_backoff() {
         other => panic!("the first attempt, retryable: {other:?}"),
     }
     assert!(
-        matches!(whats[2], What::Backoff { attempt: 1, delay_ms } if delay_ms > 0),
+        matches!(whats[2], EventKind::Backoff { attempt: 1, delay_ms } if delay_ms > 0),
         "{whats:?}"
     );
     assert!(
         matches!(
             whats[3],
-            What::Attempt {
+            EventKind::Attempt {
                 attempt: 2,
                 outcome: AttemptOutcome::Ok,
                 ..
@@ -126,7 +126,7 @@ async fn a_retried_call_journals_each_attempt_its_class_and_backoff() {
     );
     assert_eq!(
         whats[4],
-        What::Recorded {
+        EventKind::Recorded {
             state: ReceiptState::Success,
             by: "call".into()
         }
@@ -158,7 +158,7 @@ async fn a_timeout_journals_the_lookup_and_its_answer() {
     assert_eq!(out, Ok(5));
     let whats = whats(&p.rt.history(&call_id).await.unwrap().events);
     assert!(
-        whats.contains(&What::Lookup {
+        whats.contains(&EventKind::Lookup {
             answer: LookupOutcome::Succeeded,
             error: None
         }),
@@ -166,7 +166,7 @@ async fn a_timeout_journals_the_lookup_and_its_answer() {
     );
     assert!(matches!(
         whats[1],
-        What::Attempt {
+        EventKind::Attempt {
             outcome: AttemptOutcome::Unknown,
             ..
         }
@@ -184,7 +184,7 @@ async fn a_call_given_back_is_read_by_its_callid_with_why() {
     assert_eq!(history.receipt, None, "the claim was given back");
     assert_eq!(
         history.events.last().map(|e| e.what.clone()),
-        Some(What::Released {
+        Some(EventKind::Released {
             reason: "retries exhausted; nothing ran".into(),
             by: "call".into()
         })
@@ -192,7 +192,7 @@ async fn a_call_given_back_is_read_by_its_callid_with_why() {
     let attempts = history
         .events
         .iter()
-        .filter(|e| matches!(e.what, What::Attempt { .. }))
+        .filter(|e| matches!(e.what, EventKind::Attempt { .. }))
         .count();
     assert_eq!(attempts, 3);
 }
@@ -220,21 +220,21 @@ async fn an_unknown_then_the_worker_resolving_it_reads_as_one_timeline() {
     let whats = whats(&events);
     let unknown = whats
         .iter()
-        .position(|w| matches!(w, What::Unknown { .. }))
+        .position(|w| matches!(w, EventKind::Unknown { .. }))
         .expect("the unknown");
     assert_eq!(
         whats[unknown + 1..],
         [
-            What::Compensation {
+            EventKind::Compensation {
                 round: 0,
                 step: CompensationStep::Taken,
                 detail: String::new()
             },
-            What::Lookup {
+            EventKind::Lookup {
                 answer: LookupOutcome::Succeeded,
                 error: None
             },
-            What::Recorded {
+            EventKind::Recorded {
                 state: ReceiptState::Success,
                 by: "compensation".into()
             },
@@ -259,7 +259,7 @@ async fn a_take_over_a_cancellation_a_callback_and_a_person_are_journaled() {
     );
     assert_eq!(
         history.events.last().map(|e| e.what.clone()),
-        Some(What::Cancelled {
+        Some(EventKind::Cancelled {
             left: "marked unknown".into()
         })
     );
@@ -269,7 +269,7 @@ async fn a_take_over_a_cancellation_a_callback_and_a_person_are_journaled() {
     assert!(
         taken.iter().any(|w| matches!(
             w,
-            What::TookOver {
+            EventKind::TookOver {
                 from: ReceiptState::Unknown,
                 ..
             }
@@ -280,7 +280,7 @@ async fn a_take_over_a_cancellation_a_callback_and_a_person_are_journaled() {
     Compensator::new(&p.rt)
         .resolve(
             &call_id,
-            Resolution::Succeeded(serde_json::json!(5)),
+            ManualResolution::Succeeded(serde_json::json!(5)),
             "ana",
             "provider's dashboard shows it charged",
         )
@@ -296,16 +296,16 @@ async fn a_take_over_a_cancellation_a_callback_and_a_person_are_journaled() {
     assert_eq!(
         tail,
         [
-            What::Resolved {
+            EventKind::Resolved {
                 state: ReceiptState::Success,
                 who: "ana".into(),
                 why: "provider's dashboard shows it charged".into()
             },
-            What::Callback {
+            EventKind::Callback {
                 state: ReceiptState::Success,
                 applied: false
             },
-            What::Callback {
+            EventKind::Callback {
                 state: ReceiptState::Success,
                 applied: false
             },

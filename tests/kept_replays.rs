@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use samekey::{idempotent, observed, Error, Key, Runtime};
+use samekey::{idempotent, observe::observed, Error, Key, Runtime};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, thiserror::Error, Serialize, Deserialize, PartialEq)]

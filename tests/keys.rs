@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use samekey::{idempotent, key_bytes, Key, KeyPart};
+use samekey::{idempotent, key::key_bytes, Key, KeyPart};
 
 #[derive(KeyPart)]
 struct Order {
@@ -94,7 +94,7 @@ async fn the_macro_computes_the_documented_key() {
     let expected = Key::build("orders.charge", &(&order, Op::Charge, "v1"));
     // Key::build of a tuple adds the tuple header; the macro appends parts one by one. Rebuild the way
     // the macro does, part by part:
-    let mut builder = samekey::KeyBuilder::new("orders.charge");
+    let mut builder = samekey::key::KeyBuilder::new("orders.charge");
     builder.part(&order);
     builder.part(&Op::Charge);
     builder.part("v1");

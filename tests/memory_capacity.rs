@@ -7,7 +7,7 @@ mod support;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use samekey::{idempotent, Error, MemoryStore, Runtime, StoreError, TokioClock};
+use samekey::{clock::TokioClock, idempotent, store::StoreError, Error, MemoryStore, Runtime};
 use support::TestError;
 
 struct Svc {

@@ -10,7 +10,8 @@ use std::time::Duration;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
 use samekey::{
-    idempotent, CallId, Compensator, ConcurrencyLimit, Operation, RetryBudget, Runtime, TokioClock,
+    clock::TokioClock, compensation::Operation, idempotent, limits::ConcurrencyLimit,
+    limits::RetryBudget, CallId, Compensator, Runtime,
 };
 use support::faulty::Faulty;
 use support::{Fault, Remote, TestError};
@@ -21,7 +22,7 @@ struct Svc {
 }
 
 impl Svc {
-    fn new(builder: samekey::Builder) -> Svc {
+    fn new(builder: samekey::runtime::RuntimeBuilder) -> Svc {
         Svc {
             rt: builder
                 .node("metrics")

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use samekey::sqlx;
 use samekey::store::PgStore;
-use samekey::{idempotent, Error, ReceiptState, Runtime, StoreError};
+use samekey::{idempotent, store::StoreError, Error, ReceiptState, Runtime};
 use support::TestError;
 
 async fn pg() -> Option<PgStore> {

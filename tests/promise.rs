@@ -12,9 +12,11 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use samekey::journal::What;
+use samekey::journal::EventKind;
 use samekey::store::StoreClock;
-use samekey::{idempotent, CallId, Error, Inbound, ReceiptState, Runtime, Store, StoreError};
+use samekey::{
+    context::Inbound, idempotent, store::StoreError, CallId, Error, ReceiptState, Runtime, Store,
+};
 use support::faulty::{Act, Faulty, Gate};
 use support::stores::*;
 use support::{Fault, Remote, TestClock, TestError};
@@ -118,7 +120,7 @@ impl Svc {
         for _ in 0..1000 {
             let history = self.rt.history_of_key(&self.key()).await.unwrap();
             if history.events.iter().any(|e| {
-                matches!(&e.what, What::Released { reason, by } if by == "call" && reason.contains(why))
+                matches!(&e.what, EventKind::Released { reason, by } if by == "call" && reason.contains(why))
             }) {
                 return;
             }
@@ -590,7 +592,7 @@ async fn an_unanswered_claim_is_left_to_its_lease_once_it_may_have_ended(store: 
         !history
             .events
             .iter()
-            .any(|e| matches!(e.what, What::Released { .. })),
+            .any(|e| matches!(e.what, EventKind::Released { .. })),
         "{history:?}"
     );
 }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use samekey::{idempotent, ConcurrencyLimit, Error, Runtime, TokioClock};
+use samekey::{clock::TokioClock, idempotent, limits::ConcurrencyLimit, Error, Runtime};
 use support::TestError;
 
 /// A dependency that serves `capacity` requests at once (50 ms each) and answers 429 to any request
@@ -74,7 +74,7 @@ impl Svc {
                 .clock(TokioClock::new())
                 .jitter_seed(11)
                 .concurrency_limit(limit)
-                .retry_budget(samekey::RetryBudget::unlimited())
+                .retry_budget(samekey::limits::RetryBudget::unlimited())
                 .shared_store(store)
                 .build()
                 .unwrap(),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use samekey::reconcile::{read_csv, read_jsonl, Discrepancy, Reconciler, RemoteOutcome, Report};
 use samekey::store::ReceiptQuery;
-use samekey::{idempotent, observed, CallId, Error, ReceiptState, Runtime, Store};
+use samekey::{idempotent, observe::observed, CallId, Error, ReceiptState, Runtime, Store};
 use support::stores::*;
 use support::{Fault, Remote, TestError};
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use samekey::sqlx;
 use samekey::store::{CachedStore, RedisStore, SqliteStore};
-use samekey::{idempotent, Error, Key, Runtime, Store, StoreError};
+use samekey::{idempotent, store::StoreError, Error, Key, Runtime, Store};
 use support::TestError;
 
 struct Svc {

@@ -17,7 +17,7 @@ use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use samekey_runtime::journal::AttemptOutcome;
-use samekey_runtime::{CallId, Event, What};
+use samekey_runtime::{journal::Event, journal::EventKind, CallId};
 
 fn call_id(day_start: u64, i: u64) -> String {
     format!("lst-{}-{i:016x}-n1", day_start + i)
@@ -27,17 +27,17 @@ fn call_id(day_start: u64, i: u64) -> String {
 fn templates() -> Vec<String> {
     let call: CallId = "lst-1-0000000000000000-n1".parse().expect("a callId");
     let what = [
-        What::Attempt {
+        EventKind::Attempt {
             attempt: 1,
             started_ms: 0,
             outcome: AttemptOutcome::TimedOut,
             error: Some("gateway timeout".into()),
         },
-        What::Backoff {
+        EventKind::Backoff {
             attempt: 1,
             delay_ms: 120,
         },
-        What::Attempt {
+        EventKind::Attempt {
             attempt: 2,
             started_ms: 0,
             outcome: AttemptOutcome::Ok,

@@ -134,7 +134,7 @@ pub fn now_ms() -> u64 {
 /// The runtime's clock: this machine's, or `--now`.
 pub struct CliClock;
 
-impl samekey_runtime::Clock for CliClock {
+impl samekey_runtime::clock::Clock for CliClock {
     fn now_ms(&self) -> u64 {
         now_ms()
     }

@@ -18,7 +18,9 @@ use std::collections::BTreeMap;
 
 use clap::Args;
 use samekey_runtime::journal::{AttemptOutcome, JOURNAL_LIMIT};
-use samekey_runtime::{CompensationState, Event, Key, ReceiptState, Runtime, What};
+use samekey_runtime::{
+    compensation::CompensationState, journal::Event, journal::EventKind, Key, ReceiptState, Runtime,
+};
 use serde::Serialize;
 use serde_json::json;
 
@@ -275,7 +277,7 @@ pub fn journal_findings(key: &Key, events: &[Event]) -> Vec<Finding> {
     // A forgotten call's key starts afresh: a later call on it is a new operation (an epoch).
     let mut epochs: Vec<BTreeMap<String, Call>> = vec![BTreeMap::new()];
     for (i, event) in events.iter().enumerate() {
-        if matches!(event.what, What::Forgotten { .. }) {
+        if matches!(event.what, EventKind::Forgotten { .. }) {
             epochs.push(BTreeMap::new());
             continue;
         }
@@ -290,7 +292,7 @@ pub fn journal_findings(key: &Key, events: &[Event]) -> Vec<Finding> {
         call.last = i;
         if matches!(
             event.what,
-            What::Attempt {
+            EventKind::Attempt {
                 outcome: AttemptOutcome::Ok,
                 ..
             }
@@ -302,7 +304,7 @@ pub fn journal_findings(key: &Key, events: &[Event]) -> Vec<Finding> {
         effects
             .iter()
             .map(|e| match &e.what {
-                What::Attempt { attempt, .. } => format!("attempt {attempt} on {}", e.node),
+                EventKind::Attempt { attempt, .. } => format!("attempt {attempt} on {}", e.node),
                 _ => format!("on {}", e.node),
             })
             .collect::<Vec<_>>()
@@ -428,11 +430,11 @@ fn print(out: &mut Out, findings: &[Finding], checked: &Checked) {
 
 #[cfg(test)]
 mod tests {
-    use samekey_runtime::{CallId, KeyBuilder, ReceiptState};
+    use samekey_runtime::{key::KeyBuilder, CallId, ReceiptState};
 
     use super::*;
 
-    fn event(call_id: &CallId, node: &str, what: What) -> Event {
+    fn event(call_id: &CallId, node: &str, what: EventKind) -> Event {
         Event {
             call_id: call_id.clone(),
             at_ms: 1_000,
@@ -441,8 +443,8 @@ mod tests {
         }
     }
 
-    fn ok(attempt: u32) -> What {
-        What::Attempt {
+    fn ok(attempt: u32) -> EventKind {
+        EventKind::Attempt {
             attempt,
             started_ms: 900,
             outcome: AttemptOutcome::Ok,
@@ -450,8 +452,8 @@ mod tests {
         }
     }
 
-    fn timed_out(attempt: u32) -> What {
-        What::Attempt {
+    fn timed_out(attempt: u32) -> EventKind {
+        EventKind::Attempt {
             attempt,
             started_ms: 900,
             outcome: AttemptOutcome::TimedOut,
@@ -471,14 +473,14 @@ mod tests {
             event(
                 &a,
                 "api-2",
-                What::TookOver {
+                EventKind::TookOver {
                     from: ReceiptState::Processing,
                     fence: 2,
                 },
             ),
             event(&a, "api-2", ok(1)),
             event(&a, "api-1", ok(1)),
-            event(&a, "api-1", What::FencedOut),
+            event(&a, "api-1", EventKind::FencedOut),
         ];
         let found = journal_findings(&key, &stalled);
         assert_eq!(found.len(), 1, "{found:?}");
@@ -509,7 +511,7 @@ mod tests {
             "{ids}"
         );
 
-        let forgotten = What::Forgotten {
+        let forgotten = EventKind::Forgotten {
             state: ReceiptState::Success,
             who: "alice".into(),
             why: "ticket".into(),
@@ -532,7 +534,7 @@ mod tests {
                 event(
                     &a,
                     "api-1",
-                    What::Backoff {
+                    EventKind::Backoff {
                         attempt: n,
                         delay_ms: 1,
                     },

@@ -4,8 +4,8 @@
 
 use clap::{Args, Subcommand, ValueEnum};
 use samekey_runtime::{
-    CallId, CompensationEntry, CompensationState, Compensator, Error, Resolution, Runtime,
-    StoreError,
+    compensation::CompensationEntry, compensation::CompensationState,
+    compensation::ManualResolution, store::StoreError, CallId, Compensator, Error, Runtime,
 };
 use serde_json::{json, Value};
 
@@ -143,17 +143,20 @@ pub async fn run(
                         Failure::usage(format!("--outcome {text:?} is not JSON: {e}"))
                     })?;
                     (
-                        Resolution::Succeeded(value),
+                        ManualResolution::Succeeded(value),
                         "recorded SUCCESS: duplicates replay the outcome",
                     )
                 }
                 Decision::Failed => (
-                    Resolution::Failed(args.message.unwrap_or_else(|| args.why.reason.clone())),
+                    ManualResolution::Failed(
+                        args.message.unwrap_or_else(|| args.why.reason.clone()),
+                    ),
                     "recorded FAILED: duplicates get the failure",
                 ),
-                Decision::Released => {
-                    (Resolution::Release, "key given back: a new call on it runs")
-                }
+                Decision::Released => (
+                    ManualResolution::Release,
+                    "key given back: a new call on it runs",
+                ),
             };
             worker
                 .resolve(&call_id, resolution, &args.why.who(), &args.why.reason)
@@ -268,7 +271,7 @@ fn list(out: &mut Out, entries: &[CompensationEntry], now: u64) {
     }
 }
 
-fn show(out: &mut Out, entry: &CompensationEntry, history: &samekey_runtime::History) {
+fn show(out: &mut Out, entry: &CompensationEntry, history: &samekey_runtime::journal::History) {
     match out.format() {
         Format::Json | Format::Jsonl => {
             let doc = json!({

@@ -1,6 +1,6 @@
 //! `samekey inspect`: a call's (or a key's) receipt and timeline.
 
-use samekey_runtime::{History, Key, Runtime};
+use samekey_runtime::{journal::History, Key, Runtime};
 
 use crate::args::{CallArgs, Target};
 use crate::output::Out;

@@ -1,7 +1,7 @@
 //! Keys as an operator gives them: a digest, or a scope and typed parts encoded exactly as the runtime
 //! encodes them (its own `KeyBuilder`).
 
-use samekey_runtime::{Key, KeyBuilder, KeyEncoder, KeyPart};
+use samekey_runtime::{key::KeyBuilder, key::KeyEncoder, Key, KeyPart};
 
 /// A structure's opening marker, as a type's `KeyPart` writes it before its members: a struct
 /// (`#[derive(KeyPart)]`) of n kept fields, a tuple, a sequence of n items, an `Option`.

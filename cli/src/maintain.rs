@@ -1,7 +1,7 @@
 //! `samekey purge` and `samekey forget`: what an operator removes, and only that.
 
 use clap::Args;
-use samekey_runtime::{Error, Runtime, StoreError};
+use samekey_runtime::{store::StoreError, Error, Runtime};
 use serde_json::json;
 
 use crate::args::{store_now, CallArgs, WhyArgs};

@@ -8,7 +8,7 @@ use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use samekey_runtime::store::Cursor;
-use samekey_runtime::{Event, History, Receipt};
+use samekey_runtime::{journal::Event, journal::History, Receipt};
 use serde_json::{json, Value};
 
 /// The output format.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use http::{Extensions, HeaderMap, HeaderValue, Method, StatusCode};
 use reqwest_middleware::{Middleware, Next};
-use samekey_runtime::{Classify, Context, Error, ErrorClass, RemoteStatus};
+use samekey_runtime::{context::Context, Classify, Error, ErrorClass, RemoteStatus};
 use serde::de::DeserializeOwned;
 
 use crate::headers::{IDEMPOTENCY_KEY, X_ATTEMPT, X_CALL_ID, X_TRACE_ID};
@@ -96,7 +96,7 @@ impl Middleware for CallHeaders {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<reqwest::Response> {
-        if let Some(cx) = samekey_runtime::try_current() {
+        if let Some(cx) = samekey_runtime::context::try_current() {
             self.stamp(&cx, request.headers_mut());
         }
         next.run(request, extensions).await

@@ -7,7 +7,7 @@ use std::task::{Context as TaskContext, Poll};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
-use samekey_runtime::{CallId, Inbound, TraceId};
+use samekey_runtime::{context::Inbound, CallId, TraceId};
 use tower_layer::Layer;
 use tower_service::Service;
 use tracing::Instrument as _;

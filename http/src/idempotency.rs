@@ -14,7 +14,8 @@ use http_body::Body;
 use http_body_util::{BodyExt, Limited};
 use samekey_runtime::at_most_once::{AtMostOnce, OnBusy, OnUnknown};
 use samekey_runtime::{
-    observed, Answer, Classify, Error, ErrorClass, Inbound, KeyBuilder, KeyBytes, Runtime,
+    context::Inbound, key::KeyBuilder, key::KeyBytes, observe::observed, observe::CallAnswer,
+    Classify, Error, ErrorClass, Runtime,
 };
 use serde::{Deserialize, Serialize};
 use tower_layer::Layer;
@@ -640,7 +641,7 @@ where
     if let Some(response) = unbuffered.lock().unwrap_or_else(|p| p.into_inner()).take() {
         return Ok(response);
     }
-    let replayed = report.is_some_and(|r| r.answer() == Answer::Replayed);
+    let replayed = report.is_some_and(|r| r.answer() == CallAnswer::Replayed);
     let stored = match out {
         Ok(stored) => stored,
         Err(Refusal::NotStored(stored)) => stored,

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use samekey_runtime::at_most_once::{AtMostOnce, OnBusy, OnUnknown};
 use samekey_runtime::{
-    CallId, Classify, Context, Error, Inbound, KeyBuilder, KeyEncoder, KeyPart, ParseCallIdError,
-    Runtime, TraceId,
+    call_id::ParseCallIdError, context::Context, context::Inbound, key::KeyBuilder,
+    key::KeyEncoder, CallId, Classify, Error, KeyPart, Runtime, TraceId,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -58,7 +58,7 @@ impl<T> Envelope<T> {
     /// same order as the one before makes them with the same identities. Outside a call, new ids
     /// (callId prefix `msg`, the default runtime's node) and `seq` 0.
     pub fn new(payload: T) -> Envelope<T> {
-        match samekey_runtime::try_current() {
+        match samekey_runtime::context::try_current() {
             Some(cx) => Envelope {
                 call_id: cx.call_id().clone(),
                 seq: Context::next_message_seq().unwrap_or(0),
@@ -66,7 +66,9 @@ impl<T> Envelope<T> {
                 payload,
             },
             None => {
-                let node = samekey_runtime::default_runtime().node().to_owned();
+                let node = samekey_runtime::runtime::default_runtime()
+                    .node()
+                    .to_owned();
                 let call_id = CallId::new("msg", &node)
                     .or_else(|_| CallId::new("msg", "node"))
                     .expect("`msg` and `node` are valid labels");

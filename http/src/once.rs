@@ -7,7 +7,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use samekey_runtime::at_most_once::{AtMostOnce, OnBusy, OnUnknown};
-use samekey_runtime::{Classify, Error, KeyBuilder, Runtime};
+use samekey_runtime::{key::KeyBuilder, Classify, Error, Runtime};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 

@@ -120,7 +120,7 @@ async fn every_attempt_carries_the_same_identity_and_its_number() {
         client: client(),
         base: listen(recording_charges(&seen)).await,
     };
-    let (out, report) = samekey::observed(caller.charge("o-1")).await;
+    let (out, report) = samekey::observe::observed(caller.charge("o-1")).await;
     assert_eq!(out.unwrap(), "charged");
     let call_id = report.unwrap().call_id().to_string();
     let requests = seen.requests.lock().unwrap().clone();
@@ -186,7 +186,7 @@ async fn a_mapped_key_is_the_same_on_every_attempt() {
         base: listen(recording_charges(&seen)).await,
     };
     let keys = Mutex::new(Vec::new());
-    let (out, report) = samekey::observed(caller.charge_recording_key("o-3", &keys)).await;
+    let (out, report) = samekey::observe::observed(caller.charge_recording_key("o-3", &keys)).await;
     assert_eq!(out.unwrap(), "charged");
     let call_id = report.unwrap().call_id().to_string();
     let digests = keys.lock().unwrap().clone();
@@ -452,7 +452,7 @@ impl Remote {
 #[cfg(feature = "axum")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lookup_reads_the_receipt_endpoints_answers() {
-    use samekey::{CallId, Inbound, RemoteStatus};
+    use samekey::{context::Inbound, CallId, RemoteStatus};
     use samekey_http::{lookup_receipt, receipts};
 
     let remote = Arc::new(Remote {

@@ -89,7 +89,7 @@ async fn a_message_published_twice_is_worked_once() {
         rt: rt.clone(),
         broker: broker.clone(),
     };
-    let (published, report) = samekey::observed(orders.publish_paid("o-1")).await;
+    let (published, report) = samekey::observe::observed(orders.publish_paid("o-1")).await;
     published.unwrap();
     let call_id = report.unwrap().call_id().clone();
     let deliveries = broker.queue.lock().unwrap().clone();

@@ -19,7 +19,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use bytes::Bytes;
-use samekey::{idempotent, Classify, ConcurrencyLimit, ErrorClass, MemoryStore, Runtime, Store};
+use samekey::{
+    idempotent, limits::ConcurrencyLimit, Classify, ErrorClass, MemoryStore, Runtime, Store,
+};
 use samekey_http::{CallContextLayer, IdempotencyLayer};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, Notify};
@@ -54,7 +56,7 @@ async fn create_order(
     Json(order): Json<Order>,
 ) -> impl IntoResponse {
     let id = counts.orders.fetch_add(1, Ordering::SeqCst) + 1;
-    let call_id = samekey::try_current().map(|cx| cx.call_id().to_string());
+    let call_id = samekey::context::try_current().map(|cx| cx.call_id().to_string());
     let created = Created {
         id,
         item: order.item,
@@ -187,7 +189,7 @@ async fn ids(headers: HeaderMap) -> Json<(Option<String>, Option<String>, Option
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned)
     };
-    let adopted = samekey::try_current().map(|cx| cx.call_id().to_string());
+    let adopted = samekey::context::try_current().map(|cx| cx.call_id().to_string());
     Json((header("x-call-id"), header("x-trace-id"), adopted))
 }
 
@@ -926,7 +928,7 @@ async fn a_service_error_under_the_layer_is_an_unknown_outcome() {
     /// Charges, then (the first time) takes longer than the timeout to answer.
     async fn charge(State(charges): State<Arc<Charges>>) -> (StatusCode, &'static str) {
         let run = charges.runs.fetch_add(1, Ordering::SeqCst) + 1;
-        let call_id = samekey::try_current().map(|cx| cx.call_id().to_string());
+        let call_id = samekey::context::try_current().map(|cx| cx.call_id().to_string());
         charges.call_ids.lock().unwrap().push(call_id);
         if run == 1 {
             tokio::time::sleep(Duration::from_secs(60)).await;

@@ -39,7 +39,7 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream> {
                 let n = kept.len();
                 let (pattern, encodes) = destructure(&kept, &out);
                 quote! {
-                    ::samekey::KeyEncoder::record(#out, #n);
+                    ::samekey::key::KeyEncoder::record(#out, #n);
                     match self {
                         Self { #(#pattern,)* .. } => { #(#encodes)* }
                     }
@@ -79,7 +79,7 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream> {
                         let (pattern, encodes) = destructure(&kept, &out);
                         arms.push(quote! {
                             Self::#ident { #(#pattern,)* .. } => {
-                                ::samekey::KeyEncoder::variant(#out, #name, #n);
+                                ::samekey::key::KeyEncoder::variant(#out, #name, #n);
                                 #(#encodes)*
                             }
                         });
@@ -119,7 +119,7 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream> {
     Ok(quote! {
         #[automatically_derived]
         impl #impl_generics ::samekey::KeyPart for #name #ty_generics #where_clause {
-            fn encode_key(&self, #out: &mut ::samekey::KeyEncoder) {
+            fn encode_key(&self, #out: &mut ::samekey::key::KeyEncoder) {
                 #body
             }
         }

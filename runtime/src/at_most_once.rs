@@ -88,6 +88,7 @@ use serde::Serialize;
 use crate::call::{begin, Begun, CallError, CallOutput, LookupAnswer, Spec, Step};
 pub use crate::call::{OnBusy, OnUnknown};
 use crate::call_id::{validate_label, CallId, ParseCallIdError};
+pub use crate::codec::StoredByMessage;
 use crate::codec::{ErrorCodec, ExactErrors, MessageErrors, Probe};
 use crate::error::Error;
 use crate::key::{KeyBuilder, KeyPart};

@@ -81,16 +81,16 @@ use crate::call_id::{CallId, TraceId};
 use crate::classify::{Classify, ErrorClass, RemoteStatus};
 use crate::codec::{ErrorCodec, Keeper};
 use crate::context::Places;
-use crate::limits::Dependency;
 use crate::error::Error;
 use crate::journal::{AttemptOutcome, Event};
 use crate::key::{Fingerprint, Key, KeyBuilder, KeyProblem};
+use crate::limits::Dependency;
 use crate::observe::metrics::Stopwatch;
 use crate::observe::Slot;
-use crate::scope::OperationCell;
 use crate::receipt::{Fence, ReceiptState};
 use crate::retry::Backoff;
 use crate::runtime::Runtime;
+use crate::scope::OperationCell;
 
 /// A `tracing` event of a call (target `samekey`), opening with the fields every one carries —
 /// `call_id`, `key` (its short form) and `attempt`, in that order — then the event's own fields and
@@ -397,7 +397,7 @@ struct Call<T, E> {
     problem: Option<Box<KeyProblem>>,
     /// Running without idempotency (a missing key part, and the function opted in).
     plain: bool,
-    /// Where [`observed`](crate::observed) wants this call's report, and what it needs beyond the run.
+    /// Where [`observed`](crate::observe::observed) wants this call's report, and what it needs beyond the run.
     observer: Option<Box<Observer>>,
     /// Journal events not written yet. A call that its first attempt settles pushes none (see
     /// [`crate::journal`]): the receipt tells its story.
@@ -466,7 +466,7 @@ impl Phase {
     }
 }
 
-/// An [`observed`](crate::observed) call's report slot.
+/// An [`observed`](crate::observe::observed) call's report slot.
 struct Observer {
     slot: Slot,
     /// The callId whose stored outcome this call replayed.

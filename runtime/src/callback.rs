@@ -20,7 +20,7 @@ use crate::call_id::CallId;
 use crate::clock::ms;
 use crate::codec::message_bytes;
 use crate::error::{Error, StoreError};
-use crate::journal::What;
+use crate::journal::EventKind;
 use crate::receipt::ReceiptState;
 use crate::runtime::Runtime;
 use crate::store::Completion;
@@ -93,7 +93,7 @@ impl Runtime {
             attempt = 0u32, state = %callback.state,
             "callback not applied: a reversal of the call was begun; left to a person");
         if !reversal.disputed {
-            let refused = What::CallbackRefused {
+            let refused = EventKind::CallbackRefused {
                 from: ReceiptState::Unknown,
                 to: callback.state,
             };
@@ -138,7 +138,7 @@ impl Runtime {
                 if record.state == callback.state {
                     tracing::info!(target: "samekey", call_id = %call_id, key = %record.key.short(),
                         attempt = 0u32, state = %record.state, "callback: already applied");
-                    let repeat = What::Callback {
+                    let repeat = EventKind::Callback {
                         state: callback.state,
                         applied: false,
                     };
@@ -149,7 +149,7 @@ impl Runtime {
                 tracing::warn!(target: "samekey", call_id = %call_id, key = %record.key.short(),
                     attempt = 0u32, from = %record.state, to = %callback.state,
                     "callback refused: it would move a finished receipt backwards");
-                let refused = What::CallbackRefused {
+                let refused = EventKind::CallbackRefused {
                     from: record.state,
                     to: callback.state,
                 };
@@ -228,7 +228,7 @@ impl Runtime {
                     }
                     tracing::info!(target: "samekey", call_id = %call_id, key = %key.short(),
                         attempt = 0u32, state = %callback.state, "callback: applied");
-                    let applied = What::Callback {
+                    let applied = EventKind::Callback {
                         state: callback.state,
                         applied: true,
                     };

@@ -16,7 +16,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::call_id::{CallId, Label, TraceId};
+use crate::call_id::{CallId, ShortLabel, TraceId};
 use crate::key::Key;
 use crate::receipt::Fence;
 
@@ -203,7 +203,7 @@ pub fn current() -> Context {
     match try_current() {
         Some(context) => context,
         None => panic!(
-            "samekey::current() called outside an #[idempotent] function; use samekey::try_current()"
+            "samekey::current() called outside an #[idempotent] function; use samekey::context::try_current()"
         ),
     }
 }
@@ -225,7 +225,7 @@ pub fn try_current() -> Option<Context> {
 /// ```
 /// # async fn handler() {}
 /// # async fn demo(header: &str) {
-/// use samekey_runtime::{CallId, Inbound};
+/// use samekey_runtime::{CallId, context::Inbound};
 /// let call_id: CallId = header.parse().unwrap();
 /// Inbound::new().call_id(call_id).scope(handler()).await;
 /// # }
@@ -300,7 +300,7 @@ pub(crate) struct Identity {
 
 /// The identity of a call that is starting: its callId adopted from an inbound context when one is
 /// waiting, else new; its traceId inherited from the enclosing call or inbound context.
-pub(crate) fn identify(prefix: &'static str, node: &Label, now_ms: u64) -> Identity {
+pub(crate) fn identify(prefix: &'static str, node: &ShortLabel, now_ms: u64) -> Identity {
     let found = SCOPE.try_with(|scope| match scope {
         Scope::Call(outer) => (None, outer.trace_id, outer.places),
         Scope::Inbound(inbound) => {
@@ -320,7 +320,7 @@ pub(crate) fn identify(prefix: &'static str, node: &Label, now_ms: u64) -> Ident
     let (call_id, adopted) = match adopted {
         Some(call_id) => (call_id, true),
         None => (
-            CallId::generate_at(Label::from_static(prefix), node.clone(), now_ms),
+            CallId::generate_at(ShortLabel::from_static(prefix), node.clone(), now_ms),
             false,
         ),
     };

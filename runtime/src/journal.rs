@@ -36,14 +36,14 @@ pub struct Event {
     pub node: String,
     /// What happened.
     #[serde(flatten)]
-    pub what: What,
+    pub what: EventKind,
 }
 
 /// What happened, in an [`Event`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 #[non_exhaustive]
-pub enum What {
+pub enum EventKind {
     /// The call claimed its key under `fence`.
     Claimed {
         /// The owner's fence.
@@ -164,7 +164,7 @@ pub enum What {
     },
 }
 
-impl std::fmt::Display for What {
+impl std::fmt::Display for EventKind {
     /// One line for people: `attempt 2: retryable (503)`, `lookup: succeeded`, `recorded SUCCESS by
     /// compensation`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -177,10 +177,10 @@ impl std::fmt::Display for What {
         };
         match self {
             // Fence 0: a claim the receipt implies (its fence is the receipt's).
-            What::Claimed { fence: 0 } => f.write_str("claimed"),
-            What::Claimed { fence } => write!(f, "claimed (fence {fence})"),
-            What::TookOver { from, fence } => write!(f, "took over from {from} (fence {fence})"),
-            What::Attempt {
+            EventKind::Claimed { fence: 0 } => f.write_str("claimed"),
+            EventKind::Claimed { fence } => write!(f, "claimed (fence {fence})"),
+            EventKind::TookOver { from, fence } => write!(f, "took over from {from} (fence {fence})"),
+            EventKind::Attempt {
                 attempt,
                 outcome,
                 error,
@@ -189,21 +189,21 @@ impl std::fmt::Display for What {
                 write!(f, "attempt {attempt}: {outcome}")?;
                 because(f, error.as_deref().unwrap_or_default())
             }
-            What::Backoff { delay_ms, .. } => write!(f, "backing off {delay_ms} ms"),
-            What::Lookup { answer, error } => {
+            EventKind::Backoff { delay_ms, .. } => write!(f, "backing off {delay_ms} ms"),
+            EventKind::Lookup { answer, error } => {
                 write!(f, "lookup: {answer}")?;
                 because(f, error.as_deref().unwrap_or_default())
             }
-            What::Recorded { state, by } => write!(f, "recorded {state} by {by}"),
-            What::Unknown { reason } => write!(f, "left UNKNOWN for compensation ({reason})"),
-            What::Released { reason, by } => write!(f, "claim given back by {by} ({reason})"),
-            What::FencedOut => write!(f, "fenced out: another owner holds the key"),
-            What::Contradicted { recorded, known } => write!(
+            EventKind::Recorded { state, by } => write!(f, "recorded {state} by {by}"),
+            EventKind::Unknown { reason } => write!(f, "left UNKNOWN for compensation ({reason})"),
+            EventKind::Released { reason, by } => write!(f, "claim given back by {by} ({reason})"),
+            EventKind::FencedOut => write!(f, "fenced out: another owner holds the key"),
+            EventKind::Contradicted { recorded, known } => write!(
                 f,
                 "the owner knows {known}, but {recorded} was recorded meanwhile: answered {known}; reconcile by hand"
             ),
-            What::Cancelled { left } => write!(f, "cancelled by its caller; {left}"),
-            What::Compensation {
+            EventKind::Cancelled { left } => write!(f, "cancelled by its caller; {left}"),
+            EventKind::Compensation {
                 round,
                 step,
                 detail,
@@ -211,14 +211,14 @@ impl std::fmt::Display for What {
                 write!(f, "compensation round {round}: {step}")?;
                 because(f, detail)
             }
-            What::Resolved { state, who, why } => {
+            EventKind::Resolved { state, who, why } => {
                 write!(f, "resolved by hand as {state} by {who} ({why})")
             }
-            What::Forgotten { state, who, why } => write!(
+            EventKind::Forgotten { state, who, why } => write!(
                 f,
                 "forgotten by {who} ({why}): its {state} outcome is gone, the key may be claimed again"
             ),
-            What::Callback { state, applied } => {
+            EventKind::Callback { state, applied } => {
                 let how = if *applied {
                     "applied"
                 } else {
@@ -226,7 +226,7 @@ impl std::fmt::Display for What {
                 };
                 write!(f, "callback {state}: {how}")
             }
-            What::CallbackRefused { from, to } => write!(f, "callback refused: {from} → {to}"),
+            EventKind::CallbackRefused { from, to } => write!(f, "callback refused: {from} → {to}"),
         }
     }
 }
@@ -299,7 +299,7 @@ impl std::fmt::Display for LookupOutcome {
     }
 }
 
-/// A compensation worker's step, in [`What::Compensation`].
+/// A compensation worker's step, in [`EventKind::Compensation`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CompensationStep {
@@ -359,7 +359,9 @@ impl History {
         let claimed = self.events.iter().filter(ours).any(|e| {
             matches!(
                 e.what,
-                What::Claimed { .. } | What::TookOver { .. } | What::Attempt { attempt: 1, .. }
+                EventKind::Claimed { .. }
+                    | EventKind::TookOver { .. }
+                    | EventKind::Attempt { attempt: 1, .. }
             )
         });
         let implied = |at_ms, what| Event {
@@ -369,16 +371,15 @@ impl History {
             what,
         };
         if !claimed {
-            timeline.push(implied(receipt.created_ms, What::Claimed { fence: 0 }));
+            timeline.push(implied(receipt.created_ms, EventKind::Claimed { fence: 0 }));
         }
         timeline.extend(self.events.iter().cloned());
-        let recorded =
-            self.events.iter().filter(ours).any(
-                |e| matches!(&e.what, What::Recorded { state, .. } if *state == receipt.state),
-            );
+        let recorded = self.events.iter().filter(ours).any(
+            |e| matches!(&e.what, EventKind::Recorded { state, .. } if *state == receipt.state),
+        );
         if receipt.state.is_terminal() && !recorded {
             let by = "call".to_owned();
-            let what = What::Recorded {
+            let what = EventKind::Recorded {
                 state: receipt.state,
                 by,
             };
@@ -413,7 +414,7 @@ mod tests {
             call_id,
             at_ms: 5,
             node: "n1".into(),
-            what: What::Attempt {
+            what: EventKind::Attempt {
                 attempt: 2,
                 started_ms: 3,
                 outcome: AttemptOutcome::Retryable,

@@ -56,7 +56,7 @@
 
 use std::fmt;
 
-use crate::call_id::Label;
+use crate::call_id::ShortLabel;
 
 mod digest;
 mod encode;
@@ -97,7 +97,7 @@ pub trait KeyPart {
 #[derive(Clone)]
 pub struct Key {
     digest: [u8; 32],
-    scope: Label,
+    scope: ShortLabel,
 }
 
 impl Key {
@@ -111,7 +111,7 @@ impl Key {
     }
 
     /// A key rebuilt from a stored digest.
-    pub fn from_digest(scope: impl Into<Label>, digest: [u8; 32]) -> Key {
+    pub fn from_digest(scope: impl Into<ShortLabel>, digest: [u8; 32]) -> Key {
         Key {
             digest,
             scope: scope.into(),
@@ -166,7 +166,7 @@ impl fmt::Debug for Key {
 /// Builds a key from a scope and parts, hashing as it goes. Used by the generated code.
 pub struct KeyBuilder {
     encoder: KeyEncoder,
-    scope: Label,
+    scope: ShortLabel,
     problem: Option<KeyProblem>,
 }
 
@@ -182,17 +182,17 @@ pub(crate) enum KeyProblem {
 impl KeyBuilder {
     /// Starts a key in `scope`.
     pub fn new(scope: &str) -> KeyBuilder {
-        KeyBuilder::with_label(Label::from(scope))
+        KeyBuilder::with_label(ShortLabel::from(scope))
     }
 
     /// Starts a key in a scope known for the whole program (no allocation).
     #[inline]
     pub fn new_static(scope: &'static str) -> KeyBuilder {
-        KeyBuilder::with_label(Label::from_static(scope))
+        KeyBuilder::with_label(ShortLabel::from_static(scope))
     }
 
     #[inline]
-    fn with_label(scope: Label) -> KeyBuilder {
+    fn with_label(scope: ShortLabel) -> KeyBuilder {
         let mut encoder = KeyEncoder::hashing();
         encoder.str(scope.as_str());
         KeyBuilder {

@@ -5,11 +5,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use crate::call_id::{validate_node, CallId, Label, ParseCallIdError};
+use crate::call_id::{validate_node, CallId, ParseCallIdError, ShortLabel};
 use crate::clock::{Clock, RuntimeClock, SystemClock};
 use crate::compensation::CompensationEntry;
 use crate::error::{Error, StoreError};
-use crate::journal::{Event, History, What};
+use crate::journal::{Event, EventKind, History};
 use crate::key::Key;
 use crate::limits::{Budget, ConcurrencyLimit, Dependencies, Dependency, Policies, RetryBudget};
 use crate::observe::{Counter, Counters, Stats};
@@ -47,7 +47,7 @@ struct Inner {
     /// The same store when it is the in-memory one: its claim and completion are then called directly,
     /// without a boxed future.
     memory: Option<Arc<MemoryStore>>,
-    node: Label,
+    node: ShortLabel,
     clock: RuntimeClock,
     lease: Duration,
     busy_wait: Duration,
@@ -90,13 +90,13 @@ impl Runtime {
     }
 
     /// Configures a runtime.
-    pub fn builder() -> Builder {
-        Builder::default()
+    pub fn builder() -> RuntimeBuilder {
+        RuntimeBuilder::default()
     }
 
     fn from_parts(
         store: StoreHandle,
-        node: Label,
+        node: ShortLabel,
         b: Settings,
         clock: Option<Arc<dyn Clock>>,
         policies: Policies,
@@ -161,12 +161,12 @@ impl Runtime {
         self.inner.node.as_str()
     }
 
-    pub(crate) fn node_label(&self) -> &Label {
+    pub(crate) fn node_label(&self) -> &ShortLabel {
         &self.inner.node
     }
 
     /// The runtime's time: Unix milliseconds from its [`Clock`] (the system clock, read fresh, unless
-    /// [`Builder::clock`] gave another).
+    /// [`RuntimeBuilder::clock`] gave another).
     pub fn now_ms(&self) -> u64 {
         self.inner.clock.now_ms()
     }
@@ -288,7 +288,7 @@ impl Runtime {
     ///
     /// ```
     /// # async fn demo(rt: samekey_runtime::Runtime) -> Result<(), samekey_runtime::Error> {
-    /// let mut key = samekey_runtime::KeyBuilder::new("orders.charge");
+    /// let mut key = samekey_runtime::key::KeyBuilder::new("orders.charge");
     /// key.part("o-1");
     /// let forgotten = rt.forget(&key.finish(), "alice", "ticket 4711: customer redoes the order").await;
     /// # let _ = forgotten; Ok(()) }
@@ -308,7 +308,7 @@ impl Runtime {
         store.forget(key, record.fence).await?;
         tracing::warn!(target: "samekey", call_id = %record.call_id, key = %key.short(),
             state = %record.state, who, why, "finished call forgotten by hand");
-        let forgotten = What::Forgotten {
+        let forgotten = EventKind::Forgotten {
             state: record.state,
             who: who.to_owned(),
             why: why.to_owned(),
@@ -333,7 +333,7 @@ impl Runtime {
     }
 
     /// An event of `call_id` written by this runtime now.
-    pub(crate) fn event(&self, call_id: &CallId, what: What) -> Event {
+    pub(crate) fn event(&self, call_id: &CallId, what: EventKind) -> Event {
         Event {
             call_id: call_id.clone(),
             at_ms: self.now_ms(),
@@ -403,7 +403,7 @@ pub fn default_runtime() -> &'static Runtime {
 
 /// The node name when none is configured: `SAMEKEY_NODE`, else `HOSTNAME`, made into a valid node name
 /// (other characters become `_`, cut to 63 bytes), else `local`.
-fn default_node() -> Label {
+fn default_node() -> ShortLabel {
     ["SAMEKEY_NODE", "HOSTNAME"]
         .iter()
         .filter_map(|var| std::env::var(var).ok())
@@ -420,8 +420,8 @@ fn default_node() -> Label {
                 .collect::<String>()
         })
         .find(|s| validate_node(s).is_ok())
-        .map(Label::from)
-        .unwrap_or(Label::from_static("local"))
+        .map(ShortLabel::from)
+        .unwrap_or(ShortLabel::from_static("local"))
 }
 
 #[derive(Clone, Copy)]
@@ -463,7 +463,7 @@ impl StoreHandle {
 
 /// Configures a [`Runtime`].
 #[derive(Default)]
-pub struct Builder {
+pub struct RuntimeBuilder {
     store: Option<StoreHandle>,
     node: Option<String>,
     settings: Settings,
@@ -471,24 +471,24 @@ pub struct Builder {
     policies: Policies,
 }
 
-impl Builder {
+impl RuntimeBuilder {
     /// The store (default: a new [`MemoryStore`]).
-    pub fn store(mut self, store: impl Store) -> Builder {
+    pub fn store(mut self, store: impl Store) -> RuntimeBuilder {
         self.store = Some(StoreHandle::new(Arc::new(store)));
         self
     }
 
     /// A store shared with other code.
-    pub fn shared_store(mut self, store: Arc<dyn Store>) -> Builder {
+    pub fn shared_store(mut self, store: Arc<dyn Store>) -> RuntimeBuilder {
         self.store = Some(StoreHandle::new(store));
         self
     }
 
     /// The node name written into callIds (their last field): 1–63 ASCII letters, digits, `_`, `.` or
     /// `-`, so a host or pod name is a node name as it is (`"api-7"`). Default: `SAMEKEY_NODE`, else
-    /// `HOSTNAME` (other characters replaced by `_`), else `local`. [`build`](Builder::build) refuses
+    /// `HOSTNAME` (other characters replaced by `_`), else `local`. [`build`](RuntimeBuilder::build) refuses
     /// anything else with an error that names the node.
-    pub fn node(mut self, node: impl Into<String>) -> Builder {
+    pub fn node(mut self, node: impl Into<String>) -> RuntimeBuilder {
         self.node = Some(node.into());
         self
     }
@@ -504,35 +504,35 @@ impl Builder {
     /// At least one millisecond (a shorter lease is taken as 1 ms): a take-over then always comes at a
     /// later millisecond than the claim it takes over, which is how a claim as written is told from a
     /// taken-over one.
-    pub fn lease(mut self, lease: Duration) -> Builder {
+    pub fn lease(mut self, lease: Duration) -> RuntimeBuilder {
         self.settings.lease = lease.max(Duration::from_millis(1));
         self
     }
 
     /// How long a duplicate waits for a busy key before [`Error::InProgress`] (default 30 s).
-    pub fn busy_wait(mut self, wait: Duration) -> Builder {
+    pub fn busy_wait(mut self, wait: Duration) -> RuntimeBuilder {
         self.settings.busy_wait = wait;
         self
     }
 
     /// How many times a lookup answering "processing" is asked again before the call is left `UNKNOWN`
     /// (default 5).
-    pub fn lookup_polls(mut self, polls: u32) -> Builder {
+    pub fn lookup_polls(mut self, polls: u32) -> RuntimeBuilder {
         self.settings.lookup_polls = polls;
         self
     }
 
-    /// The retry budget of this runtime's calls (default [`DEFAULT_RETRY_BUDGET`](crate::DEFAULT_RETRY_BUDGET): over 10 s, 10 retries
+    /// The retry budget of this runtime's calls (default [`DEFAULT_RETRY_BUDGET`](crate::limits::DEFAULT_RETRY_BUDGET): over 10 s, 10 retries
     /// per second plus 20 % of the calls), shared by every function that names no dependency;
     /// [`RetryBudget::unlimited`] switches it off. See [retry budgets](crate::limits#retry-budgets).
-    pub fn retry_budget(mut self, budget: RetryBudget) -> Builder {
+    pub fn retry_budget(mut self, budget: RetryBudget) -> RuntimeBuilder {
         self.policies.retries = budget;
         self
     }
 
-    /// The budget of `lookup`s (default [`DEFAULT_LOOKUP_BUDGET`](crate::DEFAULT_LOOKUP_BUDGET): over 10 s, 20 per second plus one
+    /// The budget of `lookup`s (default [`DEFAULT_LOOKUP_BUDGET`](crate::limits::DEFAULT_LOOKUP_BUDGET): over 10 s, 20 per second plus one
     /// per call): a lookup is a read, not a retry, and draws from this budget only.
-    pub fn lookup_budget(mut self, budget: RetryBudget) -> Builder {
+    pub fn lookup_budget(mut self, budget: RetryBudget) -> RuntimeBuilder {
         self.policies.lookups = Some(budget);
         self
     }
@@ -541,17 +541,17 @@ impl Builder {
     /// (`#[idempotent(budget = "payments")]`): a window of its own, so that one failing dependency
     /// does not spend the retries of others. A name never set here gets the runtime's retry policy,
     /// in a window of its own.
-    pub fn budget(mut self, name: impl Into<String>, budget: RetryBudget) -> Builder {
+    pub fn budget(mut self, name: impl Into<String>, budget: RetryBudget) -> RuntimeBuilder {
         self.policies.named_retries.insert(name.into(), budget);
         self
     }
 
     /// The adaptive concurrency limit of this runtime's calls (default
-    /// [`DEFAULT_CONCURRENCY_LIMIT`](crate::DEFAULT_CONCURRENCY_LIMIT): unlimited until the
+    /// [`DEFAULT_CONCURRENCY_LIMIT`](crate::limits::DEFAULT_CONCURRENCY_LIMIT): unlimited until the
     /// dependency answers `RateLimited`, then AIMD), shared by every function that names no
     /// dependency; [`ConcurrencyLimit::off`] switches it off. See
     /// [concurrency limits](crate::limits#concurrency-limits).
-    pub fn concurrency_limit(mut self, limit: ConcurrencyLimit) -> Builder {
+    pub fn concurrency_limit(mut self, limit: ConcurrencyLimit) -> RuntimeBuilder {
         self.policies.concurrency = limit;
         self
     }
@@ -559,7 +559,11 @@ impl Builder {
     /// The adaptive concurrency limit of the dependency `name`, for the functions that name it
     /// (`#[idempotent(budget = "payments")]`): one dependency's `RateLimited` answers slow down its
     /// own calls only. A name never set here gets the runtime's policy, with a limit of its own.
-    pub fn concurrency(mut self, name: impl Into<String>, limit: ConcurrencyLimit) -> Builder {
+    pub fn concurrency(
+        mut self,
+        name: impl Into<String>,
+        limit: ConcurrencyLimit,
+    ) -> RuntimeBuilder {
         self.policies.named_concurrency.insert(name.into(), limit);
         self
     }
@@ -569,17 +573,17 @@ impl Builder {
     /// a wait of at least its `retry_after`, even beyond the function's backoff cap; a `retry_after`
     /// longer than this ends the call at once instead (nothing ran: the claim is released and the
     /// caller gets the rate-limit error, with the `retry_after` it carries).
-    pub fn max_retry_after(mut self, max: Duration) -> Builder {
+    pub fn max_retry_after(mut self, max: Duration) -> RuntimeBuilder {
         self.settings.max_retry_after = max;
         self
     }
 
     /// The clock this runtime stamps callIds with, buckets `window` keys by and hands to stores that
     /// take the caller's time (default: [`SystemClock`]). A test with tokio's time paused gives a
-    /// [`TokioClock`](crate::TokioClock), so that `tokio::time::advance` ends leases and TTLs; a
+    /// [`TokioClock`](crate::clock::TokioClock), so that `tokio::time::advance` ends leases and TTLs; a
     /// simulation or a test of clock skew gives its own. The shared stores (PostgreSQL, Redis) judge
     /// leases and expiries by their own clock whatever this one says.
-    pub fn clock(mut self, clock: impl Clock) -> Builder {
+    pub fn clock(mut self, clock: impl Clock) -> RuntimeBuilder {
         self.clock = Some(Arc::new(clock));
         self
     }
@@ -587,17 +591,17 @@ impl Builder {
     /// Draws backoff jitter from this seed instead of from each callId's random entropy, so that a
     /// simulation or a test with the same inputs waits the same delays (default: random). Production
     /// code leaves it unset: jitter exists to spread clients apart.
-    pub fn jitter_seed(mut self, seed: u64) -> Builder {
+    pub fn jitter_seed(mut self, seed: u64) -> RuntimeBuilder {
         self.settings.jitter_seed = Some(seed);
         self
     }
 
-    /// The runtime; fails if the node name is not valid (see [`node`](Builder::node)).
+    /// The runtime; fails if the node name is not valid (see [`node`](RuntimeBuilder::node)).
     pub fn build(self) -> Result<Runtime, ParseCallIdError> {
         let node = match self.node {
             Some(node) => {
                 validate_node(&node)?;
-                Label::from(node)
+                ShortLabel::from(node)
             }
             None => default_node(),
         };

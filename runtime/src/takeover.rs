@@ -18,7 +18,7 @@
 
 use crate::call_id::CallId;
 use crate::error::StoreError;
-use crate::journal::{CompensationStep, What};
+use crate::journal::{CompensationStep, EventKind};
 use crate::key::Key;
 use crate::receipt::{Fence, Receipt};
 use crate::runtime::Runtime;
@@ -105,11 +105,11 @@ pub(crate) async fn open_reversal(
     // From the newest event back to the intent that began the reversal.
     for event in events.rev() {
         match &event.what {
-            What::Recorded { .. } | What::Resolved { .. } | What::Released { .. } => {
-                return Ok(None)
-            }
-            What::CallbackRefused { .. } => disputed = true,
-            What::Compensation { step, .. } => match step {
+            EventKind::Recorded { .. }
+            | EventKind::Resolved { .. }
+            | EventKind::Released { .. } => return Ok(None),
+            EventKind::CallbackRefused { .. } => disputed = true,
+            EventKind::Compensation { step, .. } => match step {
                 CompensationStep::ReversalFailed if last.is_none() => return Ok(None),
                 CompensationStep::Reversed => {
                     last.get_or_insert(*step);

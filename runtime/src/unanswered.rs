@@ -43,7 +43,7 @@ use tokio::time::Instant;
 use crate::call_id::CallId;
 use crate::clock::ms;
 use crate::error::StoreError;
-use crate::journal::{Event, What};
+use crate::journal::{Event, EventKind};
 use crate::key::Key;
 use crate::receipt::{Receipt, ReceiptState};
 use crate::retry::Backoff;
@@ -229,10 +229,10 @@ impl Unanswered {
             what,
         };
         let events = [
-            event(self.stamped_ms, What::Claimed { fence }),
+            event(self.stamped_ms, EventKind::Claimed { fence }),
             event(
                 rt.now_ms(),
-                What::Released {
+                EventKind::Released {
                     reason: format!("the claim's answer never came ({}); nothing ran", self.why),
                     by: "call".to_owned(),
                 },

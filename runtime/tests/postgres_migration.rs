@@ -8,13 +8,13 @@
 use std::str::FromStr;
 use std::sync::Arc;
 
-use samekey_runtime::journal::{AttemptOutcome, Event, What};
+use samekey_runtime::journal::{AttemptOutcome, Event, EventKind};
 use samekey_runtime::sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use samekey_runtime::sqlx::{self, Row};
 use samekey_runtime::store::{Claim, Claimed, Completion, PgStore, ReceiptQuery};
 use samekey_runtime::{
-    CallId, CompensationEntry, CompensationState, Fence, Fingerprint, Key, Receipt, ReceiptState,
-    Store, TraceId,
+    compensation::CompensationEntry, compensation::CompensationState, key::Fingerprint,
+    receipt::Fence, CallId, Key, Receipt, ReceiptState, Store, TraceId,
 };
 
 /// The schema of the release before times became `timestamptz`, verbatim (`PgStore`'s `SCHEMA` then).
@@ -383,13 +383,13 @@ async fn bigint_times_become_timestamptz_to_the_millisecond() {
             call_id: finished.call_id.clone(),
             at_ms: C1,
             node: "n1".into(),
-            what: What::Claimed { fence: 11 },
+            what: EventKind::Claimed { fence: 11 },
         },
         Event {
             call_id: finished.call_id.clone(),
             at_ms: U1,
             node: "n1".into(),
-            what: What::Recorded {
+            what: EventKind::Recorded {
                 state: ReceiptState::Success,
                 by: "call".into(),
             },
@@ -624,7 +624,7 @@ async fn a_fresh_database_keeps_timestamptz_and_whole_milliseconds() {
         call_id: done.call_id.clone(),
         at_ms: U1,
         node: "n1".into(),
-        what: What::FencedOut,
+        what: EventKind::FencedOut,
     };
     store
         .append_journal(&k, std::slice::from_ref(&event), 60_000, 1)

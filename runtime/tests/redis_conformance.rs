@@ -45,7 +45,7 @@ mod standalone {
     #[tokio::test]
     async fn a_call_in_flight_is_found_by_callid_from_another_process() {
         use samekey_runtime::store::{Claim, Claimed};
-        use samekey_runtime::{CallId, Event, Key, Store, What};
+        use samekey_runtime::{journal::Event, journal::EventKind, CallId, Key, Store};
         let Some(url) = redis_url() else { return };
         let prefix = prefix();
         let claimer = RedisStore::connect_with_prefix(&url, &prefix)
@@ -70,7 +70,7 @@ mod standalone {
             call_id: call_id.clone(),
             at_ms: 1,
             node: "n1".into(),
-            what: What::Claimed { fence: fence.0 },
+            what: EventKind::Claimed { fence: fence.0 },
         };
         claimer
             .append_journal(&key, std::slice::from_ref(&event), 60_000, 0)

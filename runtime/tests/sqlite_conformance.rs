@@ -24,7 +24,7 @@ samekey_runtime::store_conformance_tests!(fresh().await);
 /// its queued entries keep their place and can be taken under a fence.
 #[tokio::test]
 async fn an_earlier_releases_queue_is_migrated() {
-    use samekey_runtime::{CallId, CompensationEntry, Fence, Key, Store};
+    use samekey_runtime::{compensation::CompensationEntry, receipt::Fence, CallId, Key, Store};
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
         "sqlite-migration-{}",
         samekey_runtime::TraceId::new()

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use samekey::store::{async_trait, Claim, Claimed, Completion, StoreClock};
 use samekey::{
-    CallId, CompensationEntry, Event, Fence, Key, Receipt, Store, StoreError, Transition,
+    compensation::CompensationEntry, journal::Event, receipt::Fence, receipt::Transition,
+    store::StoreError, CallId, Key, Receipt, Store,
 };
 use tokio::sync::Semaphore;
 

@@ -80,7 +80,7 @@ pub type Remote = samekey::testing::Remote<u64, TestError>;
 /// ahead of or behind the others.
 #[derive(Clone, Default)]
 pub struct TestClock {
-    base: samekey::SystemClock,
+    base: samekey::clock::SystemClock,
     offset_ms: Arc<std::sync::atomic::AtomicI64>,
 }
 
@@ -104,7 +104,7 @@ impl TestClock {
     }
 }
 
-impl samekey::Clock for TestClock {
+impl samekey::clock::Clock for TestClock {
     fn now_ms(&self) -> u64 {
         let offset = self.offset_ms.load(std::sync::atomic::Ordering::SeqCst);
         self.base.now_ms().saturating_add_signed(offset)

@@ -9,7 +9,8 @@ use assert_cmd::Command;
 use samekey_runtime::journal::AttemptOutcome;
 use samekey_runtime::store::{Claim, Claimed, Completion};
 use samekey_runtime::{
-    CallId, CompensationEntry, Event, Fence, Key, KeyBuilder, ReceiptState, Store, What,
+    compensation::CompensationEntry, journal::Event, journal::EventKind, key::KeyBuilder,
+    receipt::Fence, CallId, Key, ReceiptState, Store,
 };
 
 /// 2026-11-30T09:00:00Z: when the SQLite store's planted calls happen.
@@ -55,7 +56,7 @@ async fn claim(store: &dyn Store, key: &Key, call_id: &CallId, lease_ms: u64, no
     }
 }
 
-fn event(call_id: &CallId, at_ms: u64, node: &str, what: What) -> Event {
+fn event(call_id: &CallId, at_ms: u64, node: &str, what: EventKind) -> Event {
     Event {
         call_id: call_id.clone(),
         at_ms,
@@ -64,8 +65,8 @@ fn event(call_id: &CallId, at_ms: u64, node: &str, what: What) -> Event {
     }
 }
 
-fn attempt(attempt: u32, started_ms: u64, outcome: AttemptOutcome) -> What {
-    What::Attempt {
+fn attempt(attempt: u32, started_ms: u64, outcome: AttemptOutcome) -> EventKind {
+    EventKind::Attempt {
         attempt,
         started_ms,
         outcome,
@@ -96,7 +97,12 @@ pub async fn plant(
     let paid_key = key_of(scope, 42);
     let fence = claim(store, &paid_key, &paid_id, 30_000, now).await;
     let events = [
-        event(&paid_id, t(0), "api-1", What::Claimed { fence: fence.0 }),
+        event(
+            &paid_id,
+            t(0),
+            "api-1",
+            EventKind::Claimed { fence: fence.0 },
+        ),
         event(
             &paid_id,
             t(2_000),
@@ -107,7 +113,7 @@ pub async fn plant(
             &paid_id,
             t(2_000),
             "api-1",
-            What::Backoff {
+            EventKind::Backoff {
                 attempt: 1,
                 delay_ms: 200,
             },
@@ -139,12 +145,12 @@ pub async fn plant(
     let twice_key = key_of(scope, 44);
     let first = claim(store, &twice_key, &twice, 30_000, now).await;
     let events = [
-        event(&twice, t(0), "api-1", What::Claimed { fence: first.0 }),
+        event(&twice, t(0), "api-1", EventKind::Claimed { fence: first.0 }),
         event(
             &twice,
             t(31_000),
             "api-2",
-            What::TookOver {
+            EventKind::TookOver {
                 from: ReceiptState::Processing,
                 fence: first.0 + 1,
             },
@@ -161,7 +167,7 @@ pub async fn plant(
             "api-1",
             attempt(1, t(100), AttemptOutcome::Ok),
         ),
-        event(&twice, t(33_000), "api-1", What::FencedOut),
+        event(&twice, t(33_000), "api-1", EventKind::FencedOut),
     ];
     store
         .append_journal(&twice_key, &events, LONG, now)
@@ -192,7 +198,7 @@ pub async fn plant(
             &unknown,
             t(2_000),
             "api-1",
-            What::Unknown {
+            EventKind::Unknown {
                 reason: "timed out; no lookup".into(),
             },
         ),

@@ -21,11 +21,11 @@ use crate::classify::ErrorClass;
 use crate::clock::ms;
 use crate::context::Context;
 use crate::error::{Error, StoreError};
-use crate::journal::{AttemptOutcome, What};
+use crate::journal::{AttemptOutcome, EventKind};
 use crate::lease::Owner;
 use crate::observe::metrics::RetryClass;
-use crate::receipt::Fence;
 use crate::observe::Counter;
+use crate::receipt::Fence;
 
 use super::{Call, CallResult, OnUnknown, Phase, Step};
 
@@ -106,7 +106,7 @@ impl<T, E> Call<T, E> {
                 }
             };
         }
-        let attempt = |outcome, error| What::Attempt {
+        let attempt = |outcome, error| EventKind::Attempt {
             attempt: self.attempts,
             started_ms: started,
             outcome,
@@ -161,7 +161,10 @@ impl<T, E> Call<T, E> {
                         if let Some(limit) = self.dependency.limiter.rate_limited(self.round) {
                             call_event!(INFO, self; dependency = %self.dependency.name, limit,
                                 "rate limited: fewer calls in flight");
-                            crate::observe::metrics::concurrency_limit(&self.dependency.name, Some(limit));
+                            crate::observe::metrics::concurrency_limit(
+                                &self.dependency.name,
+                                Some(limit),
+                            );
                         }
                         Box::pin(self.retry(
                             RetryClass::RateLimited,
@@ -242,7 +245,7 @@ impl<T, E> Call<T, E> {
 
     /// Backs off and asks for another attempt, or gives up when the retries are spent. The wait is at
     /// least `at_least` (a rate limit's `retry_after`); one longer than the runtime's
-    /// [`max_retry_after`](crate::Builder::max_retry_after) ends the call instead.
+    /// [`max_retry_after`](crate::runtime::RuntimeBuilder::max_retry_after) ends the call instead.
     pub(super) async fn retry(&mut self, class: RetryClass, at_least: Duration) -> Step<T, E> {
         if self.spent() > self.spec.retries {
             return self.exhausted().await;
@@ -287,7 +290,7 @@ impl<T, E> Call<T, E> {
     /// Journals a backoff and waits it out, writing the journal meanwhile (the write costs the call
     /// no time unless it outlasts the wait).
     pub(super) async fn back_off(&mut self, delay: Duration) {
-        self.note(What::Backoff {
+        self.note(EventKind::Backoff {
             attempt: self.attempts,
             delay_ms: ms(delay),
         });

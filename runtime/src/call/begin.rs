@@ -26,11 +26,11 @@ use crate::context::{self};
 use crate::error::Error;
 use crate::key::{Fingerprint, Key, KeyBuilder, KeyProblem};
 use crate::observe::metrics::Stopwatch;
+use crate::observe::Counter;
 use crate::observe::Slot;
-use crate::scope;
 use crate::receipt::Receipt;
 use crate::runtime::Runtime;
-use crate::observe::Counter;
+use crate::scope;
 use crate::store::{Claim, Claimed, StoreClock};
 use crate::unanswered::{self, Unanswered};
 
@@ -145,7 +145,7 @@ pub(super) fn begin<T: CallOutput, E: CallError>(
 /// limit, no claim — when the runtime's store is the in-process one and holds the key's finished
 /// `SUCCESS` receipt: what [`Call::start`] would answer, counted the same way. Anything else goes
 /// the whole way: no such receipt, a stored failure, a `verify` mismatch, a result that does not
-/// decode, an [`observed`](crate::observed) call, a rate-limited dependency, an inbound callId
+/// decode, an [`observed`](crate::observe::observed) call, a rate-limited dependency, an inbound callId
 /// waiting to be adopted, a scope clash, and debug tracing on (the whole way logs the replay).
 ///
 /// With a `keeper` (a `Clone` value type), the first such replay keeps the decoded value beside the

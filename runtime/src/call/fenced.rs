@@ -10,7 +10,7 @@
 //!   for compensation and one that never ran answers its plain failure.
 
 use crate::error::Error;
-use crate::journal::What;
+use crate::journal::EventKind;
 use crate::receipt::ReceiptState;
 
 use super::record::finish_compensation;
@@ -21,12 +21,12 @@ impl<T, E> Call<T, E> {
     /// past its lease and the key was taken over, under the same callId). It reads the receipt: a final
     /// outcome recorded there is the call's answer — unless it is `FAILED` and this run knows its
     /// request took effect (`known` is a value): that is answered, journaled as
-    /// [`What::Contradicted`] and queued `MANUAL` for a person; a known failure never overrides a
+    /// [`EventKind::Contradicted`] and queued `MANUAL` for a person; a known failure never overrides a
     /// recorded success. Without a final record, the known outcome, else [`Error::Unknown`] — queued
     /// only when no other owner holds the call, since the one that does resolves it.
     pub(super) async fn fenced_out(&mut self, known: Option<Result<T, E>>) -> Step<T, E> {
         self.phase = Phase::Free;
-        self.note(What::FencedOut);
+        self.note(EventKind::FencedOut);
         self.flush().await;
         let now = self.rt.now_ms();
         let record = self.rt.store().get(&self.key, now).await;
@@ -74,12 +74,12 @@ impl<T, E> Call<T, E> {
 
     /// Answers `value`, the call's success, although another owner recorded it `FAILED` meanwhile: the
     /// record is what duplicates replay, so a person must reconcile the two. Journaled
-    /// ([`What::Contradicted`]), logged, and queued as a `MANUAL` compensation entry (if no worker
+    /// ([`EventKind::Contradicted`]), logged, and queued as a `MANUAL` compensation entry (if no worker
     /// holds one for the call: then its worker's journal and this log say it).
     pub(super) async fn contradicted(&mut self, value: T, now: u64) -> Step<T, E> {
         call_event!(ERROR, self;
             "another owner recorded FAILED, but this owner's request took effect; answering its success, and asking a person to reconcile");
-        self.note(What::Contradicted {
+        self.note(EventKind::Contradicted {
             recorded: ReceiptState::Failed,
             known: ReceiptState::Success,
         });

@@ -11,9 +11,9 @@
 
 use crate::compensation::CompensationEntry;
 use crate::error::{Error, StoreError};
-use crate::journal::What;
-use crate::receipt::Fence;
+use crate::journal::EventKind;
 use crate::observe::Counter;
+use crate::receipt::Fence;
 use crate::store::Store;
 
 use super::{Call, Phase, Step};
@@ -60,7 +60,7 @@ impl<T, E> Call<T, E> {
         call_event!(INFO, self; why, "claim released");
         self.phase = Phase::Free;
         if self.worth_journaling() {
-            self.note(What::Released {
+            self.note(EventKind::Released {
                 reason: why.to_owned(),
                 by: "call".to_owned(),
             });
@@ -115,7 +115,7 @@ impl<T, E> Call<T, E> {
 
     /// Journals the hand-over and answers [`Error::Unknown`].
     pub(super) async fn answer_unknown(&mut self, reason: &str) -> Step<T, E> {
-        self.note(What::Unknown {
+        self.note(EventKind::Unknown {
             reason: reason.to_owned(),
         });
         self.flush().await;

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use crate::clock::ms;
-use crate::journal::{Event, What};
+use crate::journal::{Event, EventKind};
 use crate::receipt::ReceiptState;
 use crate::store::Completion;
 
@@ -101,7 +101,7 @@ impl<T, E> Drop for Call<T, E> {
                 call_id: call_id.clone(),
                 at_ms: rt.now_ms(),
                 node: rt.node().to_owned(),
-                what: What::Cancelled {
+                what: EventKind::Cancelled {
                     left: what.to_owned(),
                 },
             });

@@ -13,9 +13,9 @@
 
 use crate::clock::ms;
 use crate::error::Error;
-use crate::journal::What;
-use crate::receipt::{Receipt, ReceiptState};
+use crate::journal::EventKind;
 use crate::observe::Counter;
+use crate::receipt::{Receipt, ReceiptState};
 use crate::takeover::{self, TakenOver};
 
 use super::{Call, OnBusy, OnUnknown, Phase, Step};
@@ -131,7 +131,7 @@ impl<T, E> Call<T, E> {
         self.took_over = true;
         self.uncertain = true;
         self.count(Counter::Claims);
-        self.note(What::TookOver {
+        self.note(EventKind::TookOver {
             from: record.state,
             fence: fence.0,
         });

@@ -9,9 +9,9 @@
 
 use crate::clock::ms;
 use crate::error::{Error, StoreError};
-use crate::journal::{Event, What};
-use crate::observe::{Answer, CallReport};
+use crate::journal::{Event, EventKind};
 use crate::observe::Counter;
+use crate::observe::{CallAnswer, CallReport};
 
 use super::{Call, Observer, Phase, Step};
 
@@ -28,9 +28,9 @@ impl<T, E> Call<T, E> {
 
     /// Adds an event to the journal (written by the next [`Call::flush`]); the first one of a run
     /// that claimed its key brings the claim with it.
-    pub(super) fn note(&mut self, what: What) {
+    pub(super) fn note(&mut self, what: EventKind) {
         if self.journal.is_empty() && !self.journaled && !self.took_over {
-            let claimed = What::Claimed {
+            let claimed = EventKind::Claimed {
                 fence: self.phase.fence().map_or(0, |f| f.0),
             };
             let event = self.event(self.claimed_ms, claimed);
@@ -40,7 +40,7 @@ impl<T, E> Call<T, E> {
         self.journal.push(event);
     }
 
-    pub(super) fn event(&self, at_ms: u64, what: What) -> Event {
+    pub(super) fn event(&self, at_ms: u64, what: EventKind) -> Event {
         Event {
             call_id: self.call_id.clone(),
             at_ms,
@@ -94,13 +94,13 @@ impl<T, E> Call<T, E> {
         if let Some(observer) = self.observer.take() {
             let Observer { slot, replayed } = *observer;
             let answer = if replayed.is_some() {
-                Answer::Replayed
+                CallAnswer::Replayed
             } else if self.plain {
-                Answer::Unprotected
+                CallAnswer::Unprotected
             } else if self.attempts == 0 && !self.took_over {
-                Answer::Refused
+                CallAnswer::Refused
             } else {
-                Answer::Executed
+                CallAnswer::Executed
             };
             slot.report(CallReport {
                 call_id: replayed.unwrap_or_else(|| self.call_id.clone()),

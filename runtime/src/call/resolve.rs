@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::classify::RemoteStatus;
 use crate::clock::ms;
-use crate::journal::{LookupOutcome, What};
+use crate::journal::{EventKind, LookupOutcome};
 use crate::observe::metrics::RetryClass;
 use crate::observe::Counter;
 
@@ -55,7 +55,7 @@ impl<T, E> Call<T, E> {
             Ok(RemoteStatus::Processing) => (LookupOutcome::Processing, None),
             Err(e) => (LookupOutcome::NoAnswer, Some(e.clone())),
         };
-        self.note(What::Lookup {
+        self.note(EventKind::Lookup {
             answer: seen,
             error,
         });

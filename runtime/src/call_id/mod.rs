@@ -14,7 +14,7 @@
 //! * **Stable text form.** [`Display`](fmt::Display) and [`FromStr`] round-trip exactly; serde uses the same
 //!   text.
 //!
-//! The id and its text form are here; [`Label`] (its prefix and node, and a key's scope), the rules for
+//! The id and its text form are here; [`ShortLabel`] (its prefix and node, and a key's scope), the rules for
 //! their text and [`ParseCallIdError`] (`validate.rs`), [`TraceId`] (`trace.rs`) and the entropy
 //! source (`entropy.rs`) each have a file.
 
@@ -33,7 +33,7 @@ mod trace;
 mod validate;
 
 use entropy::entropy;
-pub use label::Label;
+pub use label::ShortLabel;
 pub use trace::TraceId;
 use validate::Field;
 pub(crate) use validate::MAX_NODE_LEN;
@@ -55,8 +55,8 @@ pub use validate::{validate_label, validate_node, ParseCallIdError};
 pub struct CallId {
     entropy: u64,
     unix_ms: u64,
-    prefix: Label,
-    node: Label,
+    prefix: ShortLabel,
+    node: ShortLabel,
     /// The text form, made on first use (most callIds are only ever written by `Display`).
     text: OnceLock<Arc<str>>,
 }
@@ -106,16 +106,19 @@ impl CallId {
     pub fn new(prefix: &str, node: &str) -> Result<CallId, ParseCallIdError> {
         validate_label(prefix)?;
         validate_node(node)?;
-        Ok(CallId::generate(Label::from(prefix), Label::from(node)))
+        Ok(CallId::generate(
+            ShortLabel::from(prefix),
+            ShortLabel::from(node),
+        ))
     }
 
     /// Makes a new callId from labels that are already validated.
-    pub(crate) fn generate(prefix: Label, node: Label) -> CallId {
+    pub(crate) fn generate(prefix: ShortLabel, node: ShortLabel) -> CallId {
         CallId::generate_at(prefix, node, unix_ms_now())
     }
 
     /// Makes a new callId stamped `unix_ms`, from labels that are already validated.
-    pub(crate) fn generate_at(prefix: Label, node: Label, unix_ms: u64) -> CallId {
+    pub(crate) fn generate_at(prefix: ShortLabel, node: ShortLabel, unix_ms: u64) -> CallId {
         CallId {
             entropy: entropy().next(),
             unix_ms,
@@ -217,8 +220,8 @@ impl FromStr for CallId {
         Ok(CallId {
             entropy,
             unix_ms,
-            prefix: Label::from(prefix),
-            node: Label::from(node),
+            prefix: ShortLabel::from(prefix),
+            node: ShortLabel::from(node),
             // Not `s`: a parsed text may spell the fields otherwise (upper-case hex, leading zeros);
             // the text form is always the canonical one, made on first use.
             text: OnceLock::new(),

@@ -15,7 +15,7 @@
 //!   last one the entry becomes `MANUAL` and the escalation hook runs. Nothing is retried forever and
 //!   nothing disappears: an entry ends recorded, released, failed, or `MANUAL`.
 //! * **Once an attempt may have run, nothing releases its key** — the call path's rule, kept here:
-//!   "not received" does not release or fail a call by default ([`NotReceived`]): it is sent again
+//!   "not received" does not release or fail a call by default ([`NotReceivedPolicy`]): it is sent again
 //!   under its callId, reversed, or kept `UNKNOWN` until a person decides. Releasing or failing is an
 //!   opt-in that waits until the remote refuses the call's callId.
 //! * **Whatever may act keeps the key.** While a reversal or a re-run runs, the worker's lease on the
@@ -26,15 +26,15 @@
 //!
 //! * `entry`: the queue's entries ([`CompensationEntry`], [`CompensationState`]), as the stores keep them.
 //! * `operations`: what the worker can resolve, by scope ([`Operation`]), and what "not received" leads
-//!   to ([`NotReceived`]).
-//! * `worker`: the [`Compensator`] and its passes ([`Pass`]); in `worker/`, one entry's round, the
-//!   reversal, the re-run, and what a person does ([`Resolution`]).
+//!   to ([`NotReceivedPolicy`]).
+//! * `worker`: the [`Compensator`] and its passes ([`PassReport`]); in `worker/`, one entry's round, the
+//!   reversal, the re-run, and what a person does ([`ManualResolution`]).
 
 mod entry;
 mod operations;
 mod worker;
 
 pub use entry::{CompensationEntry, CompensationState};
-pub use operations::{NotReceived, Operation};
-pub use worker::by_hand::Resolution;
-pub use worker::{Compensator, Pass, DEFAULT_COMPENSATION_ROUNDS};
+pub use operations::{NotReceivedPolicy, Operation};
+pub use worker::by_hand::ManualResolution;
+pub use worker::{Compensator, PassReport, DEFAULT_COMPENSATION_ROUNDS};

@@ -1,5 +1,5 @@
 //! The operations a worker resolves, registered by scope: how to ask the remote side about a callId
-//! ([`Operation::new`]), what to do when it never received the call ([`NotReceived`]: hold, release or
+//! ([`Operation::new`]), what to do when it never received the call ([`NotReceivedPolicy`]: hold, release or
 //! fail past a known age, reverse this side's part, or send it again), and how long an outcome recorded
 //! by the worker is kept.
 
@@ -16,15 +16,16 @@ use crate::classify::{Classify, ErrorClass, RemoteStatus};
 use crate::compensation::entry::CompensationEntry;
 
 /// What a lookup answered, encoded for the receipt: the success value's JSON, or the failure's message.
-type Answer = Result<RemoteStatus<Vec<u8>, String>, String>;
-type Lookup = Arc<dyn Fn(CallId) -> Pin<Box<dyn Future<Output = Answer> + Send>> + Send + Sync>;
+type CallAnswer = Result<RemoteStatus<Vec<u8>, String>, String>;
+type Lookup = Arc<dyn Fn(CallId) -> Pin<Box<dyn Future<Output = CallAnswer> + Send>> + Send + Sync>;
 type Reversal = Arc<
     dyn Fn(CompensationEntry) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>>
         + Send
         + Sync,
 >;
-type Rerun =
-    Arc<dyn Fn(CompensationEntry) -> Pin<Box<dyn Future<Output = Answer> + Send>> + Send + Sync>;
+type Rerun = Arc<
+    dyn Fn(CompensationEntry) -> Pin<Box<dyn Future<Output = CallAnswer> + Send>> + Send + Sync,
+>;
 
 /// What the worker does with a call the remote side says it never received.
 ///
@@ -34,16 +35,16 @@ type Rerun =
 /// it charges twice. Recording `FAILED` tells the caller "failed" for a request that may yet charge.
 /// So, as the call path does, the worker never releases or fails an uncertain call by default: it
 /// re-sends it under its callId ([`Operation::rerun`]: the remote deduplicates), or keeps it `UNKNOWN`
-/// through its rounds and then asks a person ([`NotReceived::Hold`]). Releasing or failing it is safe
+/// through its rounds and then asks a person ([`NotReceivedPolicy::Hold`]). Releasing or failing it is safe
 /// only once the first request can no longer take effect — when the remote refuses a request whose
 /// callId is older than a known age — and is opted into with that age.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NotReceived {
+pub enum NotReceivedPolicy {
     /// Keep the call `UNKNOWN` (a duplicate still asks first) and look again next round; after the
     /// last, `MANUAL`. The default.
     Hold,
     /// Give the key back (the next call with this key runs, under a new callId) — once the call is
-    /// older than `refused_after`; until then, as [`NotReceived::Hold`].
+    /// older than `refused_after`; until then, as [`NotReceivedPolicy::Hold`].
     ///
     /// Safe only if the remote refuses any request whose callId was made more than `refused_after`
     /// ago (judged by the time the callId carries, [`CallId::unix_ms`]): then the first request, if
@@ -55,7 +56,7 @@ pub enum NotReceived {
     },
     /// Record the call `FAILED` ("not received by the remote"), so duplicates get that failure —
     /// once the call is older than `refused_after`, on the same condition as
-    /// [`NotReceived::Release`]; until then, as [`NotReceived::Hold`].
+    /// [`NotReceivedPolicy::Release`]; until then, as [`NotReceivedPolicy::Hold`].
     Fail {
         /// The age past which the remote refuses the call's callId.
         refused_after: Duration,
@@ -63,7 +64,7 @@ pub enum NotReceived {
     /// Run the operation's [reversal](Operation::reversal) (undo this side's part: release the
     /// stock held for the order), then record the call `FAILED`. Set by [`Operation::reversal`].
     ///
-    /// Like [`NotReceived::Release`], safe only if the call's first request can no longer take
+    /// Like [`NotReceivedPolicy::Release`], safe only if the call's first request can no longer take
     /// effect when the reversal runs (the remote refuses a late, old callId): one that arrives after
     /// it performs a call this side reversed. Register a reversal for such a remote, or prefer
     /// [`Operation::rerun`].
@@ -77,7 +78,7 @@ pub enum NotReceived {
 pub struct Operation {
     pub(super) lookup: Lookup,
     pub(super) ttl: Duration,
-    pub(super) not_received: NotReceived,
+    pub(super) not_received: NotReceivedPolicy,
     pub(super) reversal: Option<Reversal>,
     pub(super) rerun: Option<Rerun>,
 }
@@ -85,7 +86,7 @@ pub struct Operation {
 impl Operation {
     /// An operation whose calls are asked about with `lookup`, the same contract as the
     /// `#[idempotent(lookup = …)]` argument: `Succeeded(T)` and `Failed(E)` are recorded as the call's
-    /// outcome (a failure by its message: duplicates get `samekey::Error::Failed`), `NotReceived`
+    /// outcome (a failure by its message: duplicates get `samekey::Error::Failed`), `NotReceivedPolicy`
     /// follows [`Operation::not_received`], `Processing` or an `Err` wait for the next round.
     pub fn new<T, E, LE, F, Fut>(lookup: F) -> Operation
     where
@@ -112,7 +113,7 @@ impl Operation {
         Operation {
             lookup,
             ttl: Duration::from_secs(24 * 60 * 60),
-            not_received: NotReceived::Hold,
+            not_received: NotReceivedPolicy::Hold,
             reversal: None,
             rerun: None,
         }
@@ -131,7 +132,7 @@ impl Operation {
     /// or stalled while reversing) acts on nothing: a duplicate call or a callback answers
     /// `Error::Unknown`, and the next worker escalates the entry to `MANUAL` for a person to check
     /// instead of reversing again. Sets [`not_received`](Operation::not_received) to
-    /// [`NotReceived::Reverse`].
+    /// [`NotReceivedPolicy::Reverse`].
     pub fn reversal<E, F, Fut>(mut self, reverse: F) -> Operation
     where
         E: Display,
@@ -142,7 +143,7 @@ impl Operation {
             let reversing = reverse(entry);
             Box::pin(async move { reversing.await.map_err(|e| e.to_string()) })
         }));
-        self.not_received = NotReceived::Reverse;
+        self.not_received = NotReceivedPolicy::Reverse;
         self
     }
 
@@ -150,7 +151,7 @@ impl Operation {
     /// by it, so a first request that arrives late changes nothing), with the call's entry and its
     /// [inputs](CompensationEntry::inputs). `Ok(value)` is recorded `SUCCESS`; an error that stands
     /// (`Permanent`, `Rejected`) is recorded `FAILED` by its message; any other error leaves the call
-    /// to the next round. Sets [`not_received`](Operation::not_received) to [`NotReceived::Rerun`].
+    /// to the next round. Sets [`not_received`](Operation::not_received) to [`NotReceivedPolicy::Rerun`].
     pub fn rerun<T, E, F, Fut>(mut self, rerun: F) -> Operation
     where
         T: Serialize,
@@ -174,7 +175,7 @@ impl Operation {
                 }
             })
         }));
-        self.not_received = NotReceived::Rerun;
+        self.not_received = NotReceivedPolicy::Rerun;
         self
     }
 
@@ -184,8 +185,8 @@ impl Operation {
         self
     }
 
-    /// What a "not received" answer leads to (default [`NotReceived::Hold`]).
-    pub fn not_received(mut self, then: NotReceived) -> Operation {
+    /// What a "not received" answer leads to (default [`NotReceivedPolicy::Hold`]).
+    pub fn not_received(mut self, then: NotReceivedPolicy) -> Operation {
         self.not_received = then;
         self
     }

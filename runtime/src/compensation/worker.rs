@@ -19,7 +19,7 @@ use crate::clock::ms;
 use crate::compensation::entry::{CompensationEntry, CompensationState};
 use crate::compensation::operations::Operation;
 use crate::error::{Error, StoreError};
-use crate::journal::{CompensationStep, Event, What};
+use crate::journal::{CompensationStep, Event, EventKind};
 use crate::key::Key;
 use crate::lease::Owner;
 use crate::receipt::{Fence, Receipt, ReceiptState};
@@ -38,19 +38,19 @@ pub const DEFAULT_COMPENSATION_ROUNDS: [Duration; 5] = [
 /// What one pass of the worker did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct Pass {
+pub struct PassReport {
     /// Entries taken.
     pub taken: usize,
     /// Calls recorded `SUCCESS` from the remote's answer.
     pub succeeded: usize,
     /// Calls recorded `FAILED` (the remote's failure, or "not received" under
-    /// [`NotReceived::Fail`](super::NotReceived::Fail) once the call was older than its age).
+    /// [`NotReceivedPolicy::Fail`](super::NotReceivedPolicy::Fail) once the call was older than its age).
     pub failed: usize,
-    /// Keys given back (not received, [`NotReceived::Release`](super::NotReceived::Release), once the
+    /// Keys given back (not received, [`NotReceivedPolicy::Release`](super::NotReceivedPolicy::Release), once the
     /// call was older than its age).
     pub released: usize,
     /// Calls reversed and recorded `FAILED` (not received,
-    /// [`NotReceived::Reverse`](super::NotReceived::Reverse)).
+    /// [`NotReceivedPolicy::Reverse`](super::NotReceivedPolicy::Reverse)).
     pub reversed: usize,
     /// Entries whose call was settled elsewhere meanwhile (a duplicate took it over), now removed.
     pub settled_elsewhere: usize,
@@ -66,8 +66,8 @@ pub struct Pass {
 }
 
 /// The counts of several passes added up.
-impl std::ops::AddAssign for Pass {
-    fn add_assign(&mut self, pass: Pass) {
+impl std::ops::AddAssign for PassReport {
+    fn add_assign(&mut self, pass: PassReport) {
         self.taken += pass.taken;
         self.succeeded += pass.succeeded;
         self.failed += pass.failed;
@@ -81,8 +81,8 @@ impl std::ops::AddAssign for Pass {
     }
 }
 
-/// Which count of a [`Pass`] an entry adds to.
-type Counter = fn(&mut Pass) -> &mut usize;
+/// Which count of a [`PassReport`] an entry adds to.
+type Counter = fn(&mut PassReport) -> &mut usize;
 
 type Hook = Arc<dyn Fn(&CompensationEntry) + Send + Sync>;
 
@@ -90,8 +90,8 @@ type Hook = Arc<dyn Fn(&CompensationEntry) + Send + Sync>;
 /// the service ([`Compensator::run`]) or in a process of its own; several workers may run at once.
 ///
 /// ```
-/// # use samekey_runtime::{Compensator, Operation, RemoteStatus, Runtime};
-/// # async fn status(call: &str) -> Result<RemoteStatus<u64, String>, String> { Ok(RemoteStatus::NotReceived) }
+/// # use samekey_runtime::{Compensator, compensation::Operation, RemoteStatus, Runtime};
+/// # async fn status(call: &str) -> Result<RemoteStatus<u64, String>, String> { Ok(RemoteStatus::NotReceivedPolicy) }
 /// # async fn demo(rt: Runtime) {
 /// let worker = Compensator::new(&rt)
 ///     .operation("orders.charge", Operation::new(|call| async move { status(&call).await }))
@@ -174,7 +174,7 @@ impl Compensator {
             store.enqueue_compensation(entry).await?;
             tracing::warn!(target: "samekey", call_id = %orphan.call_id, key = %orphan.key.short(),
                 attempt = 0u32, "compensation: queued an orphan");
-            let step = What::Compensation {
+            let step = EventKind::Compensation {
                 round: 0,
                 step: CompensationStep::Swept,
                 detail: reason.to_owned(),
@@ -196,16 +196,16 @@ impl Compensator {
 
     /// One pass: takes the entries due now and works each once. A store that fails ends the pass
     /// early; what it took is taken again once its lease lapses.
-    pub async fn run_once(&self) -> Result<Pass, Error> {
+    pub async fn run_once(&self) -> Result<PassReport, Error> {
         let now = self.rt.now_ms();
         let taken = self
             .rt
             .store()
             .take_due_compensations(now, self.batch, ms(self.lease))
             .await?;
-        let mut pass = Pass {
+        let mut pass = PassReport {
             taken: taken.len(),
-            ..Pass::default()
+            ..PassReport::default()
         };
         // An entry is this worker's for one lease from the take: one worked after most of it went by
         // could be taken by another worker meanwhile. Past half the lease, the rest waits.
@@ -268,8 +268,8 @@ impl Compensator {
     /// entry (every round of every entry, so up to the last round's delay: instant under tokio's
     /// paused time, as in a simulation or a test). Answers the passes' totals. A store that fails
     /// ends it with the error.
-    pub async fn settle(&self) -> Result<Pass, Error> {
-        let mut total = Pass::default();
+    pub async fn settle(&self) -> Result<PassReport, Error> {
+        let mut total = PassReport::default();
         loop {
             total += self.run_once().await?;
             let now = self.rt.now_ms();
@@ -311,7 +311,7 @@ impl Compensator {
     }
 
     /// Journals one step of the worker on the call `call_id` of `key`.
-    async fn journal(&self, call_id: &CallId, key: &Key, what: What) {
+    async fn journal(&self, call_id: &CallId, key: &Key, what: EventKind) {
         let event = self.rt.event(call_id, what);
         self.rt.journal(key, &[event], self.keep(key)).await;
     }
@@ -332,7 +332,7 @@ impl Compensator {
 /// One entry being worked: the pass it counts in, and the journal steps it took, written together
 /// when it is done.
 struct Work<'p> {
-    pass: &'p mut Pass,
+    pass: &'p mut PassReport,
     steps: Vec<Event>,
 }
 

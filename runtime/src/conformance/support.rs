@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::call_id::{CallId, TraceId};
-use crate::journal::{Event, What};
+use crate::journal::{Event, EventKind};
 use crate::key::{Fingerprint, Key};
 use crate::receipt::{Fence, ReceiptState};
 use crate::store::{Claim, Claimed, Completion, Store, StoreClock};
@@ -96,7 +96,7 @@ pub(super) fn note(call_id: &CallId, n: u64) -> Event {
         call_id: call_id.clone(),
         at_ms: T0 + n,
         node: "suite".into(),
-        what: What::Backoff {
+        what: EventKind::Backoff {
             attempt: u32::try_from(n).unwrap_or(u32::MAX),
             delay_ms: n,
         },

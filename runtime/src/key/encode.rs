@@ -193,7 +193,7 @@ impl KeyEncoder {
 /// The encoding of one key part, as bytes. Useful to check by hand what a part contributes to a key.
 ///
 /// ```
-/// assert_eq!(samekey_runtime::key_bytes(&("ab", 7u32)), [0x0a, 2, 0x05, 2, b'a', b'b', 0x01, 7]);
+/// assert_eq!(samekey_runtime::key::key_bytes(&("ab", 7u32)), [0x0a, 2, 0x05, 2, b'a', b'b', 0x01, 7]);
 /// ```
 pub fn key_bytes<P: KeyPart + ?Sized>(part: &P) -> Vec<u8> {
     let mut encoder = KeyEncoder {

@@ -20,7 +20,7 @@ pub(crate) struct Dependency {
     pub(crate) limiter: Limiter,
 }
 
-/// The policies a [`Builder`](crate::Builder) sets.
+/// The policies a [`RuntimeBuilder`](crate::runtime::RuntimeBuilder) sets.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Policies {
     pub(crate) retries: RetryBudget,

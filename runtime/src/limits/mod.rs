@@ -1,6 +1,6 @@
 //! Limits on what calls send to a dependency: retry budgets, so that an outage does not turn into a
 //! retry storm, and adaptive concurrency limits, so that a rate-limited dependency gets fewer calls at
-//! once. [`RetryBudget`] and [`ConcurrencyLimit`] are the policies a [`Builder`](crate::Builder) sets.
+//! once. [`RetryBudget`] and [`ConcurrencyLimit`] are the policies a [`RuntimeBuilder`](crate::runtime::RuntimeBuilder) sets.
 //! A runtime keeps a budget and a limit for its own calls and for each dependency a function names
 //! (`#[idempotent(budget = "payments")]`), made on first use, and one lookup budget all calls share.
 //!
@@ -21,10 +21,10 @@
 //! leave it far from empty. Against one failing every call, retries stay within the share and the
 //! floor; when it recovers, its successful calls refill the window and retries are allowed again.
 //!
-//! Budgets are per runtime ([`Builder::retry_budget`](crate::Builder::retry_budget)) and, where a
+//! Budgets are per runtime ([`RuntimeBuilder::retry_budget`](crate::runtime::RuntimeBuilder::retry_budget)) and, where a
 //! function names a dependency (`#[idempotent(budget = "payments")]`), per dependency: each named
 //! budget is its own window, so one failing dependency does not spend the retries of another.
-//! [`Builder::budget`](crate::Builder::budget) sets a named one's policy; a name never set gets the
+//! [`RuntimeBuilder::budget`](crate::runtime::RuntimeBuilder::budget) sets a named one's policy; a name never set gets the
 //! runtime's retry policy, in a window of its own.
 //!
 //! The hot path pays one atomic addition per call (the deposit; a slot's turn-over, once a tenth of

@@ -62,7 +62,7 @@ impl Slot {
 /// How an `#[idempotent]` call was answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Answer {
+pub enum CallAnswer {
     /// This call ran (or resolved) the operation: its answer is its own.
     Executed,
     /// The key was already settled by an earlier call: its stored outcome was replayed and nothing ran.
@@ -81,7 +81,7 @@ pub struct CallReport {
     pub(crate) call_id: CallId,
     pub(crate) trace_id: TraceId,
     pub(crate) key: Key,
-    pub(crate) answer: Answer,
+    pub(crate) answer: CallAnswer,
     pub(crate) attempts: u32,
 }
 
@@ -103,13 +103,13 @@ impl CallReport {
     }
 
     /// How the call was answered.
-    pub fn answer(&self) -> Answer {
+    pub fn answer(&self) -> CallAnswer {
         self.answer
     }
 
     /// Whether the answer is an earlier call's stored outcome (`Idempotent-Replayed: true`).
     pub fn replayed(&self) -> bool {
-        self.answer == Answer::Replayed
+        self.answer == CallAnswer::Replayed
     }
 
     /// How many attempts of the body this call made (0 for a replay).
@@ -122,7 +122,7 @@ impl CallReport {
 /// call did not finish). Calls nested inside that call's body, and later calls, are not reported.
 ///
 /// ```
-/// # use samekey_runtime::observed;
+/// # use samekey_runtime::observe::observed;
 /// # async fn charge(_: &str) -> Result<u64, std::io::Error> { Ok(1) }
 /// # async fn demo() {
 /// let (result, report) = observed(charge("o-1")).await;

@@ -32,7 +32,7 @@ fn record_of(row: Row, record: u64) -> Result<RemoteRecord, ReadError> {
         Some(id) => Some(
             id.trim()
                 .parse()
-                .map_err(|e: crate::ParseCallIdError| fail(e.to_string()))?,
+                .map_err(|e: crate::call_id::ParseCallIdError| fail(e.to_string()))?,
         ),
         None if reference.is_some() => None,
         None => return Err(fail("neither a call_id nor a reference".to_owned())),

@@ -55,6 +55,7 @@ mod sqlite;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{CachedStore, RedisStore, DEFAULT_INDEX_TTL};
+pub use crate::error::StoreError;
 pub use local::{LocalCache, DEFAULT_LOCAL_MAX_AGE};
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
@@ -71,7 +72,6 @@ pub use async_trait::async_trait;
 
 use crate::call_id::CallId;
 use crate::compensation::CompensationEntry;
-use crate::error::StoreError;
 use crate::journal::Event;
 use crate::key::{Fingerprint, Key};
 use crate::receipt::{Fence, Receipt, ReceiptState, Transition};

@@ -13,14 +13,14 @@ use tokio::sync::Notify;
 use super::remote::Remote;
 use crate::call_id::CallId;
 use crate::classify::{Classify, ErrorClass};
-use crate::compensation::{Compensator, Pass};
+use crate::clock::TokioClock;
+use crate::compensation::{Compensator, PassReport};
 use crate::error::Error;
 use crate::journal::History;
-use crate::observe::{observed, Answer};
+use crate::observe::{observed, CallAnswer};
 use crate::receipt::{Receipt, ReceiptState};
 use crate::runtime::Runtime;
 use crate::store::{MemoryStore, ReceiptQuery, Store};
-use crate::TokioClock;
 
 tokio::task_local! {
     static CALLER: CallScope;
@@ -126,7 +126,7 @@ impl TestKit {
             rt,
             calls: AtomicU64::new(0),
             told: Mutex::new(Vec::new()),
-            rounds: crate::DEFAULT_COMPENSATION_ROUNDS.to_vec(),
+            rounds: crate::compensation::DEFAULT_COMPENSATION_ROUNDS.to_vec(),
         }
     }
 
@@ -203,7 +203,7 @@ impl TestKit {
             ),
             Ok((out, report)) => {
                 let call_id = report.as_ref().map(|r| r.call_id().to_string());
-                let refused = report.as_ref().map(|r| r.answer()) == Some(Answer::Refused);
+                let refused = report.as_ref().map(|r| r.answer()) == Some(CallAnswer::Refused);
                 let outcome = match &out {
                     Ok(_) => ToldOutcome::Succeeded,
                     Err(e) if refused || e.classify() == ErrorClass::Unknown => {
@@ -283,7 +283,11 @@ impl TestKit {
     /// The worker takes every due entry: one of another scope, with no operation here, goes through
     /// its rounds and ends `MANUAL`. With several scopes, register each on
     /// [`compensator`](TestKit::compensator) and use [`settle_with`](TestKit::settle_with).
-    pub async fn settle<T, E>(&self, scope: &str, remote: &Remote<T, E>) -> Result<Pass, Error>
+    pub async fn settle<T, E>(
+        &self,
+        scope: &str,
+        remote: &Remote<T, E>,
+    ) -> Result<PassReport, Error>
     where
         T: Clone + Send + serde::Serialize + 'static,
         E: From<super::RemoteError> + std::fmt::Display + 'static,
@@ -298,7 +302,7 @@ impl TestKit {
     }
 
     /// [`settle`](TestKit::settle) with a worker of yours (every scope's operation registered).
-    pub async fn settle_with(&self, worker: &Compensator) -> Result<Pass, Error> {
+    pub async fn settle_with(&self, worker: &Compensator) -> Result<PassReport, Error> {
         tokio::time::sleep(self.rt.lease()).await;
         worker.sweep().await?;
         worker.settle().await

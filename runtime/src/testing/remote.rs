@@ -343,7 +343,7 @@ where
     }
 
     /// What the remote knows of `call_id`, as a `lookup` answers it: `Succeeded` with the value,
-    /// `Failed` with a rejection, `Processing` while a slow request runs, `NotReceived` otherwise.
+    /// `Failed` with a rejection, `Processing` while a slow request runs, `NotReceivedPolicy` otherwise.
     ///
     /// ```ignore
     /// #[idempotent(key = "order_id", timeout = "1s", lookup = |call| self.gateway.status(call))]
@@ -362,16 +362,16 @@ where
         })
     }
 
-    /// A compensation [`Operation`](crate::Operation) whose lookup is [`status`](Remote::status),
+    /// A compensation [`Operation`](crate::compensation::Operation) whose lookup is [`status`](Remote::status),
     /// to register on a [`Compensator`](crate::Compensator) (see
     /// [`TestKit::settle_with`](super::TestKit::settle_with)).
-    pub fn operation(&self) -> crate::Operation
+    pub fn operation(&self) -> crate::compensation::Operation
     where
         T: serde::Serialize,
         E: std::fmt::Display + 'static,
     {
         let remote = self.clone();
-        crate::Operation::new(move |call: CallId| {
+        crate::compensation::Operation::new(move |call: CallId| {
             let remote = remote.clone();
             async move { remote.status(&call).await }
         })

@@ -59,7 +59,7 @@ fn main() {
     let _ = (Marker, OrderId(1));
     let _ = Op::Reimburse { partial: true };
     let _ = Op::Split(1, 0.5);
-    let _ = samekey::key_bytes(&Wrapper { items: &[1u8; 2] });
+    let _ = samekey::key::key_bytes(&Wrapper { items: &[1u8; 2] });
     let _: Option<&Never> = None;
     let _ = Op::Charge;
 }

@@ -1,5 +1,5 @@
 //! What a person does to a queued entry: resolve it by hand ([`Compensator::resolve`], with a
-//! [`Resolution`]), make it due now ([`Compensator::retry`]) or escalate it before its rounds run out
+//! [`ManualResolution`]), make it due now ([`Compensator::retry`]) or escalate it before its rounds run out
 //! ([`Compensator::escalate`]) — each logged and journaled with who and why.
 
 use super::{completion, Compensator};
@@ -8,13 +8,13 @@ use crate::clock::ms;
 use crate::codec::message_bytes;
 use crate::compensation::entry::{CompensationEntry, CompensationState};
 use crate::error::{Error, StoreError};
-use crate::journal::{CompensationStep, What};
+use crate::journal::{CompensationStep, EventKind};
 use crate::receipt::ReceiptState;
 use crate::takeover::{self, TakenOver};
 
 /// How a person resolves an entry by hand ([`Compensator::resolve`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Resolution {
+pub enum ManualResolution {
     /// It took effect: record `SUCCESS` with this JSON value (what the function would have returned).
     Succeeded(serde_json::Value),
     /// It failed: record `FAILED` with this message.
@@ -31,7 +31,7 @@ impl Compensator {
     pub async fn resolve(
         &self,
         call_id: &CallId,
-        resolution: Resolution,
+        resolution: ManualResolution,
         who: &str,
         why: &str,
     ) -> Result<(), Error> {
@@ -53,8 +53,8 @@ impl Compensator {
             if r.state.is_terminal() {
                 let agrees = matches!(
                     (&resolution, r.state),
-                    (Resolution::Succeeded(_), ReceiptState::Success)
-                        | (Resolution::Failed(_), ReceiptState::Failed)
+                    (ManualResolution::Succeeded(_), ReceiptState::Success)
+                        | (ManualResolution::Failed(_), ReceiptState::Failed)
                 );
                 if !agrees {
                     return Err(Error::AlreadySettled {
@@ -82,21 +82,21 @@ impl Compensator {
             }
         };
         let state = match &resolution {
-            Resolution::Succeeded(_) => ReceiptState::Success,
-            Resolution::Failed(_) => ReceiptState::Failed,
-            Resolution::Release => ReceiptState::Received,
+            ManualResolution::Succeeded(_) => ReceiptState::Success,
+            ManualResolution::Failed(_) => ReceiptState::Failed,
+            ManualResolution::Release => ReceiptState::Received,
         };
         if let Some(fence) = fence {
             let ttl = self.keep(&entry.key);
             match resolution {
-                Resolution::Release => store.release(&entry.key, fence).await?,
-                Resolution::Succeeded(value) => {
+                ManualResolution::Release => store.release(&entry.key, fence).await?,
+                ManualResolution::Succeeded(value) => {
                     let bytes = serde_json::to_vec(&value)
                         .map_err(|e| StoreError::Corrupt(e.to_string()))?;
                     let done = completion(ReceiptState::Success, bytes, ttl);
                     store.complete(&entry.key, fence, done, now).await?;
                 }
-                Resolution::Failed(message) => {
+                ManualResolution::Failed(message) => {
                     let done = completion(ReceiptState::Failed, message_bytes(&message), ttl);
                     store.complete(&entry.key, fence, done, now).await?;
                 }
@@ -105,7 +105,7 @@ impl Compensator {
         store.finish_compensation(call_id, None).await?;
         tracing::warn!(target: "samekey", call_id = %call_id, key = %entry.key.short(), attempt = 0u32,
             who, why, "compensation resolved by hand");
-        let resolved = What::Resolved {
+        let resolved = EventKind::Resolved {
             state,
             who: who.to_owned(),
             why: why.to_owned(),
@@ -184,7 +184,7 @@ impl Compensator {
         who: &str,
         why: &str,
     ) {
-        let what = What::Compensation {
+        let what = EventKind::Compensation {
             round: entry.round,
             step,
             detail: format!("by {who}: {why}"),

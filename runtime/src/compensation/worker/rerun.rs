@@ -1,8 +1,8 @@
-//! The re-run of a call the remote side never received ([`NotReceived::Rerun`]): sent again under its
+//! The re-run of a call the remote side never received ([`NotReceivedPolicy::Rerun`]): sent again under its
 //! callId (the remote deduplicates by it), its key's lease kept alive while it runs, and what it
 //! answers recorded.
 //!
-//! [`NotReceived::Rerun`]: crate::compensation::NotReceived::Rerun
+//! [`NotReceivedPolicy::Rerun`]: crate::compensation::NotReceivedPolicy::Rerun
 
 use super::{Compensator, Counter, Work};
 use crate::classify::RemoteStatus;
@@ -10,7 +10,7 @@ use crate::codec::message_bytes;
 use crate::compensation::entry::CompensationEntry;
 use crate::compensation::operations::Operation;
 use crate::error::Error;
-use crate::journal::{CompensationStep, What};
+use crate::journal::{CompensationStep, EventKind};
 use crate::receipt::{Fence, ReceiptState};
 
 impl Compensator {
@@ -38,7 +38,7 @@ impl Compensator {
             Ok(_) => "undecided".to_owned(),
             Err(e) => format!("no answer: {e}"),
         };
-        let step = What::Compensation {
+        let step = EventKind::Compensation {
             round: entry.round,
             step: CompensationStep::Rerun,
             detail,
@@ -62,7 +62,7 @@ impl Compensator {
         let written = self
             .record(&entry, fence, state, bytes, operation.ttl)
             .await;
-        let recorded = What::Recorded {
+        let recorded = EventKind::Recorded {
             state,
             by: "compensation".to_owned(),
         };

@@ -1,8 +1,8 @@
-//! The reversal of a call the remote side never received ([`NotReceived::Reverse`]): at most once per
+//! The reversal of a call the remote side never received ([`NotReceivedPolicy::Reverse`]): at most once per
 //! call and never beside an execution — its intent journaled first, the key's ownership confirmed, its
 //! lease kept alive while it runs — then the call recorded `FAILED`.
 //!
-//! [`NotReceived::Reverse`]: crate::compensation::NotReceived::Reverse
+//! [`NotReceivedPolicy::Reverse`]: crate::compensation::NotReceivedPolicy::Reverse
 
 use super::{Compensator, Work};
 use crate::clock::ms;
@@ -10,7 +10,7 @@ use crate::codec::message_bytes;
 use crate::compensation::entry::CompensationEntry;
 use crate::compensation::operations::Operation;
 use crate::error::Error;
-use crate::journal::{CompensationStep, What};
+use crate::journal::{CompensationStep, EventKind};
 use crate::receipt::{Fence, ReceiptState};
 use crate::takeover::{self, Reversal as Begun};
 
@@ -33,7 +33,7 @@ impl Compensator {
         // finds it and does not run it again.
         let intent = self.rt.event(
             &entry.call_id,
-            What::Compensation {
+            EventKind::Compensation {
                 round: entry.round,
                 step: CompensationStep::Reversing,
                 detail: String::new(),
@@ -75,7 +75,7 @@ impl Compensator {
         let reversing = std::pin::pin!(reversal(entry.clone()));
         match self.owner(&entry, fence).keep_alive(reversing).await {
             Ok(()) => {
-                let done = What::Compensation {
+                let done = EventKind::Compensation {
                     round: entry.round,
                     step: CompensationStep::Reversed,
                     detail: String::new(),
@@ -101,7 +101,7 @@ impl Compensator {
             Err(e) => {
                 tracing::warn!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
                     attempt = 0u32, error = %e, "compensation: the reversal failed");
-                let failed = What::Compensation {
+                let failed = EventKind::Compensation {
                     round: entry.round,
                     step: CompensationStep::ReversalFailed,
                     detail: e.clone(),
@@ -131,7 +131,7 @@ impl Compensator {
                 operation.ttl,
             )
             .await;
-        let recorded = What::Recorded {
+        let recorded = EventKind::Recorded {
             state: ReceiptState::Failed,
             by: "compensation".to_owned(),
         };

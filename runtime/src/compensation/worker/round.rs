@@ -4,14 +4,14 @@
 
 use std::time::Duration;
 
-use super::{completion, Compensator, Counter, Pass, Work};
+use super::{completion, Compensator, Counter, PassReport, Work};
 use crate::classify::RemoteStatus;
 use crate::clock::ms;
 use crate::codec::message_bytes;
 use crate::compensation::entry::CompensationEntry;
-use crate::compensation::operations::NotReceived;
+use crate::compensation::operations::NotReceivedPolicy;
 use crate::error::{Error, StoreError};
-use crate::journal::{CompensationStep, LookupOutcome, What};
+use crate::journal::{CompensationStep, EventKind, LookupOutcome};
 use crate::receipt::{Fence, ReceiptState};
 use crate::takeover::{self, Reversal as Begun, TakenOver};
 
@@ -76,12 +76,12 @@ impl Compensator {
             Ok(RemoteStatus::Processing) => (LookupOutcome::Processing, None),
             Err(e) => (LookupOutcome::NoAnswer, Some(e.clone())),
         };
-        let taken = What::Compensation {
+        let taken = EventKind::Compensation {
             round: entry.round,
             step: CompensationStep::Taken,
             detail: String::new(),
         };
-        let asked = What::Lookup {
+        let asked = EventKind::Lookup {
             answer: seen,
             error,
         };
@@ -106,17 +106,20 @@ impl Compensator {
                 |p| &mut p.failed,
             ),
             Ok(RemoteStatus::NotReceived) => match operation.not_received {
-                NotReceived::Reverse => return self.reverse(entry, fence, &operation, w).await,
-                NotReceived::Rerun => return self.rerun(entry, fence, &operation, w).await,
-                NotReceived::Hold => {
+                NotReceivedPolicy::Reverse => {
+                    return self.reverse(entry, fence, &operation, w).await
+                }
+                NotReceivedPolicy::Rerun => return self.rerun(entry, fence, &operation, w).await,
+                NotReceivedPolicy::Hold => {
                     let why = "not received yet; its first request may still arrive, so the key is kept (a re-run under its callId, or a person, settles it)";
                     return self.undecided(entry, fence, why, w).await;
                 }
-                NotReceived::Release { refused_after } | NotReceived::Fail { refused_after } => {
+                NotReceivedPolicy::Release { refused_after }
+                | NotReceivedPolicy::Fail { refused_after } => {
                     if let Some(why) = self.still_acceptable(&entry, refused_after).await? {
                         return self.undecided(entry, fence, &why, w).await;
                     }
-                    if matches!(operation.not_received, NotReceived::Release { .. }) {
+                    if matches!(operation.not_received, NotReceivedPolicy::Release { .. }) {
                         (store.release(&entry.key, fence).await, |p| &mut p.released)
                     } else {
                         let message = "not received by the remote side, which refuses it now; given up by compensation";
@@ -146,19 +149,19 @@ impl Compensator {
             }
         };
         let settled = match seen {
-            LookupOutcome::Succeeded => What::Recorded {
+            LookupOutcome::Succeeded => EventKind::Recorded {
                 state: ReceiptState::Success,
                 by: "compensation".to_owned(),
             },
             LookupOutcome::NotReceived
-                if matches!(operation.not_received, NotReceived::Release { .. }) =>
+                if matches!(operation.not_received, NotReceivedPolicy::Release { .. }) =>
             {
-                What::Released {
+                EventKind::Released {
                     reason: "not received by the remote side, which refuses it now".to_owned(),
                     by: "compensation".to_owned(),
                 }
             }
-            _ => What::Recorded {
+            _ => EventKind::Recorded {
                 state: ReceiptState::Failed,
                 by: "compensation".to_owned(),
             },
@@ -191,7 +194,7 @@ impl Compensator {
         &self,
         entry: CompensationEntry,
         written: Result<(), StoreError>,
-        what: What,
+        what: EventKind,
         counter: Counter,
         w: &mut Work<'_>,
     ) -> Result<(), Error> {
@@ -267,7 +270,7 @@ impl Compensator {
         entry: &CompensationEntry,
         w: &mut Work<'_>,
     ) -> Result<(), Error> {
-        let step = What::Compensation {
+        let step = EventKind::Compensation {
             round: entry.round,
             step: CompensationStep::SettledElsewhere,
             detail: String::new(),
@@ -315,7 +318,7 @@ impl Compensator {
             w.pass.rescheduled += 1;
             tracing::info!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
                 attempt = 0u32, round, delay_ms = ms(delay), why, "compensation: next round");
-            let step = What::Compensation {
+            let step = EventKind::Compensation {
                 round,
                 step: CompensationStep::Rescheduled,
                 detail: format!("{why}; next round in {}", humane(delay)),
@@ -354,7 +357,7 @@ impl Compensator {
             w.pass.escalated += 1;
             tracing::warn!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
                 attempt = 0u32, rounds = entry.round, why, "compensation: needs a person (MANUAL)");
-            let step = What::Compensation {
+            let step = EventKind::Compensation {
                 round: entry.round,
                 step: CompensationStep::Escalated,
                 detail: why.to_owned(),
@@ -369,7 +372,7 @@ impl Compensator {
 }
 
 /// A fenced write of an entry: refused (another worker took it, or it is gone) counts as lost.
-fn lost_or(done: Result<(), StoreError>, pass: &mut Pass) -> Result<(), Error> {
+fn lost_or(done: Result<(), StoreError>, pass: &mut PassReport) -> Result<(), Error> {
     match done {
         Ok(()) => Ok(()),
         Err(StoreError::Fenced { .. } | StoreError::NotFound) => {

@@ -215,7 +215,7 @@ impl CallIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::call_id::Label;
+    use crate::call_id::ShortLabel;
 
     fn at(n: u8) -> Place {
         Place {
@@ -225,7 +225,11 @@ mod tests {
     }
 
     fn call_at(ms: u64) -> CallId {
-        CallId::generate_at(Label::from_static("t"), Label::from_static("n"), ms)
+        CallId::generate_at(
+            ShortLabel::from_static("t"),
+            ShortLabel::from_static("n"),
+            ms,
+        )
     }
 
     impl CallIndex {

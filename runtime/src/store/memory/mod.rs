@@ -982,7 +982,7 @@ fn held_entry<'q>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::call_id::Label;
+    use crate::call_id::ShortLabel;
     use crate::store::Store;
 
     /// With a steady stream of new keys and a short TTL, claims alone (no purge) keep the store small:
@@ -990,11 +990,11 @@ mod tests {
     #[tokio::test]
     async fn eviction_on_claim_bounds_memory() {
         let store = MemoryStore::new();
-        let node = Label::from_static("test");
+        let node = ShortLabel::from_static("test");
         for i in 0..20_000u64 {
             let now = 1_000_000 + i;
             let key = Key::build("bounded", &i);
-            let call_id = CallId::generate_at(Label::from_static("b"), node.clone(), now);
+            let call_id = CallId::generate_at(ShortLabel::from_static("b"), node.clone(), now);
             let fence = match store.claim_now(Claim {
                 key: key.clone(),
                 call_id,
@@ -1043,8 +1043,8 @@ mod tests {
         store.claim_now(Claim {
             key: key.clone(),
             call_id: CallId::generate_at(
-                Label::from_static("cap"),
-                Label::from_static("test"),
+                ShortLabel::from_static("cap"),
+                ShortLabel::from_static("test"),
                 now_ms,
             ),
             fingerprint: None,
@@ -1077,7 +1077,11 @@ mod tests {
         let store = MemoryStore::new();
         let keys = same_shard("stale", 2);
         let (key, other) = (&keys[0], &keys[1]);
-        let first_call = CallId::generate_at(Label::from_static("s"), Label::from_static("n"), 10);
+        let first_call = CallId::generate_at(
+            ShortLabel::from_static("s"),
+            ShortLabel::from_static("n"),
+            10,
+        );
         let claim_as = |call_id: &CallId, now_ms| {
             acquired(store.claim_now(Claim {
                 key: key.clone(),
@@ -1090,7 +1094,11 @@ mod tests {
         let first = claim_as(&first_call, 10);
         finish(&store, key, first, 10, 100);
         store.forget(key, first).await.unwrap();
-        let second_call = CallId::generate_at(Label::from_static("s"), Label::from_static("n"), 20);
+        let second_call = CallId::generate_at(
+            ShortLabel::from_static("s"),
+            ShortLabel::from_static("n"),
+            20,
+        );
         let second = claim_as(&second_call, 20);
         assert!(
             second > first,
