@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use crate::call_id::CallId;
 use crate::clock::ms;
-use crate::journal::What;
+use crate::journal::EventKind;
 use crate::key::Key;
 use crate::receipt::ReceiptState;
 use crate::runtime::Runtime;
@@ -84,7 +84,7 @@ impl<T, E> Call<T, E> {
                 self.phase = Phase::Free;
                 call_event!(DEBUG, self; state = %state, transition = ?transition, "recorded");
                 if self.worth_journaling() {
-                    self.note(What::Recorded {
+                    self.note(EventKind::Recorded {
                         state,
                         by: "call".to_owned(),
                     });
@@ -109,13 +109,17 @@ impl<T, E> Call<T, E> {
                     "outcome could not be recorded; leaving the call unknown");
                 let reason = format!("the outcome {state} is known but could not be recorded: {e}");
                 let entry = self.entry(reason.clone(), now);
-                if let Err(e) = Box::pin(leave_unknown(self.rt.store(), fence, entry, now)).await {
-                    call_event!(ERROR, self;
-                        error = %e, "could not leave the call unknown either; its lease will end");
+                match Box::pin(leave_unknown(self.rt.store(), fence, entry, now)).await {
+                    // UNKNOWN and queued: compensation resolves it, the drop guard has nothing to do.
+                    Ok(()) => self.phase = Phase::Free,
+                    // Still `Recording`: a caller that goes away during the journal's write below
+                    // leaves the drop guard to write the known outcome (or `UNKNOWN`) once more —
+                    // never to release a key whose request took effect.
+                    Err(e) => call_event!(ERROR, self;
+                        error = %e, "could not leave the call unknown either; its lease will end"),
                 }
-                self.phase = Phase::Owner(fence);
                 // The journal after the writes that decide the call, not before them.
-                self.note(What::Unknown { reason });
+                self.note(EventKind::Unknown { reason });
                 self.flush().await;
                 self.done(out)
             }
