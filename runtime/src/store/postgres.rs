@@ -314,10 +314,8 @@ WHERE key = $1 AND (expires_at IS NULL OR expires_at > samekey_ts(samekey_now($6
         migrated.and(unlocked.map(drop))
     }
 
-    /// Whether the schema, every index of it and its functions are in place (and the indexes valid),
-    /// and every time column is a `timestamptz` (an earlier release's `BIGINT` ms are not).
-    async fn migrated(&self) -> Result<bool, StoreError> {
-        sqlx::query_scalar(concat!(
+    /// Whether the schema is in place: see [`PgStore::migrated`].
+    const MIGRATED_SQL: &'static str = concat!(
             "SELECT to_regclass('samekey_compensation_due') IS NOT NULL
                 AND to_regclass('samekey_receipts_expires_at') IS NOT NULL
                 AND to_regclass('samekey_receipts_orphans') IS NOT NULL
@@ -341,10 +339,15 @@ WHERE key = $1 AND (expires_at IS NULL OR expires_at > samekey_ts(samekey_now($6
             ") AS c (tbl, col)
                     JOIN pg_attribute a ON a.attrelid = to_regclass(c.tbl) AND a.attname = c.col
                     WHERE a.atttypid = 'timestamptz'::regtype AND NOT a.attisdropped) = 9"
-        ))
-        .fetch_one(&self.pool)
-        .await
-        .map_err(driver)
+    );
+
+    /// Whether the schema, every index of it and its functions are in place (and the indexes valid),
+    /// and every time column is a `timestamptz` (an earlier release's `BIGINT` ms are not).
+    async fn migrated(&self) -> Result<bool, StoreError> {
+        sqlx::query_scalar(Self::MIGRATED_SQL)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(driver)
     }
 
     /// The schema in one transaction, then the later indexes, on `conn`, which holds the migration lock.
@@ -511,6 +514,16 @@ RETURNING ",
 }
 
 impl PgStore {
+    /// Appends journal rows (`$1` key, `$2` callIds, `$3` times, `$4` events, `$5` now, `$6` keep) and
+    /// trims the key's journal to leave room for them (`$7`).
+    const APPEND_JOURNAL_SQL: &'static str = "WITH trimmed AS (
+    DELETE FROM samekey_journal WHERE key = $1 AND seq <= (
+        SELECT seq FROM samekey_journal WHERE key = $1 ORDER BY seq DESC LIMIT 1 OFFSET $7))
+INSERT INTO samekey_journal (key, call_id, at, keep_until, event)
+SELECT $1, t.c, samekey_ts(t.a), samekey_ts(samekey_now($5) + $6), t.e::jsonb
+FROM unnest($2::text[], $3::bigint[], $4::text[]) WITH ORDINALITY AS t(c, a, e, n)
+ORDER BY t.n";
+
     /// Appends journal rows and trims the key's journal to its latest events, in one statement (the
     /// trim reads the rows as they were before the insert, so it keeps room for the new ones).
     async fn append_rows(
@@ -530,25 +543,17 @@ impl PgStore {
             bodies.push(journal::encode(event)?);
         }
         let room = JOURNAL_LIMIT - events.len();
-        sqlx::query(
-            "WITH trimmed AS (
-    DELETE FROM samekey_journal WHERE key = $1 AND seq <= (
-        SELECT seq FROM samekey_journal WHERE key = $1 ORDER BY seq DESC LIMIT 1 OFFSET $7))
-INSERT INTO samekey_journal (key, call_id, at, keep_until, event)
-SELECT $1, t.c, samekey_ts(t.a), samekey_ts(samekey_now($5) + $6), t.e::jsonb
-FROM unnest($2::text[], $3::bigint[], $4::text[]) WITH ORDINALITY AS t(c, a, e, n)
-ORDER BY t.n",
-        )
-        .bind(key.digest().as_slice())
-        .bind(call_ids)
-        .bind(times)
-        .bind(bodies)
-        .bind(int(now_ms)?)
-        .bind(int(keep_ms)?)
-        .bind(i64::try_from(room).unwrap_or(i64::MAX))
-        .execute(&self.pool)
-        .await
-        .map_err(driver)?;
+        sqlx::query(Self::APPEND_JOURNAL_SQL)
+            .bind(key.digest().as_slice())
+            .bind(call_ids)
+            .bind(times)
+            .bind(bodies)
+            .bind(int(now_ms)?)
+            .bind(int(keep_ms)?)
+            .bind(i64::try_from(room).unwrap_or(i64::MAX))
+            .execute(&self.pool)
+            .await
+            .map_err(driver)?;
         Ok(())
     }
 }
@@ -566,3 +571,97 @@ sql::sql_store!(
     clock = Own,
     wait_settled = wait_notified
 );
+
+/// The statements of `postgres/` say what this file's macro glued together, word for word: whitespace
+/// and `--` comments aside, each file is the statement it replaces.
+#[cfg(test)]
+mod same_statements {
+    use super::{sql, PgStore, SCHEMA};
+    use crate::store::sql::{normalized, sql_files};
+
+    macro_rules! file {
+        ($name:literal) => {
+            ($name, include_str!(concat!("postgres/", $name)))
+        };
+    }
+
+    #[test]
+    fn every_file_is_the_statement_it_replaces() {
+        let later: Vec<&str> = PgStore::LATER_INDEXES.iter().map(|i| i.1).collect();
+        let pairs = [
+            (file!("schema.sql"), SCHEMA),
+            (file!("migrations/migrated.sql"), PgStore::MIGRATED_SQL),
+            (file!("migrations/receipts_orphans.sql"), later[0]),
+            (file!("migrations/receipts_created.sql"), later[1]),
+            (file!("migrations/receipts_scope_created.sql"), later[2]),
+            (file!("statements/claim.sql"), PgStore::CLAIM_SQL),
+            (file!("statements/take_over.sql"), PgStore::TAKE_OVER_SQL),
+            (
+                file!("statements/extend_lease.sql"),
+                PgStore::EXTEND_LEASE_SQL,
+            ),
+            (file!("statements/complete.sql"), PgStore::COMPLETE_SQL),
+            (
+                file!("statements/mark_unknown.sql"),
+                PgStore::MARK_UNKNOWN_SQL,
+            ),
+            (file!("statements/release.sql"), sql::RELEASE),
+            (file!("statements/forget.sql"), sql::FORGET),
+            (file!("statements/key_row.sql"), PgStore::KEY_ROW_SQL),
+            (file!("statements/live_row.sql"), PgStore::LIVE_ROW_SQL),
+            (file!("statements/mark_waited.sql"), PgStore::WAITED_SQL),
+            (file!("statements/by_call_id.sql"), PgStore::BY_CALL_ID_SQL),
+            (
+                file!("statements/by_call_ids.sql"),
+                PgStore::BY_CALL_IDS_SQL,
+            ),
+            (file!("statements/now.sql"), PgStore::NOW_SQL),
+            (file!("statements/purge_expired.sql"), PgStore::PURGE_SQL),
+            (
+                file!("statements/count_expired.sql"),
+                PgStore::COUNT_EXPIRED_SQL,
+            ),
+            (file!("statements/list_receipts.sql"), PgStore::LIST_SQL),
+            (
+                file!("statements/list_receipts_of_scope.sql"),
+                PgStore::LIST_SCOPE_SQL,
+            ),
+            (file!("statements/orphans.sql"), PgStore::ORPHANS_SQL),
+            (file!("statements/enqueue.sql"), PgStore::ENQUEUE_SQL),
+            (file!("statements/take_due.sql"), PgStore::TAKE_DUE_SQL),
+            (file!("statements/reschedule.sql"), PgStore::RESCHEDULE_SQL),
+            (file!("statements/escalate.sql"), PgStore::ESCALATE_SQL),
+            (file!("statements/finish.sql"), sql::FINISH),
+            (file!("statements/taker.sql"), sql::TAKER),
+            (
+                file!("statements/list_compensations.sql"),
+                PgStore::LIST_COMPENSATIONS_SQL,
+            ),
+            (
+                file!("statements/append_journal.sql"),
+                PgStore::APPEND_JOURNAL_SQL,
+            ),
+            (
+                file!("statements/journal_by_key.sql"),
+                PgStore::JOURNAL_BY_KEY_SQL,
+            ),
+            (
+                file!("statements/journal_by_call.sql"),
+                PgStore::JOURNAL_BY_CALL_SQL,
+            ),
+            (file!("statements/journaled_keys.sql"), sql::JOURNALED_KEYS),
+            (
+                file!("statements/purge_journal.sql"),
+                PgStore::PURGE_JOURNAL_SQL,
+            ),
+        ];
+        for ((name, file), old) in pairs {
+            assert_eq!(normalized(file), normalized(old), "postgres/{name}");
+        }
+        let compared: std::collections::BTreeSet<String> = pairs
+            .iter()
+            .map(|((name, _), _)| name.to_string())
+            .collect();
+        assert_eq!(compared, sql_files("src/store/postgres"));
+    }
+}

@@ -1255,3 +1255,76 @@ ORDER BY j.seq"
 }
 
 pub(crate) use sql_store;
+
+/// A statement as its meaning is compared: `--` comments dropped, every run of whitespace one space,
+/// none inside parentheses, trimmed. Quoted text (`'…'`) is kept as it is.
+#[cfg(test)]
+pub(crate) fn normalized(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut chars = sql.chars().peekable();
+    let mut quoted = false;
+    let mut space = false;
+    while let Some(c) = chars.next() {
+        if quoted {
+            out.push(c);
+            quoted = c != '\'';
+            continue;
+        }
+        if c == '-' && chars.peek() == Some(&'-') {
+            for c in chars.by_ref() {
+                if c == '\n' {
+                    break;
+                }
+            }
+            space = true;
+            continue;
+        }
+        if c.is_whitespace() {
+            space = true;
+            continue;
+        }
+        if space && !out.is_empty() && !out.ends_with('(') && c != ')' {
+            out.push(' ');
+        }
+        space = false;
+        quoted = c == '\'';
+        out.push(c);
+    }
+    out
+}
+
+/// The names of the `.sql` files under `dir` (relative to this crate), to check that a comparison
+/// covers every one.
+#[cfg(test)]
+pub(crate) fn sql_files(dir: &str) -> std::collections::BTreeSet<String> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+    let mut names = std::collections::BTreeSet::new();
+    let mut todo = vec![dir.clone()];
+    while let Some(at) = todo.pop() {
+        for entry in std::fs::read_dir(&at).expect("a folder of statements") {
+            let path = entry.expect("a folder entry").path();
+            if path.is_dir() {
+                todo.push(path);
+            } else if path.extension().is_some_and(|e| e == "sql") {
+                let name = path.strip_prefix(&dir).expect("under the folder");
+                names.insert(name.to_string_lossy().into_owned());
+            }
+        }
+    }
+    names
+}
+
+#[cfg(test)]
+mod normalized_tests {
+    use super::normalized;
+
+    #[test]
+    fn comments_and_whitespace_only() {
+        assert_eq!(
+            normalized("-- what it does\nSELECT a,\n    b -- why\nFROM t WHERE x IN ( 'a  b' )\n"),
+            "SELECT a, b FROM t WHERE x IN ('a  b')"
+        );
+        assert_ne!(normalized("SELECT a"), normalized("SELECT b"));
+        assert_ne!(normalized("'x  y'"), normalized("'x y'"));
+    }
+}

@@ -132,6 +132,30 @@ RETURNING fence";
     /// The statement that reads a key's row.
     pub const ROW_SQL: &'static str = Self::KEY_ROW_SQL;
 
+    /// The columns of the compensation queue added since its first release, and how to add each.
+    const ADDED_COLUMNS: [(&'static str, &'static str); 4] = [
+        (
+            "taker",
+            "ALTER TABLE samekey_compensation ADD COLUMN taker INTEGER NOT NULL DEFAULT 0",
+        ),
+        (
+            "attempts",
+            "ALTER TABLE samekey_compensation ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0",
+        ),
+        (
+            "last_error",
+            "ALTER TABLE samekey_compensation ADD COLUMN last_error TEXT",
+        ),
+        (
+            "inputs",
+            "ALTER TABLE samekey_compensation ADD COLUMN inputs BLOB",
+        ),
+    ];
+
+    /// Whether the compensation queue has the column `$1` (1) or not (0).
+    const HAS_COLUMN_SQL: &'static str =
+        "SELECT COUNT(*) FROM pragma_table_info('samekey_compensation') WHERE name = $1";
+
     /// Creates the tables and indexes if they are missing. Idempotent.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         sqlx::raw_sql(SCHEMA)
@@ -139,31 +163,12 @@ RETURNING fence";
             .await
             .map_err(driver)?;
         // A file made by an earlier release: its queue lacks the columns added since.
-        for (column, add) in [
-            (
-                "taker",
-                "ALTER TABLE samekey_compensation ADD COLUMN taker INTEGER NOT NULL DEFAULT 0",
-            ),
-            (
-                "attempts",
-                "ALTER TABLE samekey_compensation ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0",
-            ),
-            (
-                "last_error",
-                "ALTER TABLE samekey_compensation ADD COLUMN last_error TEXT",
-            ),
-            (
-                "inputs",
-                "ALTER TABLE samekey_compensation ADD COLUMN inputs BLOB",
-            ),
-        ] {
-            let has: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM pragma_table_info('samekey_compensation') WHERE name = $1",
-            )
-            .bind(column)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(driver)?;
+        for (column, add) in Self::ADDED_COLUMNS {
+            let has: i64 = sqlx::query_scalar(Self::HAS_COLUMN_SQL)
+                .bind(column)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(driver)?;
             if has == 0 {
                 match sqlx::query(add).execute(&self.pool).await {
                     // Another process migrating the same file added it first.
@@ -216,6 +221,11 @@ impl SqliteStore {
 }
 
 impl SqliteStore {
+    /// Appends one journal row (`$1` key, `$2` callId, `$3` time, `$4` now, `$5` keep, `$6` event).
+    const INSERT_JOURNAL_SQL: &'static str =
+        "INSERT INTO samekey_journal (key, call_id, at, keep_until, event)
+VALUES ($1, $2, $3, $4 + $5, $6)";
+
     /// Appends journal rows and trims the key's journal to its latest events, in one transaction.
     async fn append_rows(
         &self,
@@ -226,19 +236,16 @@ impl SqliteStore {
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await.map_err(driver)?;
         for event in events {
-            sqlx::query(
-                "INSERT INTO samekey_journal (key, call_id, at, keep_until, event)
-VALUES ($1, $2, $3, $4 + $5, $6)",
-            )
-            .bind(key.digest().as_slice())
-            .bind(event.call_id.to_string())
-            .bind(int(event.at_ms)?)
-            .bind(int(now_ms)?)
-            .bind(int(keep_ms)?)
-            .bind(journal::encode(event)?)
-            .execute(&mut *tx)
-            .await
-            .map_err(driver)?;
+            sqlx::query(Self::INSERT_JOURNAL_SQL)
+                .bind(key.digest().as_slice())
+                .bind(event.call_id.to_string())
+                .bind(int(event.at_ms)?)
+                .bind(int(now_ms)?)
+                .bind(int(keep_ms)?)
+                .bind(journal::encode(event)?)
+                .execute(&mut *tx)
+                .await
+                .map_err(driver)?;
         }
         sqlx::query(sql::TRIM_JOURNAL)
             .bind(key.digest().as_slice())
@@ -270,4 +277,114 @@ fn fresh_fence(now_ms: u64) -> Result<i64, StoreError> {
         .checked_mul(1 << 16)
         .and_then(|f| i64::try_from(f).ok())
         .ok_or_else(|| StoreError::Corrupt(format!("time {now_ms} ms is out of range")))
+}
+
+/// The statements of `sqlite/` say what this file's macro glued together, word for word: whitespace
+/// and `--` comments aside, each file is the statement it replaces. (`NOW_SQL`, `SELECT $1`, has no
+/// file: a store judged by the caller's clock answers the time without asking the database.)
+#[cfg(test)]
+mod same_statements {
+    use super::{sql, SqliteStore, SCHEMA};
+    use crate::store::sql::{normalized, sql_files};
+
+    macro_rules! file {
+        ($name:literal) => {
+            ($name, include_str!(concat!("sqlite/", $name)))
+        };
+    }
+
+    #[test]
+    fn every_file_is_the_statement_it_replaces() {
+        let added: Vec<&str> = SqliteStore::ADDED_COLUMNS.iter().map(|c| c.1).collect();
+        let pairs = [
+            (file!("schema.sql"), SCHEMA),
+            (
+                file!("migrations/compensation_has_column.sql"),
+                SqliteStore::HAS_COLUMN_SQL,
+            ),
+            (file!("migrations/compensation_taker.sql"), added[0]),
+            (file!("migrations/compensation_attempts.sql"), added[1]),
+            (file!("migrations/compensation_last_error.sql"), added[2]),
+            (file!("migrations/compensation_inputs.sql"), added[3]),
+            (file!("statements/claim.sql"), SqliteStore::CLAIM_SQL),
+            (
+                file!("statements/take_over.sql"),
+                SqliteStore::TAKE_OVER_SQL,
+            ),
+            (
+                file!("statements/extend_lease.sql"),
+                SqliteStore::EXTEND_LEASE_SQL,
+            ),
+            (file!("statements/complete.sql"), SqliteStore::COMPLETE_SQL),
+            (
+                file!("statements/mark_unknown.sql"),
+                SqliteStore::MARK_UNKNOWN_SQL,
+            ),
+            (file!("statements/release.sql"), sql::RELEASE),
+            (file!("statements/forget.sql"), sql::FORGET),
+            (file!("statements/key_row.sql"), SqliteStore::KEY_ROW_SQL),
+            (file!("statements/live_row.sql"), SqliteStore::LIVE_ROW_SQL),
+            (
+                file!("statements/by_call_id.sql"),
+                SqliteStore::BY_CALL_ID_SQL,
+            ),
+            (
+                file!("statements/by_call_ids.sql"),
+                SqliteStore::BY_CALL_IDS_SQL,
+            ),
+            (
+                file!("statements/purge_expired.sql"),
+                SqliteStore::PURGE_SQL,
+            ),
+            (
+                file!("statements/count_expired.sql"),
+                SqliteStore::COUNT_EXPIRED_SQL,
+            ),
+            (file!("statements/list_receipts.sql"), SqliteStore::LIST_SQL),
+            (
+                file!("statements/list_receipts_of_scope.sql"),
+                SqliteStore::LIST_SCOPE_SQL,
+            ),
+            (file!("statements/orphans.sql"), SqliteStore::ORPHANS_SQL),
+            (file!("statements/enqueue.sql"), SqliteStore::ENQUEUE_SQL),
+            (file!("statements/take_due.sql"), SqliteStore::TAKE_DUE_SQL),
+            (
+                file!("statements/reschedule.sql"),
+                SqliteStore::RESCHEDULE_SQL,
+            ),
+            (file!("statements/escalate.sql"), SqliteStore::ESCALATE_SQL),
+            (file!("statements/finish.sql"), sql::FINISH),
+            (file!("statements/taker.sql"), sql::TAKER),
+            (
+                file!("statements/list_compensations.sql"),
+                SqliteStore::LIST_COMPENSATIONS_SQL,
+            ),
+            (
+                file!("statements/insert_journal.sql"),
+                SqliteStore::INSERT_JOURNAL_SQL,
+            ),
+            (file!("statements/trim_journal.sql"), sql::TRIM_JOURNAL),
+            (
+                file!("statements/journal_by_key.sql"),
+                SqliteStore::JOURNAL_BY_KEY_SQL,
+            ),
+            (
+                file!("statements/journal_by_call.sql"),
+                SqliteStore::JOURNAL_BY_CALL_SQL,
+            ),
+            (file!("statements/journaled_keys.sql"), sql::JOURNALED_KEYS),
+            (
+                file!("statements/purge_journal.sql"),
+                SqliteStore::PURGE_JOURNAL_SQL,
+            ),
+        ];
+        for ((name, file), old) in pairs {
+            assert_eq!(normalized(file), normalized(old), "sqlite/{name}");
+        }
+        let compared: std::collections::BTreeSet<String> = pairs
+            .iter()
+            .map(|((name, _), _)| name.to_string())
+            .collect();
+        assert_eq!(compared, sql_files("src/store/sqlite"));
+    }
 }
