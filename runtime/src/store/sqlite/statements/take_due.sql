@@ -7,5 +7,5 @@ WHERE call_id IN (
     WHERE (state = 'PENDING' AND next_at <= $2)
         OR (state = 'TAKEN' AND lease_until <= $2)
     ORDER BY next_at, enqueued LIMIT $3)
-RETURNING call_id, key, scope, reason, round, next_at AS next_at, state, lease_until AS lease_until,
-    enqueued AS enqueued, taker, attempts, last_error, inputs
+RETURNING call_id, key, scope, reason, round, next_at, state, lease_until,
+    enqueued, taker, attempts, last_error, inputs
