@@ -49,7 +49,7 @@ mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-mod sql;
+pub mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 

@@ -1,0 +1,9 @@
+-- A call's journal events that are still kept, as in journal_by_key.sql, in the journal's order.
+-- $1 callId, $2 the caller's time (unused: the server's clock judges).
+SELECT CAST(j.event AS TEXT) FROM samekey_journal j
+WHERE j.call_id = $1
+    AND (j.keep_until > samekey_ts(samekey_now($2))
+        OR EXISTS (SELECT 1 FROM samekey_receipts r WHERE r.key = j.key
+            AND r.state <> 'RELEASED'
+            AND (r.expires_at IS NULL OR r.expires_at > samekey_ts(samekey_now($2)))))
+ORDER BY j.seq

@@ -1,0 +1,9 @@
+-- A page of the live receipts created in a range, in the order of (created, key), after a cursor (for
+-- the first page: just before the range, `since - 1` and all-ones), on the (created, key) index.
+-- $1 until (ms), $2 now (ms), $3 cursor time (ms), $4 cursor key, $5 limit.
+SELECT key, scope, call_id, state, fence, lease_until, expires_at,
+    fingerprint, outcome, created, updated
+FROM samekey_receipts
+WHERE (created, key) > ($3, $4) AND created < $1 AND state <> 'RELEASED'
+    AND (expires_at IS NULL OR expires_at > $2)
+ORDER BY samekey_receipts.created, key LIMIT $5
