@@ -2,7 +2,7 @@
 //! every backend (each of these operations is one statement or one script on PostgreSQL and Redis).
 //! The server backends run when their URL is set (see `scripts/services`), and print a skip otherwise.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 

@@ -1,7 +1,7 @@
 //! One test per row of the runtime's decision table (DESIGN §4), through `#[idempotent]` functions and a
 //! scripted remote side, with paused tokio time.
 
-mod support;
+use crate::support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -126,7 +126,7 @@ async fn first_call_holding(p: &Arc<Payments>) -> tokio::task::JoinHandle<Result
 }
 
 fn scope_of(name: &str) -> String {
-    format!("decision_table::{name}")
+    format!("call::decision_table::{name}")
 }
 
 async fn state_of(p: &Payments, call_id: &CallId) -> Option<ReceiptState> {

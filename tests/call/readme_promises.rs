@@ -2,6 +2,8 @@
 //! alone — a gateway client with its own status type, an error enum holding `io::Error` (no serde), an
 //! `Order`, two providers, a store per test — and the mistakes a new user makes on purpose. Each test
 //! is one thing the README promises.
+//!
+//! (Was `tests/first_hour.rs`, "the first hour with samekey".)
 
 use std::collections::BTreeMap;
 use std::io;

@@ -7,7 +7,7 @@
 //! moving the runtime's clock ([`support::TestClock`]) on the stores that judge by it, and by waiting
 //! it out on the shared stores, which judge by their own.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! gives each `impl` block's methods a scope of their own, and the stored key is built from the scope
 //! as written (no type names, which change with the compiler).
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -175,8 +175,8 @@ async fn scoped_impls_have_keys_of_their_own() {
     assert_eq!(paypal.charge(9).await, Ok("paypal-9".into()));
     assert_eq!(paypal.charge(9).await, Ok("paypal-9".into()));
     for scope in [
-        "scopes::scoped_impls::Stripe::charge",
-        "scopes::scoped_impls::Paypal::charge",
+        "call::scopes::scoped_impls::Stripe::charge",
+        "call::scopes::scoped_impls::Paypal::charge",
     ] {
         let key = Key::build(scope, &9u64);
         let record = rt.store().get(&key, rt.now_ms()).await.unwrap();

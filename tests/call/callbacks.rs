@@ -1,7 +1,7 @@
 //! Callback dedup on every backend: a payment callback delivered three times at once and again after
 //! a restart applies once, the downstream work runs once, a backwards delivery is refused.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;

@@ -1,6 +1,8 @@
 //! Many duplicates of one key at once: one execution, the same answer for all.
+//!
+//! (Was `tests/concurrency.rs`; the concurrency limit is `limits::concurrency_limit`.)
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! paths after a failed attempt — retries, lookups, compensation, a record held by another caller —
 //! are boxed where they are taken, and the future is as large as a first success needs.
 
-mod support;
+use crate::support;
 
 use samekey::{idempotent, Runtime};
 use support::TestError;

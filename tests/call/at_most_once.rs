@@ -3,7 +3,7 @@
 //! to compensation, failures stored by message or exactly, inputs kept for the worker, a bad prefix
 //! refused before anything runs. In-memory, paused time.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
