@@ -3,7 +3,7 @@
 //! prints that it was skipped.
 #![cfg(feature = "postgres")]
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -167,7 +167,10 @@ async fn two_processes_race_and_each_key_runs_once() {
     .execute(store.pool())
     .await
     .expect("effects table");
-    support::race::run_two_workers("worker_process", &[("SAMEKEY_WORKER_TABLE", &effects)]);
+    support::race::run_two_workers(
+        "postgres_durability::worker_process",
+        &[("SAMEKEY_WORKER_TABLE", &effects)],
+    );
     let rows: Vec<(i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT key, COUNT(*) FROM {effects} GROUP BY key ORDER BY key"
     )))

@@ -3,6 +3,9 @@
 //! and running the migration again changes nothing. Each test works in a PostgreSQL schema of its own
 //! (`search_path`), dropped at its end. Needs a server: `SAMEKEY_PG_URL` (see `scripts/services`);
 //! without it every test prints that it was skipped.
+//!
+//! (Was `runtime/tests/postgres_migration.rs`: it needs nothing but `samekey_runtime`, a dependency of
+//! this package, and runs here beside the other PostgreSQL cases of the stores.)
 #![cfg(feature = "postgres")]
 
 use std::str::FromStr;

@@ -2,9 +2,11 @@
 //! front cache that goes down falls back to the durable store; a Redis store restarted mid-run loses no
 //! completed receipt and runs nothing twice. The Redis tests start Redis servers of their own (they
 //! need `redis-server` on the PATH, which `scripts/services` installs).
+//!
+//! (Was `tests/store_faults.rs`.)
 #![cfg(all(feature = "sqlite", feature = "redis"))]
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};

@@ -2,7 +2,7 @@
 //! execute each key exactly once.
 #![cfg(feature = "sqlite")]
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -109,7 +109,7 @@ async fn two_processes_race_and_each_key_runs_once() {
         .await
         .expect("effects table");
     support::race::run_two_workers(
-        "worker_process",
+        "sqlite_durability::worker_process",
         &[("SAMEKEY_WORKER_DB", path.to_str().expect("UTF-8 path"))],
     );
     let rows: Vec<(i64, i64)> =

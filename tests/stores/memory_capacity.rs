@@ -2,7 +2,7 @@
 //! capacity, a duplicate inside the window replays, and a store full of calls in flight fails new
 //! calls closed (nothing runs) instead of evicting one.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! lease alive. Runs on PostgreSQL (`SAMEKEY_PG_URL`) and Redis (`SAMEKEY_REDIS_URL`), in real time.
 #![cfg(any(feature = "postgres", feature = "redis"))]
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;

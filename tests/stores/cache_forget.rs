@@ -3,7 +3,7 @@
 //! forget allows reaches the store (issue 24, defect 7). `LocalCache` in process; with feature `redis`
 //! and `SAMEKEY_REDIS_URL`, the Redis front cache (`CachedStore`) too.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 
