@@ -1,7 +1,9 @@
 //! The compensation worker, with paused time: every `UNKNOWN` call ends recorded, released, failed or
 //! `MANUAL`; one worker per entry; a worker that crashed is taken over; a person resolves by hand.
+//!
+//! (Was `tests/compensator.rs`.)
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;

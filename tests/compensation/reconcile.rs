@@ -1,7 +1,7 @@
 //! Reconciliation of a constructed day, on every backend: every kind of discrepancy is found, with
 //! its callId, and nothing else.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 

@@ -4,8 +4,10 @@
 //! the key, a reversal keeps its lease, a reversal begun stops every taker, a paused owner back after
 //! the worker held its call. A store's queue is shared by everything on it, so each backend's
 //! scenarios run one after the other, and they look at their own calls only.
+//!
+//! (Was `tests/compensation_stores.rs`.)
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
