@@ -7,10 +7,12 @@
 //! `UNKNOWN` is queued or resolved — then the compensation worker settles them.
 //!
 //! ```text
-//! cargo test --release --test kit_properties                       # 10 000 schedules, memory store
-//! cargo test --release --test kit_properties --features sqlite     # and 1 000 on SQLite
+//! cargo test --release --test kit properties::                       # 10 000 schedules, memory store
+//! cargo test --release --test kit --features sqlite properties::     # and 1 000 on SQLite
 //! ```
 //! `SAMEKEY_KIT_CASES` overrides the memory store's count.
+//!
+//! (Was `tests/kit_properties.rs`.)
 
 use std::sync::Arc;
 
@@ -158,7 +160,7 @@ fn memory_cases() -> u32 {
 }
 
 proptest! {
-    // A failing schedule is kept beside this file (kit_properties.proptest-regressions) and run
+    // A failing schedule is kept beside this file (properties.proptest-regressions) and run
     // first next time.
     #![proptest_config(ProptestConfig {
         cases: memory_cases(),

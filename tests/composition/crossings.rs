@@ -5,8 +5,11 @@
 //! reversal whose lease lapsed, a worker behind a `LocalCache`; and compositions that held: the core
 //! dropped during its lookup, a nested call dropped by its parent's timeout, a duplicate during a
 //! slow re-run. In-memory, paused time.
+//!
+//! (Was `tests/composition_attacks.rs`: two features whose paths cross on one call, one key or one
+//! queue entry.)
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -2,8 +2,10 @@
 //! capacity gets fewer calls at once (and far fewer 429s) than without the limiter; a call that finds
 //! no place in time is refused before it claims anything; successes open the limit again; one
 //! dependency's limit does not slow down another.
+//!
+//! (Was `tests/rate_limits.rs`.)
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

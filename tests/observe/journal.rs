@@ -2,7 +2,7 @@
 //! resolution, with paused tokio time: every path leaves the timeline an operator reads, and the happy
 //! path leaves none.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,10 +1,13 @@
 //! Features composed, not only alone, on the in-memory store with paused time: a call nested in
 //! another one's body (its refusal passed up with `?`, its place in its parent's concurrency limit or
 //! in another dependency's), and a duplicate waiting on a full bounded store. (A worker and a caller
-//! on one key, a cache in front, a callback during a reversal: `compensation_stores`, `promise`,
-//! `callbacks`, on every backend; tower's timeouts and the layer: `samekey-http`'s `server` tests.)
+//! on one key, a cache in front, a callback during a reversal: `compensation::on_every_store`,
+//! `call::promise`, `call::callbacks`, on every backend; tower's timeouts and the layer:
+//! `samekey-http`'s `wire::server` tests.)
+//!
+//! (Was `tests/composition.rs`.)
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;

@@ -1,6 +1,8 @@
 //! The test kit (`samekey::testing`) on functions that are safe to retry and on functions that are
 //! not: each assertion passes on the first and fails on the second, naming the key, the calls and
 //! the callIds, and the schedule to replay.
+//!
+//! (Was `tests/kit.rs`.)
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! names, labels (a scope, never a key or a callId) and counts.
 #![cfg(feature = "metrics")]
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

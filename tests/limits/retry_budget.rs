@@ -1,8 +1,10 @@
 //! The retry budget, simulated with paused time: against a dependency failing every call, retries stay
 //! within the budget's share of the calls and its floor; when the dependency recovers, the budget
 //! refills; against a healthy one, it never refuses a retry; a named dependency spends only its own.
+//!
+//! (Was `tests/budget.rs`.)
 
-mod support;
+use crate::support;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
