@@ -1,5 +1,7 @@
 //! The store conformance suite on PostgreSQL. Needs a server: `SAMEKEY_PG_URL` (see
 //! `scripts/services`); without it every test prints that it was skipped.
+//!
+//! (Was `tests/postgres_conformance.rs`.)
 #![cfg(feature = "postgres")]
 
 use std::sync::Arc;

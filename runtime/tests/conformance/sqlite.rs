@@ -1,4 +1,6 @@
 //! The store conformance suite on SQLite, each test on a fresh database file.
+//!
+//! (Was `tests/sqlite_conformance.rs`.)
 #![cfg(feature = "sqlite")]
 
 use std::sync::Arc;
