@@ -3,7 +3,7 @@
 //! traceId — and every kind of fault happened in each run.
 #![cfg(all(feature = "axum", feature = "reqwest"))]
 
-#[path = "../examples/two_services.rs"]
+#[path = "../../examples/two_services.rs"]
 mod two_services;
 
 use two_services::Fault;
