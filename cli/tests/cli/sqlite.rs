@@ -1,8 +1,10 @@
 //! The built `samekey` binary against a real SQLite store: what it prints for people (pinned as
 //! snapshots) and machines, what it changes, and its exit codes.
+//!
+//! (Was `tests/cli.rs`; its snapshots are `snapshots/cli__sqlite__*.snap`.)
 #![cfg(feature = "sqlite")]
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 

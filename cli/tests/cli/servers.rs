@@ -4,7 +4,7 @@
 //! `skipped:` when its server is not given (`scripts/services start` gives all three).
 #![cfg(all(feature = "postgres", feature = "redis"))]
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
