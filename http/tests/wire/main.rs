@@ -5,7 +5,8 @@
 //! * [`client`]: the reqwest middleware, the classification of what comes back, the receipt lookup
 //!   (feature `reqwest`).
 //! * [`messages`]: message envelopes and the consumer's inbox.
-//! * [`two_services`]: the `two_services` example's scenario, checked (features `axum`, `reqwest`).
+//! * [`two_services_example`]: the `two_services` example's scenario, checked (features `axum`,
+//!   `reqwest`; was `tests/two_services.rs`).
 //!
 //! Every server here listens on a port of its own (`127.0.0.1:0`). The call context in `tracing`
 //! spans is checked by a binary of its own, `tracing`: its subscriber is set for its thread only, and
@@ -15,4 +16,4 @@
 mod client;
 mod messages;
 mod server;
-mod two_services;
+mod two_services_example;

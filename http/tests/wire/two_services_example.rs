@@ -1,6 +1,8 @@
 //! The `two_services` example's scenario as a test: over real HTTP, with the payment API's faults and
 //! customers who give up and retry, every order is charged once, under one callId and the order's
 //! traceId — and every kind of fault happened in each run.
+//!
+//! (Was `tests/two_services.rs`; the example itself is the module `two_services` inside.)
 #![cfg(all(feature = "axum", feature = "reqwest"))]
 
 #[path = "../../examples/two_services.rs"]
