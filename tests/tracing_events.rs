@@ -1,5 +1,10 @@
 //! Every attempt, lookup, replay and state change is a `tracing` event with `call_id`, `key` and
 //! `attempt` fields.
+//!
+//! A test binary of its own: its subscriber is set for its thread only (`with_default`), and while no
+//! other subscriber is installed `tracing` caches each callsite's interest as the first thread to reach
+//! it found it, so a test on another thread reaching `claimed` or `replay` first would turn that event
+//! off here. (The other observability tests are in `observe`.)
 
 mod support;
 

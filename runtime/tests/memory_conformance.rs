@@ -1,3 +1,0 @@
-//! The store conformance suite on the in-memory store.
-
-samekey_runtime::store_conformance_tests!(std::sync::Arc::new(samekey_runtime::MemoryStore::new()));

@@ -1,0 +1,125 @@
+//! SQLite: a restart replays instead of re-executing, and two OS processes racing on the same keys
+//! execute each key exactly once.
+#![cfg(feature = "sqlite")]
+
+use crate::support;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use samekey::sqlx;
+use samekey::store::SqliteStore;
+use samekey::{idempotent, Runtime};
+use support::TestError;
+
+fn db_path(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("sqlite-{name}-{}", samekey::TraceId::new()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir.join("samekey.db")
+}
+
+struct Orders {
+    rt: Runtime,
+    executions: AtomicU32,
+}
+
+impl Orders {
+    async fn open(path: &Path) -> Orders {
+        let store = SqliteStore::open(path).await.expect("open");
+        Orders {
+            rt: Runtime::builder().store(store).build().expect("runtime"),
+            executions: AtomicU32::new(0),
+        }
+    }
+
+    #[idempotent(key = "order_id", scope = "orders.create", runtime = &self.rt)]
+    async fn create(&self, order_id: u64) -> Result<String, TestError> {
+        self.executions.fetch_add(1, Ordering::SeqCst);
+        Ok(format!("order {order_id} created"))
+    }
+}
+
+#[tokio::test]
+async fn a_restart_replays_instead_of_reexecuting() {
+    let path = db_path("restart");
+    let first = Orders::open(&path).await;
+    assert_eq!(first.create(7).await, Ok("order 7 created".into()));
+    assert_eq!(first.executions.load(Ordering::SeqCst), 1);
+    drop(first);
+
+    // A new process: new runtime, new pool, same file.
+    let second = Orders::open(&path).await;
+    assert_eq!(second.create(7).await, Ok("order 7 created".into()));
+    assert_eq!(
+        second.executions.load(Ordering::SeqCst),
+        0,
+        "replayed from the file"
+    );
+    assert_eq!(second.rt.stats().replays, 1);
+}
+
+const KEYS: u64 = 200;
+
+/// The worker half of the cross-process test: runs only when the parent test starts this binary with
+/// `SAMEKEY_WORKER_DB` set. Each execution inserts a row in an `effects` table of the same file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_process() {
+    let Ok(path) = std::env::var("SAMEKEY_WORKER_DB") else {
+        return;
+    };
+    struct Worker {
+        rt: Runtime,
+        store: SqliteStore,
+    }
+    impl Worker {
+        #[idempotent(key = "key", scope = "race", runtime = &self.rt)]
+        async fn effect(&self, key: u64) -> Result<u32, TestError> {
+            // The effect takes a moment, so the other process meets the key while it is running.
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            sqlx::query("INSERT INTO effects (key, pid) VALUES (?1, ?2)")
+                .bind(i64::try_from(key).unwrap_or(i64::MAX))
+                .bind(i64::from(std::process::id()))
+                .execute(self.store.pool())
+                .await
+                .map_err(|_| TestError::Refused)?;
+            Ok(std::process::id())
+        }
+    }
+    let store = SqliteStore::open(&path).await.expect("open");
+    let worker = Worker {
+        rt: Runtime::builder()
+            .store(store.clone())
+            .build()
+            .expect("runtime"),
+        store,
+    };
+    // Both workers start at the same instant, one walking the keys up, the other down.
+    for key in support::race::worker_keys(KEYS).await {
+        worker.effect(key).await.expect("call");
+    }
+}
+
+#[tokio::test]
+async fn two_processes_race_and_each_key_runs_once() {
+    let path = db_path("race");
+    let store = SqliteStore::open(&path).await.expect("open");
+    sqlx::query("CREATE TABLE effects (key INTEGER NOT NULL, pid INTEGER NOT NULL)")
+        .execute(store.pool())
+        .await
+        .expect("effects table");
+    support::race::run_two_workers(
+        "sqlite_durability::worker_process",
+        &[("SAMEKEY_WORKER_DB", path.to_str().expect("UTF-8 path"))],
+    );
+    let rows: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT key, COUNT(*) FROM effects GROUP BY key ORDER BY key")
+            .fetch_all(store.pool())
+            .await
+            .expect("effects");
+    let pids: Vec<(i64,)> = sqlx::query_as("SELECT DISTINCT pid FROM effects")
+        .fetch_all(store.pool())
+        .await
+        .expect("pids");
+    support::race::assert_each_key_ran_once(&rows, pids.len(), KEYS);
+}
