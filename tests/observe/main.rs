@@ -1,6 +1,6 @@
 //! What a call leaves for the people who watch it — one test binary.
 //!
-//! * [`metrics`]: every metric of `samekey::metrics`, read back from a recorder (feature `metrics`).
+//! * [`metrics`]: every metric of `samekey::observe::metrics`, read back from a recorder (feature `metrics`).
 //! * [`journal`]: the timeline every path leaves, read by callId and by key.
 //!
 //! [`metrics`] collects with `metrics::with_local_recorder` on a current-thread runtime, so the calls
