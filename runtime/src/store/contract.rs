@@ -60,7 +60,8 @@ pub enum StoreClock {
 }
 
 /// A receipt store. See the [module documentation](super) for the contract every implementation
-/// keeps.
+/// keeps; a store that wraps another implements [`StoreWrapper`](super::StoreWrapper) instead and
+/// writes only the methods it changes.
 ///
 /// The methods come as four contracts, in this order, then what the store says of itself:
 ///

@@ -63,8 +63,24 @@
 //!   written (`PROCESSING`, its callId, `updated_ms == created_ms`, and on a [`StoreClock::Caller`]
 //!   store `created_ms` the claim's `now_ms`). So a claim's record is created with `updated_ms` equal
 //!   to `created_ms`, and a take-over sets `updated_ms` later than `created_ms`.
+//!
+//! # Stores that compose
+//!
+//! * **`Arc<S>` and `Box<S>` are `S`**, method for method: one store is handed to a runtime and kept
+//!   by the code that inspects it (`Runtime::builder().store(Arc::clone(&store))`), and a
+//!   `Box<dyn Store>` is a backend picked at run time. (`Any` sees the wrapper's type: an
+//!   `Arc<MemoryStore>` downcasts as itself, not as a `MemoryStore`.)
+//! * **A wrapper is the store it wraps, but for what it writes.** A [`StoreWrapper`] (a cache in
+//!   front, metrics, fault injection) writes the methods it changes; every other one forwards to the
+//!   same method of the wrapped store — those with a default in [`Store`] too (`get_by_call_ids`,
+//!   `wait_settled`, `now_ms`, `kind`, `clock`), so the wrapped store's own answer stands: its single
+//!   statement for a batch, its notifications, its clock, its kind in the metrics.
+//! * **Forwarding adds no allocation.** A forwarded operation hands on the wrapped store's own
+//!   future (boxed once, by that store); nothing boxes it again unless
+//!   [`StoreWrapper::around`] does.
 
 mod contract;
+mod forward;
 mod local;
 mod memory;
 #[cfg(feature = "postgres")]
@@ -82,6 +98,7 @@ mod sqlite;
 #[cfg(feature = "redis")]
 pub use self::redis::{CachedStore, RedisStore, DEFAULT_INDEX_TTL};
 pub use contract::{Claim, Claimed, Completion, Store, StoreClock};
+pub use forward::{StoreFuture, StoreWrapper};
 pub use local::{LocalCache, DEFAULT_LOCAL_MAX_AGE};
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
