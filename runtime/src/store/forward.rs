@@ -281,6 +281,8 @@ impl<W: StoreWrapper> Store for W {
 
 #[cfg(test)]
 mod tests {
+    use std::any::Any;
+
     use super::*;
     use crate::at_most_once::AtMostOnce;
     use crate::receipt::ReceiptState;
@@ -298,7 +300,7 @@ mod tests {
     }
 
     /// The runtime and the code that inspects the store share one `Arc<MemoryStore>`: what the
-    /// runtime wrote is what that code reads.
+    /// runtime wrote is what that code reads, and the runtime's store is the in-memory one itself.
     #[tokio::test]
     async fn a_runtime_shares_its_store_with_the_code_that_inspects_it() {
         let store = Arc::new(MemoryStore::new());
@@ -312,6 +314,22 @@ mod tests {
         let key = Key::build(CHARGE.scope(), &7u64);
         let record = store.get(&key, rt.now_ms()).await.unwrap();
         assert_eq!(record.map(|r| r.state), Some(ReceiptState::Success));
+        let seen = rt.store() as &dyn Any;
+        assert!(seen.downcast_ref::<MemoryStore>().is_some(), "not an Arc");
+        assert!(rt.memory().is_some(), "the in-memory store's direct calls");
+    }
+
+    /// An `Arc<dyn Store>` handed over by value is that store, as through `shared_store`.
+    #[tokio::test]
+    async fn a_shared_dyn_store_is_taken_as_it_is() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let rt = Runtime::builder()
+            .store(Arc::clone(&store))
+            .build()
+            .unwrap();
+        assert_eq!(charge(&rt, 8).await, Ok(800));
+        assert!(std::ptr::addr_eq(rt.store(), &*store), "the same store");
+        assert!(rt.memory().is_some());
     }
 
     /// A backend picked at run time, as a `Box<dyn Store>`: the runtime works through it, and its

@@ -69,7 +69,9 @@
 //! * **`Arc<S>` and `Box<S>` are `S`**, method for method: one store is handed to a runtime and kept
 //!   by the code that inspects it (`Runtime::builder().store(Arc::clone(&store))`), and a
 //!   `Box<dyn Store>` is a backend picked at run time. (`Any` sees the wrapper's type: an
-//!   `Arc<MemoryStore>` downcasts as itself, not as a `MemoryStore`.)
+//!   `Arc<MemoryStore>` downcasts as itself, not as a `MemoryStore`. So
+//!   [`Builder::store`](crate::Builder::store) takes an `Arc<dyn Store>` or an `Arc<MemoryStore>`
+//!   as the shared store itself, and [`Runtime::store`](crate::Runtime::store) is that store.)
 //! * **A wrapper is the store it wraps, but for what it writes.** A [`StoreWrapper`] (a cache in
 //!   front, metrics, fault injection) writes the methods it changes; every other one forwards to the
 //!   same method of the wrapped store — those with a default in [`Store`] too (`get_by_call_ids`,
