@@ -80,7 +80,11 @@
 //! * **Forwarding adds no allocation.** A forwarded operation hands on the wrapped store's own
 //!   future (boxed once, by that store); nothing boxes it again unless
 //!   [`StoreWrapper::around`] does.
+//!
+//! [`LocalCache`] and `CachedStore` are such wrappers, over a [`ClaimTracker`]: what the claims taken
+//! through a cache know of their receipts, so that a completion's receipt is kept without a read.
 
+mod claims;
 mod contract;
 mod forward;
 mod local;
@@ -99,6 +103,7 @@ mod sqlite;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{CachedStore, RedisStore, DEFAULT_INDEX_TTL};
+pub use claims::ClaimTracker;
 pub use contract::{Claim, Claimed, Completion, Store, StoreClock};
 pub use forward::{StoreFuture, StoreWrapper};
 pub use local::{LocalCache, DEFAULT_LOCAL_MAX_AGE};
