@@ -2,10 +2,13 @@
 //! and what a store says of itself, with the values its receipt methods take and answer.
 //!
 //! The guarantees are the [module documentation](super)'s: every method's own doc states its share.
+//! The defaults' bodies are here too: [`poll_settled`] (waiting) and the batch lookup by callId.
 
 use std::time::Duration;
 
-use super::{async_trait, get_each_by_call_id, poll_settled, ReceiptPage, ReceiptQuery};
+use async_trait::async_trait;
+
+use super::{ReceiptPage, ReceiptQuery};
 use crate::call_id::CallId;
 use crate::compensation::CompensationEntry;
 use crate::error::StoreError;
@@ -312,5 +315,45 @@ pub trait Store: std::any::Any + Send + Sync {
     /// takes the caller's time (the default), the store's own clock for one that several nodes share.
     async fn now_ms(&self, caller_now_ms: u64) -> Result<u64, StoreError> {
         Ok(caller_now_ms)
+    }
+}
+
+/// [`Store::get_by_call_ids`] by asking [`Store::get_by_call_id`] for each callId: the default, and what
+/// a wrapper that answers single queries itself (a cache) keeps for the batch.
+pub(crate) async fn get_each_by_call_id<S: Store + ?Sized>(
+    store: &S,
+    call_ids: &[CallId],
+) -> Result<Vec<Receipt>, StoreError> {
+    let mut found = Vec::new();
+    for call_id in call_ids {
+        if let Some(receipt) = store.get_by_call_id(call_id).await? {
+            found.push(receipt);
+        }
+    }
+    Ok(found)
+}
+
+/// [`Store::wait_settled`] by polling [`Store::get`] at growing intervals (20 ms to 1 s): the default,
+/// and what a backend without notifications for some of its deployments falls back to.
+pub async fn poll_settled<S: Store + ?Sized>(
+    store: &S,
+    key: &Key,
+    timeout: Duration,
+    now_ms: u64,
+) -> Result<Option<Receipt>, StoreError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let start = tokio::time::Instant::now();
+    let mut interval = Duration::from_millis(20);
+    loop {
+        let elapsed = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let record = store.get(key, now_ms.saturating_add(elapsed)).await?;
+        let settled = record
+            .as_ref()
+            .is_none_or(|r| r.state != ReceiptState::Processing);
+        if settled || tokio::time::Instant::now() >= deadline {
+            return Ok(record);
+        }
+        tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + interval)).await;
+        interval = (interval * 2).min(Duration::from_secs(1));
     }
 }

@@ -11,15 +11,15 @@
 //! * **Atomic claim.** [`Store::claim`] creates the record of a key if (and only if) there is none, or the
 //!   one there has expired, in one atomic step (an entry API, a unique index, `SET NX`). Exactly one of any
 //!   number of concurrent claims of one key gets [`Claimed::Acquired`]; the others get the record.
-//! * **Fencing.** Every claim and take-over hands out a [`Fence`](crate::Fence) larger than any the
-//!   store handed out before for that key (the in-memory store counts per shard of keys; a backend may count per
+//! * **Fencing.** Every claim and take-over hands out a [`Fence`] larger than any the store handed out
+//!   before for that key (the in-memory store counts per shard of keys; a backend may count per
 //!   key, as long as a key's fences never repeat, even after its record expired). Every write of an
 //!   owner ([`Store::complete`], [`Store::mark_unknown`], [`Store::release`], [`Store::extend_lease`])
 //!   presents its fence and is refused with [`StoreError::Fenced`] if the record now carries another
 //!   one.
 //! * **Forward only.** Writes follow [`ReceiptState::advance`]: the same transition again reports
-//!   [`Transition::AlreadyApplied`](crate::Transition::AlreadyApplied) and changes nothing; a
-//!   backward one is [`StoreError::InvalidTransition`]. [`Store::take_over`] is the one move out of `UNKNOWN` or an
+//!   [`Transition::AlreadyApplied`] and changes nothing; a backward one is
+//!   [`StoreError::InvalidTransition`]. [`Store::take_over`] is the one move out of `UNKNOWN` or an
 //!   expired `PROCESSING` that is not an outcome: it starts a new owner (new fence) on the same callId.
 //! * **TTL.** A terminal record lives until its `expires_at_ms`; after that the key may be claimed anew
 //!   and the record may be evicted. Records without an expiry (claims, `UNKNOWN`s) are kept.
@@ -83,6 +83,14 @@
 //!
 //! [`LocalCache`] and `CachedStore` are such wrappers, over a [`ClaimTracker`]: what the claims taken
 //! through a cache know of their receipts, so that a completion's receipt is kept without a read.
+//!
+//! [`Fence`]: crate::Fence
+//! [`ReceiptState::advance`]: crate::ReceiptState::advance
+//! [`StoreError::Corrupt`]: crate::StoreError::Corrupt
+//! [`StoreError::Fenced`]: crate::StoreError::Fenced
+//! [`StoreError::InvalidTransition`]: crate::StoreError::InvalidTransition
+//! [`StoreError::Unavailable`]: crate::StoreError::Unavailable
+//! [`Transition::AlreadyApplied`]: crate::Transition::AlreadyApplied
 
 mod claims;
 mod contract;
@@ -104,7 +112,9 @@ mod sqlite;
 #[cfg(feature = "redis")]
 pub use self::redis::{CachedStore, RedisStore, DEFAULT_INDEX_TTL};
 pub use claims::ClaimTracker;
-pub use contract::{Claim, Claimed, Completion, Store, StoreClock};
+#[cfg(feature = "redis")]
+pub(crate) use contract::get_each_by_call_id;
+pub use contract::{poll_settled, Claim, Claimed, Completion, Store, StoreClock};
 pub use forward::{StoreFuture, StoreWrapper};
 pub use local::{LocalCache, DEFAULT_LOCAL_MAX_AGE};
 pub use memory::MemoryStore;
@@ -116,32 +126,12 @@ pub(crate) use refused::{already_or_not_owned, not_owned};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 
-use std::time::Duration;
-
 /// The attribute that [`Store`] implementations put on their `impl` block (re-exported so that a backend
 /// needs no dependency of its own for it).
 #[doc(hidden)]
 pub use async_trait::async_trait;
 
-use crate::call_id::CallId;
-use crate::error::StoreError;
 use crate::key::Key;
-use crate::receipt::{Receipt, ReceiptState};
-
-/// [`Store::get_by_call_ids`] by asking [`Store::get_by_call_id`] for each callId: the default, and what
-/// a wrapper that answers single queries itself (a cache) keeps for the batch.
-pub(crate) async fn get_each_by_call_id<S: Store + ?Sized>(
-    store: &S,
-    call_ids: &[CallId],
-) -> Result<Vec<Receipt>, StoreError> {
-    let mut found = Vec::new();
-    for call_id in call_ids {
-        if let Some(receipt) = store.get_by_call_id(call_id).await? {
-            found.push(receipt);
-        }
-    }
-    Ok(found)
-}
 
 /// A page of [`Store::journaled_keys`] from the digests of every key with a journal (in any order,
 /// once each): those after `after`, in order, at most `limit`.
@@ -156,29 +146,4 @@ pub(crate) fn page_of_keys(
     page.sort_unstable();
     page.truncate(limit);
     page.into_iter().map(|d| Key::from_digest("", d)).collect()
-}
-
-/// [`Store::wait_settled`] by polling [`Store::get`] at growing intervals (20 ms to 1 s): the default,
-/// and what a backend without notifications for some of its deployments falls back to.
-pub async fn poll_settled<S: Store + ?Sized>(
-    store: &S,
-    key: &Key,
-    timeout: Duration,
-    now_ms: u64,
-) -> Result<Option<Receipt>, StoreError> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    let start = tokio::time::Instant::now();
-    let mut interval = Duration::from_millis(20);
-    loop {
-        let elapsed = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let record = store.get(key, now_ms.saturating_add(elapsed)).await?;
-        let settled = record
-            .as_ref()
-            .is_none_or(|r| r.state != ReceiptState::Processing);
-        if settled || tokio::time::Instant::now() >= deadline {
-            return Ok(record);
-        }
-        tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + interval)).await;
-        interval = (interval * 2).min(Duration::from_secs(1));
-    }
 }
