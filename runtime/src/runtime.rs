@@ -472,10 +472,20 @@ pub struct RuntimeBuilder {
 }
 
 impl RuntimeBuilder {
-    /// The store (default: a new [`MemoryStore`]).
-    pub fn store(mut self, store: impl Store) -> RuntimeBuilder {
-        self.store = Some(StoreHandle::new(Arc::new(store)));
-        self
+    /// The store (default: a new [`MemoryStore`]). A store kept by other code too is handed over as
+    /// an `Arc` (`.store(Arc::clone(&store))`): the runtime and that code then use the one store. An
+    /// `Arc<dyn Store>` or an `Arc<MemoryStore>` is taken as [`shared_store`](RuntimeBuilder::shared_store)
+    /// takes it, so that [`Runtime::store`] is that store itself (a downcast finds its type, not
+    /// `Arc`'s) and the in-memory store keeps its direct calls.
+    pub fn store(self, store: impl Store) -> RuntimeBuilder {
+        let any: &dyn Any = &store;
+        if let Some(shared) = any.downcast_ref::<Arc<dyn Store>>() {
+            return self.shared_store(Arc::clone(shared));
+        }
+        if let Some(memory) = any.downcast_ref::<Arc<MemoryStore>>() {
+            return self.shared_store(memory.clone());
+        }
+        self.shared_store(Arc::new(store))
     }
 
     /// A store shared with other code.

@@ -6,13 +6,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use samekey::store::{async_trait, Claim, Claimed, Completion, StoreClock};
-use samekey::{
-    compensation::CompensationEntry, journal::Event, receipt::Fence, receipt::Transition,
-    store::StoreError, CallId, Key, Receipt, Store,
-};
+use samekey::store::{async_trait, Claim, Claimed, StoreFuture, StoreWrapper};
+use samekey::{store::StoreError, Store};
 use tokio::sync::Semaphore;
 
 /// What the next call of one operation does.
@@ -160,11 +156,26 @@ impl Faulty {
     }
 }
 
+/// Every operation goes through [`Faulty::run`]; `claim` also knows [`Act::Resend`].
 #[async_trait]
-impl Store for Faulty {
-    async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError> {
+impl StoreWrapper for Faulty {
+    type Inner = dyn Store;
+
+    fn wrapped(&self) -> &dyn Store {
+        &*self.inner
+    }
+
+    fn around<'a, T: Send + 'a>(
+        &'a self,
+        op: &'static str,
+        call: StoreFuture<'a, T>,
+    ) -> StoreFuture<'a, T> {
+        Box::pin(self.run(op, call))
+    }
+
+    async fn claim(this: &Self, claim: Claim) -> Result<Claimed, StoreError> {
         let resend = {
-            let mut plan = self.plan.lock().unwrap();
+            let mut plan = this.plan.lock().unwrap();
             let next = plan.get_mut("claim");
             match next {
                 Some(acts) if matches!(acts.front(), Some(Act::Resend)) => {
@@ -173,152 +184,16 @@ impl Store for Faulty {
                 _ => false,
             }
         };
-        if resend && !self.down.load(Ordering::SeqCst) {
-            self.ops.lock().unwrap().push("claim");
-            self.inner.claim(claim.clone()).await?;
-            return self.inner.claim(claim).await;
+        if resend && !this.down.load(Ordering::SeqCst) {
+            this.ops.lock().unwrap().push("claim");
+            this.inner.claim(claim.clone()).await?;
+            return this.inner.claim(claim).await;
         }
-        self.run("claim", self.inner.claim(claim)).await
+        this.run("claim", this.inner.claim(claim)).await
     }
-    async fn take_over(&self, key: &Key, f: Fence, l: u64, n: u64) -> Result<Claimed, StoreError> {
-        self.run("take_over", self.inner.take_over(key, f, l, n))
-            .await
-    }
-    async fn extend_lease(&self, key: &Key, f: Fence, l: u64, n: u64) -> Result<(), StoreError> {
-        self.run("extend_lease", self.inner.extend_lease(key, f, l, n))
-            .await
-    }
-    async fn complete(
-        &self,
-        key: &Key,
-        f: Fence,
-        c: Completion,
-        n: u64,
-    ) -> Result<Transition, StoreError> {
-        self.run("complete", self.inner.complete(key, f, c, n))
-            .await
-    }
-    async fn mark_unknown(&self, key: &Key, f: Fence, n: u64) -> Result<Transition, StoreError> {
-        self.run("mark_unknown", self.inner.mark_unknown(key, f, n))
-            .await
-    }
-    async fn release(&self, key: &Key, f: Fence) -> Result<(), StoreError> {
-        self.run("release", self.inner.release(key, f)).await
-    }
-    async fn forget(&self, key: &Key, f: Fence) -> Result<(), StoreError> {
-        self.run("forget", self.inner.forget(key, f)).await
-    }
-    async fn get(&self, key: &Key, n: u64) -> Result<Option<Receipt>, StoreError> {
-        self.run("get", self.inner.get(key, n)).await
-    }
-    async fn get_by_call_id(&self, id: &CallId) -> Result<Option<Receipt>, StoreError> {
-        self.run("get_by_call_id", self.inner.get_by_call_id(id))
-            .await
-    }
-    async fn wait_settled(
-        &self,
-        key: &Key,
-        t: Duration,
-        n: u64,
-    ) -> Result<Option<Receipt>, StoreError> {
-        self.run("wait_settled", self.inner.wait_settled(key, t, n))
-            .await
-    }
-    fn clock(&self) -> StoreClock {
-        self.inner.clock()
-    }
-    async fn now_ms(&self, n: u64) -> Result<u64, StoreError> {
-        self.run("now_ms", self.inner.now_ms(n)).await
-    }
-    async fn purge_expired(&self, n: u64) -> Result<usize, StoreError> {
-        self.run("purge_expired", self.inner.purge_expired(n)).await
-    }
-    async fn list_receipts(
-        &self,
-        q: &samekey::store::ReceiptQuery,
-        n: u64,
-    ) -> Result<samekey::store::ReceiptPage, StoreError> {
-        self.run("list_receipts", self.inner.list_receipts(q, n))
-            .await
-    }
-    async fn list_orphans(&self, n: u64, l: usize) -> Result<Vec<Receipt>, StoreError> {
-        self.run("list_orphans", self.inner.list_orphans(n, l))
-            .await
-    }
-    async fn enqueue_compensation(&self, e: CompensationEntry) -> Result<(), StoreError> {
-        self.run("enqueue_compensation", self.inner.enqueue_compensation(e))
-            .await
-    }
-    async fn take_due_compensations(
-        &self,
-        n: u64,
-        l: usize,
-        u: u64,
-    ) -> Result<Vec<CompensationEntry>, StoreError> {
-        self.run(
-            "take_due_compensations",
-            self.inner.take_due_compensations(n, l, u),
-        )
-        .await
-    }
-    async fn reschedule_compensation(
-        &self,
-        id: &CallId,
-        f: Fence,
-        r: u32,
-        d: u64,
-        n: u64,
-    ) -> Result<(), StoreError> {
-        self.run(
-            "reschedule_compensation",
-            self.inner.reschedule_compensation(id, f, r, d, n),
-        )
-        .await
-    }
-    async fn finish_compensation(&self, id: &CallId, f: Option<Fence>) -> Result<(), StoreError> {
-        self.run("finish_compensation", self.inner.finish_compensation(id, f))
-            .await
-    }
-    async fn escalate_compensation(&self, id: &CallId, f: Fence, n: u64) -> Result<(), StoreError> {
-        self.run(
-            "escalate_compensation",
-            self.inner.escalate_compensation(id, f, n),
-        )
-        .await
-    }
-    async fn list_compensations(&self) -> Result<Vec<CompensationEntry>, StoreError> {
-        self.run("list_compensations", self.inner.list_compensations())
-            .await
-    }
-    async fn append_journal(
-        &self,
-        k: &Key,
-        events: &[Event],
-        keep: u64,
-        n: u64,
-    ) -> Result<(), StoreError> {
-        self.run(
-            "append_journal",
-            self.inner.append_journal(k, events, keep, n),
-        )
-        .await
-    }
-    async fn journaled_keys(
-        &self,
-        after: Option<[u8; 32]>,
-        limit: usize,
-    ) -> Result<Vec<Key>, StoreError> {
-        self.run("journaled_keys", self.inner.journaled_keys(after, limit))
-            .await
-    }
-    async fn count_expired(&self, n: u64) -> Result<usize, StoreError> {
-        self.run("count_expired", self.inner.count_expired(n)).await
-    }
-    async fn journal(&self, k: &Key, n: u64) -> Result<Vec<Event>, StoreError> {
-        self.run("journal", self.inner.journal(k, n)).await
-    }
-    async fn journal_of_call(&self, id: &CallId, n: u64) -> Result<Vec<Event>, StoreError> {
-        self.run("journal_of_call", self.inner.journal_of_call(id, n))
-            .await
+
+    /// Not the wrapped store's: the metrics label a test store `custom`.
+    fn kind(_: &Self) -> &'static str {
+        "custom"
     }
 }

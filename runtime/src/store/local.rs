@@ -6,11 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Claim, Claimed, Completion, ReceiptPage, ReceiptQuery, Store, StoreClock};
-use crate::call_id::CallId;
-use crate::compensation::CompensationEntry;
+use super::{Claim, ClaimTracker, Claimed, Completion, Store, StoreClock, StoreWrapper};
 use crate::error::StoreError;
-use crate::journal::Event;
 use crate::key::Key;
 use crate::receipt::{Fence, Receipt, Transition};
 
@@ -55,21 +52,13 @@ pub const DEFAULT_LOCAL_MAX_AGE: Duration = Duration::from_secs(60);
 /// so the next claim of the key reaches the wrapped store. The cache holds `capacity` receipts at
 /// most, the first kept going first.
 pub struct LocalCache<S> {
-    inner: S,
+    /// The wrapped store, through what the claims taken through this cache know of their receipts,
+    /// so that a completion's receipt can be kept (bounded like the receipts: past it, a completion
+    /// is kept at its first read).
+    inner: ClaimTracker<S>,
     shards: Box<[Mutex<Shard>]>,
     shard_capacity: usize,
     max_age_ms: u64,
-    /// Keys claimed through this cache and not finished yet: what their receipt holds beyond the
-    /// completion, so that it can be kept when they complete.
-    owned: Mutex<HashMap<[u8; 32], Owned>>,
-}
-
-/// What a claim taken through a [`LocalCache`] knows of its receipt.
-struct Owned {
-    fence: Fence,
-    call_id: CallId,
-    fingerprint: Option<crate::key::Fingerprint>,
-    created_ms: u64,
 }
 
 #[derive(Default)]
@@ -101,12 +90,12 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 impl<S: Store> LocalCache<S> {
     /// `inner` behind a cache of at most `capacity` finished receipts (rounded up to a multiple of 16).
     pub fn new(inner: S, capacity: usize) -> LocalCache<S> {
+        let shard_capacity = capacity.div_ceil(SHARDS).max(1);
         LocalCache {
-            inner,
+            inner: ClaimTracker::new(inner).limit(shard_capacity.saturating_mul(SHARDS)),
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            shard_capacity: capacity.div_ceil(SHARDS).max(1),
+            shard_capacity,
             max_age_ms: DEFAULT_LOCAL_MAX_AGE.as_millis() as u64,
-            owned: Mutex::default(),
         }
     }
 
@@ -118,7 +107,7 @@ impl<S: Store> LocalCache<S> {
 
     /// The wrapped store.
     pub fn inner(&self) -> &S {
-        &self.inner
+        self.inner.inner()
     }
 
     /// How many receipts the process keeps now (some may be past their time, until touched).
@@ -164,10 +153,10 @@ impl<S: Store> LocalCache<S> {
         if !receipt.state.is_terminal() {
             return;
         }
-        let store_now_ms = match self.inner.clock() {
+        let store_now_ms = match self.inner().clock() {
             StoreClock::Caller => now_ms,
             // A read answered just now: the store's time, to turn its expiry into this clock's.
-            StoreClock::Own => match self.inner.now_ms(now_ms).await {
+            StoreClock::Own => match self.inner().now_ms(now_ms).await {
                 Ok(t) => t,
                 Err(_) => return,
             },
@@ -216,195 +205,76 @@ impl<S: Store> LocalCache<S> {
         shard.forgets = shard.forgets.wrapping_add(1);
         shard.receipts.remove(key.digest());
     }
-
-    fn owned(&self) -> MutexGuard<'_, HashMap<[u8; 32], Owned>> {
-        self.owned
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Forgets what a claim of `key` taken under `fence` knew, and returns it. What a later claim
-    /// (another fence) knew stays.
-    fn disown(&self, key: &Key, fence: Fence) -> Option<Owned> {
-        let mut owned = self.owned();
-        match owned.get(key.digest()) {
-            Some(o) if o.fence == fence => owned.remove(key.digest()),
-            _ => None,
-        }
-    }
 }
 
+/// Claims, reads and forgets go through the kept receipts; every other method is the wrapped
+/// store's.
 #[async_trait]
-impl<S: Store> Store for LocalCache<S> {
-    async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError> {
-        let seen = match self.hit(&claim.key, claim.now_ms) {
+impl<S: Store> StoreWrapper for LocalCache<S> {
+    type Inner = ClaimTracker<S>;
+
+    fn wrapped(&self) -> &ClaimTracker<S> {
+        &self.inner
+    }
+
+    async fn claim(this: &Self, claim: Claim) -> Result<Claimed, StoreError> {
+        let seen = match this.hit(&claim.key, claim.now_ms) {
             Ok(receipt) => return Ok(Claimed::Existing(receipt)),
             Err(seen) => seen,
         };
-        let (digest, now_ms) = (*claim.key.digest(), claim.now_ms);
-        let (call_id, fingerprint) = (claim.call_id.clone(), claim.fingerprint);
-        let claimed = self.inner.claim(claim).await?;
-        match &claimed {
-            Claimed::Existing(receipt) => self.keep_read(receipt, now_ms, seen).await,
-            Claimed::Acquired(fence) => {
-                let mut owned = self.owned();
-                // Bounded like the receipts: past it, a completion is kept at its first read. An
-                // earlier owner's entry for the key is replaced.
-                if owned.contains_key(&digest)
-                    || owned.len() < self.shard_capacity.saturating_mul(SHARDS)
-                {
-                    owned.insert(
-                        digest,
-                        Owned {
-                            fence: *fence,
-                            call_id,
-                            fingerprint,
-                            created_ms: now_ms,
-                        },
-                    );
-                }
-            }
+        let now_ms = claim.now_ms;
+        let claimed = this.inner.claim(claim).await?;
+        if let Claimed::Existing(receipt) = &claimed {
+            this.keep_read(receipt, now_ms, seen).await;
         }
         Ok(claimed)
     }
 
-    async fn take_over(
-        &self,
-        key: &Key,
-        expected: Fence,
-        lease_ms: u64,
-        now_ms: u64,
-    ) -> Result<Claimed, StoreError> {
-        let taken = self
-            .inner
-            .take_over(key, expected, lease_ms, now_ms)
-            .await?;
-        if let Claimed::Acquired(_) = taken {
-            // What an earlier owner of the key knew is superseded.
-            self.owned().remove(key.digest());
-        }
-        Ok(taken)
-    }
-
-    async fn extend_lease(
-        &self,
-        key: &Key,
-        fence: Fence,
-        lease_ms: u64,
-        now_ms: u64,
-    ) -> Result<(), StoreError> {
-        let extended = self.inner.extend_lease(key, fence, lease_ms, now_ms).await;
-        if extended.as_ref().is_err_and(StoreError::lost_key) {
-            // The key is no longer this owner's.
-            self.disown(key, fence);
-        }
-        extended
-    }
-
     async fn complete(
-        &self,
+        this: &Self,
         key: &Key,
         fence: Fence,
         completion: Completion,
         now_ms: u64,
     ) -> Result<Transition, StoreError> {
-        let owned = self.disown(key, fence);
         // Before the store commits: a forget can only follow the commit.
-        let seen = self.seen(key);
-        let (state, outcome, ttl_ms) = (
-            completion.state,
-            completion.outcome.clone(),
-            completion.ttl_ms,
-        );
-        let transition = self.inner.complete(key, fence, completion, now_ms).await?;
-        if let (Transition::Applied, Some(owned)) = (transition, owned) {
+        let seen = this.seen(key);
+        let ttl_ms = completion.ttl_ms;
+        let (transition, finished) = this
+            .inner
+            .complete_tracked(key, fence, completion, now_ms)
+            .await?;
+        if let Some(receipt) = finished {
             // Committed: the receipt the store now holds. Its `ttl` runs from the store's commit,
             // which this clock measures from its own now as well as the store's clock does.
-            let receipt = Receipt {
-                key: key.clone(),
-                call_id: owned.call_id,
-                state,
-                fence,
-                lease_until_ms: None,
-                expires_at_ms: Some(now_ms.saturating_add(ttl_ms)),
-                fingerprint: owned.fingerprint,
-                outcome,
-                created_ms: owned.created_ms,
-                updated_ms: now_ms,
-            };
-            self.keep(receipt, now_ms, ttl_ms, seen);
+            this.keep(receipt, now_ms, ttl_ms, seen);
         }
         Ok(transition)
     }
 
-    async fn mark_unknown(
-        &self,
-        key: &Key,
-        fence: Fence,
-        now_ms: u64,
-    ) -> Result<Transition, StoreError> {
-        self.disown(key, fence);
-        self.inner.mark_unknown(key, fence, now_ms).await
-    }
-
-    async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
-        self.disown(key, fence);
-        self.inner.release(key, fence).await
-    }
-
-    async fn forget(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
-        self.disown(key, fence);
-        let forgotten = self.inner.forget(key, fence).await;
+    async fn forget(this: &Self, key: &Key, fence: Fence) -> Result<(), StoreError> {
+        let forgotten = this.inner.forget(key, fence).await;
         // Once the store answered, whatever it answered (a forget it applied may have failed to
         // answer): the receipt goes, and so does any answer to a read, a claim or a completion
         // that was in flight meanwhile, kept or not yet.
-        self.forgotten(key);
+        this.forgotten(key);
         forgotten
     }
 
-    async fn get(&self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, StoreError> {
-        let seen = match self.hit(key, now_ms) {
+    async fn get(this: &Self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, StoreError> {
+        let seen = match this.hit(key, now_ms) {
             Ok(receipt) => return Ok(Some(receipt)),
             Err(seen) => seen,
         };
-        let found = self.inner.get(key, now_ms).await?;
+        let found = this.inner.get(key, now_ms).await?;
         if let Some(receipt) = &found {
-            self.keep_read(receipt, now_ms, seen).await;
+            this.keep_read(receipt, now_ms, seen).await;
         }
         Ok(found)
     }
 
-    async fn get_by_call_id(&self, call_id: &CallId) -> Result<Option<Receipt>, StoreError> {
-        self.inner.get_by_call_id(call_id).await
-    }
-
-    async fn get_by_call_ids(&self, call_ids: &[CallId]) -> Result<Vec<Receipt>, StoreError> {
-        self.inner.get_by_call_ids(call_ids).await
-    }
-
-    async fn wait_settled(
-        &self,
-        key: &Key,
-        timeout: Duration,
-        now_ms: u64,
-    ) -> Result<Option<Receipt>, StoreError> {
-        self.inner.wait_settled(key, timeout, now_ms).await
-    }
-
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-
-    fn clock(&self) -> StoreClock {
-        self.inner.clock()
-    }
-
-    async fn now_ms(&self, caller_now_ms: u64) -> Result<u64, StoreError> {
-        self.inner.now_ms(caller_now_ms).await
-    }
-
-    async fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
-        for shard in self.shards.iter() {
+    async fn purge_expired(this: &Self, now_ms: u64) -> Result<usize, StoreError> {
+        for shard in this.shards.iter() {
             let mut shard = lock(shard);
             let Shard {
                 receipts, order, ..
@@ -412,112 +282,14 @@ impl<S: Store> Store for LocalCache<S> {
             receipts.retain(|_, kept| kept.until_ms > now_ms);
             order.retain(|d| receipts.contains_key(d));
         }
-        self.inner.purge_expired(now_ms).await
-    }
-
-    async fn count_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
-        self.inner.count_expired(now_ms).await
-    }
-
-    async fn list_receipts(
-        &self,
-        query: &ReceiptQuery,
-        now_ms: u64,
-    ) -> Result<ReceiptPage, StoreError> {
-        self.inner.list_receipts(query, now_ms).await
-    }
-
-    async fn list_orphans(&self, now_ms: u64, limit: usize) -> Result<Vec<Receipt>, StoreError> {
-        self.inner.list_orphans(now_ms, limit).await
-    }
-
-    async fn enqueue_compensation(&self, entry: CompensationEntry) -> Result<(), StoreError> {
-        self.inner.enqueue_compensation(entry).await
-    }
-
-    async fn take_due_compensations(
-        &self,
-        now_ms: u64,
-        limit: usize,
-        lease_ms: u64,
-    ) -> Result<Vec<CompensationEntry>, StoreError> {
-        self.inner
-            .take_due_compensations(now_ms, limit, lease_ms)
-            .await
-    }
-
-    async fn reschedule_compensation(
-        &self,
-        call_id: &CallId,
-        fence: Fence,
-        round: u32,
-        delay_ms: u64,
-        now_ms: u64,
-    ) -> Result<(), StoreError> {
-        self.inner
-            .reschedule_compensation(call_id, fence, round, delay_ms, now_ms)
-            .await
-    }
-
-    async fn finish_compensation(
-        &self,
-        call_id: &CallId,
-        fence: Option<Fence>,
-    ) -> Result<(), StoreError> {
-        self.inner.finish_compensation(call_id, fence).await
-    }
-
-    async fn escalate_compensation(
-        &self,
-        call_id: &CallId,
-        fence: Fence,
-        now_ms: u64,
-    ) -> Result<(), StoreError> {
-        self.inner
-            .escalate_compensation(call_id, fence, now_ms)
-            .await
-    }
-
-    async fn list_compensations(&self) -> Result<Vec<CompensationEntry>, StoreError> {
-        self.inner.list_compensations().await
-    }
-
-    async fn append_journal(
-        &self,
-        key: &Key,
-        events: &[Event],
-        keep_ms: u64,
-        now_ms: u64,
-    ) -> Result<(), StoreError> {
-        self.inner
-            .append_journal(key, events, keep_ms, now_ms)
-            .await
-    }
-
-    async fn journal(&self, key: &Key, now_ms: u64) -> Result<Vec<Event>, StoreError> {
-        self.inner.journal(key, now_ms).await
-    }
-
-    async fn journaled_keys(
-        &self,
-        after: Option<[u8; 32]>,
-        limit: usize,
-    ) -> Result<Vec<Key>, StoreError> {
-        self.inner.journaled_keys(after, limit).await
-    }
-
-    async fn journal_of_call(
-        &self,
-        call_id: &CallId,
-        now_ms: u64,
-    ) -> Result<Vec<Event>, StoreError> {
-        self.inner.journal_of_call(call_id, now_ms).await
+        this.inner.purge_expired(now_ms).await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::call_id::CallId;
     use crate::receipt::ReceiptState;
     use crate::MemoryStore;
 
@@ -553,7 +325,7 @@ mod tests {
         let key = Key::build("local", &1u64);
         let fence = finished(&store, &key, 60_000).await;
         assert_eq!(store.len(), 1, "kept once the store committed it");
-        assert!(store.owned().is_empty());
+        assert_eq!(store.inner.tracked(), 0);
         store.inner().forget(&key, fence).await.unwrap();
         let Ok(Claimed::Existing(first)) = store.claim(claim(&key, 2_000)).await else {
             panic!("answered in process")
@@ -640,10 +412,10 @@ mod tests {
         let Ok(Claimed::Acquired(fb)) = store.claim(claim(&b, 1_000)).await else {
             panic!("a fresh key")
         };
-        assert_eq!(store.owned().len(), 2);
+        assert_eq!(store.inner.tracked(), 2);
         store.release(&a, fa).await.unwrap();
         store.mark_unknown(&b, fb, 1_000).await.unwrap();
-        assert!(store.owned().is_empty());
+        assert_eq!(store.inner.tracked(), 0);
         assert!(store.is_empty());
     }
 

@@ -1,8 +1,7 @@
 //! [`CachedStore`]: a front cache in Redis over a durable store.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -10,12 +9,12 @@ use tokio::sync::Semaphore;
 
 use super::RedisStore;
 use crate::call_id::CallId;
-use crate::compensation::CompensationEntry;
 use crate::error::StoreError;
-use crate::journal::Event;
-use crate::key::{Fingerprint, Key};
+use crate::key::Key;
 use crate::receipt::{Fence, Receipt, Transition};
-use crate::store::{Claim, Claimed, Completion, ReceiptPage, ReceiptQuery, Store, StoreClock};
+use crate::store::{
+    get_each_by_call_id, Claim, ClaimTracker, Claimed, Completion, Store, StoreClock, StoreWrapper,
+};
 
 /// A front cache over a durable store: replays and receipt queries are served from Redis, and the
 /// durable store still decides every claim.
@@ -44,7 +43,9 @@ use crate::store::{Claim, Claimed, Completion, ReceiptPage, ReceiptQuery, Store,
 /// beyond that a completion is left to read-through); [`CachedStore::flush`] waits for them, for
 /// tests and before a shutdown.
 pub struct CachedStore<D> {
-    durable: Arc<D>,
+    /// The durable store, through what the claims taken through this store know of their receipts,
+    /// so that a completion's receipt can be cached.
+    durable: Arc<ClaimTracker<D>>,
     cache: Arc<Cache>,
 }
 
@@ -63,22 +64,11 @@ struct Cache {
     /// that is down costs one failed request per cool-down, not one per call.
     bypass_until: AtomicU64,
     epoch: std::time::Instant,
-    /// Keys claimed through this store and not finished yet: what their receipt holds beyond the
-    /// completion, so that it can be cached when they complete.
-    owned: Mutex<HashMap<[u8; 32], Owned>>,
     /// One permit per background cache write that may be in flight.
     writes: Arc<Semaphore>,
     /// How many forgets went through this store: a receipt the durable store answered to an
     /// operation that started before one is not written to the cache after it.
     forgets: AtomicU64,
-}
-
-/// What a claim taken through a [`CachedStore`] knows of its receipt.
-struct Owned {
-    fence: Fence,
-    call_id: CallId,
-    fingerprint: Option<Fingerprint>,
-    created_ms: u64,
 }
 
 /// How long a failed cache is bypassed before it is tried again.
@@ -99,12 +89,11 @@ impl<D: Store> CachedStore<D> {
     /// [`RedisStore::connect_unverified`]: a cache's durability does not matter).
     pub fn new(durable: D, cache: RedisStore) -> CachedStore<D> {
         CachedStore {
-            durable: Arc::new(durable),
+            durable: Arc::new(ClaimTracker::new(durable)),
             cache: Arc::new(Cache {
                 redis: cache,
                 bypass_until: AtomicU64::new(0),
                 epoch: std::time::Instant::now(),
-                owned: Mutex::new(HashMap::new()),
                 writes: Arc::new(Semaphore::new(MAX_BACKGROUND_WRITES)),
                 forgets: AtomicU64::new(0),
             }),
@@ -113,7 +102,7 @@ impl<D: Store> CachedStore<D> {
 
     /// The durable store.
     pub fn durable(&self) -> &D {
-        &self.durable
+        self.durable.inner()
     }
 
     /// Waits until every cache write started in the background so far has finished (or failed, which
@@ -125,21 +114,11 @@ impl<D: Store> CachedStore<D> {
         drop(self.cache.writes.acquire_many(all).await);
     }
 
-    /// Forgets what a claim of `key` taken under `fence` knew, and returns it. What a later claim
-    /// (another fence) knew stays.
-    fn disown(&self, key: &Key, fence: Fence) -> Option<Owned> {
-        let mut owned = self.cache.owned.lock().unwrap_or_else(|e| e.into_inner());
-        match owned.get(key.digest()) {
-            Some(o) if o.fence == fence => owned.remove(key.digest()),
-            _ => None,
-        }
-    }
-
     /// The cached finished receipt of `key`: one Redis still holds (its entry expires with the receipt)
     /// and, when the durable store judges time by the caller's clock, not expired by it.
     async fn cached(&self, key: &Key, now_ms: u64, what: &str) -> Option<Receipt> {
         let hit = self.cache.cached(key, what).await?;
-        match self.durable.clock() {
+        match self.durable().clock() {
             StoreClock::Caller if hit.expired(now_ms) => None,
             _ => Some(hit),
         }
@@ -172,7 +151,10 @@ impl<D: Store> CachedStore<D> {
             let keep = match keep {
                 Keep::For(ms) => Some(ms),
                 Keep::UntilExpiry(caller_now) => {
-                    match (receipt.expires_at_ms, durable.now_ms(caller_now).await) {
+                    match (
+                        receipt.expires_at_ms,
+                        durable.inner().now_ms(caller_now).await,
+                    ) {
                         (Some(expires_at), Ok(now)) => Some(expires_at.saturating_sub(now)),
                         _ => None,
                     }
@@ -240,136 +222,54 @@ impl<D> std::fmt::Debug for CachedStore<D> {
     }
 }
 
+/// Claims, reads and forgets go through the cache; every other method is the durable store's.
 #[async_trait]
-impl<D: Store> Store for CachedStore<D> {
-    async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError> {
-        if let Some(hit) = self.cached(&claim.key, claim.now_ms, "a claim").await {
+impl<D: Store> StoreWrapper for CachedStore<D> {
+    type Inner = ClaimTracker<D>;
+
+    fn wrapped(&self) -> &ClaimTracker<D> {
+        &self.durable
+    }
+
+    async fn claim(this: &Self, claim: Claim) -> Result<Claimed, StoreError> {
+        if let Some(hit) = this.cached(&claim.key, claim.now_ms, "a claim").await {
             return Ok(Claimed::Existing(hit));
         }
-        let (digest, now) = (*claim.key.digest(), claim.now_ms);
-        let (call_id, fingerprint) = (claim.call_id.clone(), claim.fingerprint);
-        let forgets = self.forgets();
-        let claimed = self.durable.claim(claim).await?;
-        match &claimed {
-            Claimed::Acquired(fence) => {
-                let owned = Owned {
-                    fence: *fence,
-                    call_id,
-                    fingerprint,
-                    created_ms: now,
-                };
-                let mut all = self.cache.owned.lock().unwrap_or_else(|e| e.into_inner());
-                all.insert(digest, owned);
-            }
-            Claimed::Existing(record) => {
-                self.write_behind(record.clone(), Keep::UntilExpiry(now), forgets);
-            }
+        let now = claim.now_ms;
+        let forgets = this.forgets();
+        let claimed = this.durable.claim(claim).await?;
+        if let Claimed::Existing(record) = &claimed {
+            this.write_behind(record.clone(), Keep::UntilExpiry(now), forgets);
         }
         Ok(claimed)
     }
 
-    async fn take_over(
-        &self,
-        key: &Key,
-        expected: Fence,
-        lease_ms: u64,
-        now_ms: u64,
-    ) -> Result<Claimed, StoreError> {
-        let taken = self
-            .durable
-            .take_over(key, expected, lease_ms, now_ms)
-            .await?;
-        if let Claimed::Acquired(_) = taken {
-            // What an earlier owner of the key knew is superseded.
-            let mut owned = self.cache.owned.lock().unwrap_or_else(|e| e.into_inner());
-            owned.remove(key.digest());
-        }
-        Ok(taken)
-    }
-
-    async fn extend_lease(
-        &self,
-        key: &Key,
-        fence: Fence,
-        lease_ms: u64,
-        now_ms: u64,
-    ) -> Result<(), StoreError> {
-        let extended = self
-            .durable
-            .extend_lease(key, fence, lease_ms, now_ms)
-            .await;
-        if extended.as_ref().is_err_and(StoreError::lost_key) {
-            // The key is no longer this owner's.
-            self.disown(key, fence);
-        }
-        extended
-    }
-
-    fn clock(&self) -> StoreClock {
-        self.durable.clock()
-    }
-
-    async fn now_ms(&self, caller_now_ms: u64) -> Result<u64, StoreError> {
-        self.durable.now_ms(caller_now_ms).await
-    }
-
     async fn complete(
-        &self,
+        this: &Self,
         key: &Key,
         fence: Fence,
         completion: Completion,
         now_ms: u64,
     ) -> Result<Transition, StoreError> {
-        let owned = self.disown(key, fence);
-        // The durable store's expiry as far as this instance's clock tells: the cache entry expires by
-        // Redis's relative `PEXPIRE`, from it.
-        let (state, outcome, expires_at_ms) = (
-            completion.state,
-            completion.outcome.clone(),
-            now_ms.saturating_add(completion.ttl_ms),
-        );
         // Before the durable store commits: a forget can only follow the commit.
-        let forgets = self.forgets();
-        let transition = self
+        let forgets = this.forgets();
+        let (transition, finished) = this
             .durable
-            .complete(key, fence, completion, now_ms)
+            .complete_tracked(key, fence, completion, now_ms)
             .await?;
-        if let (Transition::Applied, Some(owned)) = (transition, owned) {
-            // The durable store committed it: the receipt it now holds, as the durable store wrote it.
-            let receipt = Receipt {
-                key: key.clone(),
-                call_id: owned.call_id,
-                state,
-                fence,
-                lease_until_ms: None,
-                expires_at_ms: Some(expires_at_ms),
-                fingerprint: owned.fingerprint,
-                outcome,
-                created_ms: owned.created_ms,
-                updated_ms: now_ms,
-            };
-            let keep = Keep::For(expires_at_ms.saturating_sub(now_ms));
-            self.write_behind(receipt, keep, forgets);
+        if let Some(receipt) = finished {
+            // The durable store committed it: the receipt it now holds, as the durable store wrote
+            // it, kept until its expiry as far as this instance's clock tells (the cache entry
+            // expires by Redis's relative `PEXPIRE`, from it).
+            let keep = receipt
+                .expires_at_ms
+                .map_or(0, |at| at.saturating_sub(now_ms));
+            this.write_behind(receipt, Keep::For(keep), forgets);
         }
         Ok(transition)
     }
 
-    async fn mark_unknown(
-        &self,
-        key: &Key,
-        fence: Fence,
-        now_ms: u64,
-    ) -> Result<Transition, StoreError> {
-        self.disown(key, fence);
-        self.durable.mark_unknown(key, fence, now_ms).await
-    }
-
-    async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
-        self.disown(key, fence);
-        self.durable.release(key, fence).await
-    }
-
-    fn kind(&self) -> &'static str {
+    fn kind(_: &Self) -> &'static str {
         "cached"
     }
 
@@ -379,167 +279,64 @@ impl<D: Store> Store for CachedStore<D> {
     /// background write in flight is waited for ([`CachedStore::flush`]), and the entry is deleted
     /// again. Another instance over the same cache that read the record just before the forget and
     /// writes it after may still have it replayed until that entry expires.
-    async fn forget(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
-        self.disown(key, fence);
+    async fn forget(this: &Self, key: &Key, fence: Fence) -> Result<(), StoreError> {
         // A cache that cannot delete the entry now would replay it once it answers again: the
         // forget fails before anything is forgotten.
-        self.cache.redis.cache_forget(key).await?;
+        this.cache.redis.cache_forget(key).await?;
         // Whatever the durable store answers (a forget it applied may have failed to answer).
-        let forgotten = self.durable.forget(key, fence).await;
-        self.cache.forgets.fetch_add(1, Ordering::SeqCst);
-        self.flush().await;
-        let deleted = self.cache.redis.cache_forget(key).await;
+        let forgotten = this.durable.forget(key, fence).await;
+        this.cache.forgets.fetch_add(1, Ordering::SeqCst);
+        this.flush().await;
+        let deleted = this.cache.redis.cache_forget(key).await;
         forgotten.and(deleted)
     }
 
-    async fn get(&self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, StoreError> {
-        if let Some(hit) = self.cached(key, now_ms, "a read").await {
+    async fn get(this: &Self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, StoreError> {
+        if let Some(hit) = this.cached(key, now_ms, "a read").await {
             return Ok(Some(hit));
         }
-        let forgets = self.forgets();
-        let found = self.durable.get(key, now_ms).await?;
+        let forgets = this.forgets();
+        let found = this.durable.get(key, now_ms).await?;
         if let Some(record) = &found {
-            self.write_behind(record.clone(), Keep::UntilExpiry(now_ms), forgets);
+            this.write_behind(record.clone(), Keep::UntilExpiry(now_ms), forgets);
         }
         Ok(found)
     }
 
-    async fn get_by_call_id(&self, call_id: &CallId) -> Result<Option<Receipt>, StoreError> {
-        if self.cache.usable() {
-            match self.cache.redis.get_by_call_id(call_id).await {
+    async fn get_by_call_id(this: &Self, call_id: &CallId) -> Result<Option<Receipt>, StoreError> {
+        if this.cache.usable() {
+            match this.cache.redis.get_by_call_id(call_id).await {
                 Ok(Some(hit)) if hit.state.is_terminal() => return Ok(Some(hit)),
                 Ok(_) => {}
-                Err(e) => self.cache.bypass(&e, "a receipt query"),
+                Err(e) => this.cache.bypass(&e, "a receipt query"),
             }
         }
-        let forgets = self.forgets();
-        let found = self.durable.get_by_call_id(call_id).await?;
+        let forgets = this.forgets();
+        let found = this.durable.get_by_call_id(call_id).await?;
         if let Some(record) = &found {
             // Kept until the receipt expires by the durable store's time, as on the other read paths
             // (not by the record's last write, which kept it a whole ttl again). A query by callId
             // carries no caller's time: a store that takes the caller's is given the system clock's.
             let now_ms = crate::clock::unix_ms_now();
-            self.write_behind(record.clone(), Keep::UntilExpiry(now_ms), forgets);
+            this.write_behind(record.clone(), Keep::UntilExpiry(now_ms), forgets);
         }
         Ok(found)
     }
 
-    async fn wait_settled(
-        &self,
-        key: &Key,
-        timeout: Duration,
-        now_ms: u64,
-    ) -> Result<Option<Receipt>, StoreError> {
-        self.durable.wait_settled(key, timeout, now_ms).await
+    /// Each callId as [`Store::get_by_call_id`] answers it here: from the cache where it holds the
+    /// receipt.
+    async fn get_by_call_ids(this: &Self, call_ids: &[CallId]) -> Result<Vec<Receipt>, StoreError> {
+        get_each_by_call_id(this, call_ids).await
     }
 
-    async fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
+    async fn purge_expired(this: &Self, now_ms: u64) -> Result<usize, StoreError> {
         // Background writes started before the purge land first, so that it sees them.
-        self.flush().await;
-        if self.cache.usable() {
-            if let Err(e) = self.cache.redis.purge_expired(now_ms).await {
-                self.cache.bypass(&e, "a purge");
+        this.flush().await;
+        if this.cache.usable() {
+            if let Err(e) = this.cache.redis.purge_expired(now_ms).await {
+                this.cache.bypass(&e, "a purge");
             }
         }
-        self.durable.purge_expired(now_ms).await
-    }
-
-    async fn count_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
-        self.durable.count_expired(now_ms).await
-    }
-
-    async fn list_receipts(
-        &self,
-        query: &ReceiptQuery,
-        now_ms: u64,
-    ) -> Result<ReceiptPage, StoreError> {
-        self.durable.list_receipts(query, now_ms).await
-    }
-
-    async fn list_orphans(&self, now_ms: u64, limit: usize) -> Result<Vec<Receipt>, StoreError> {
-        self.durable.list_orphans(now_ms, limit).await
-    }
-
-    async fn enqueue_compensation(&self, entry: CompensationEntry) -> Result<(), StoreError> {
-        self.durable.enqueue_compensation(entry).await
-    }
-
-    async fn take_due_compensations(
-        &self,
-        now_ms: u64,
-        limit: usize,
-        lease_ms: u64,
-    ) -> Result<Vec<CompensationEntry>, StoreError> {
-        self.durable
-            .take_due_compensations(now_ms, limit, lease_ms)
-            .await
-    }
-
-    async fn reschedule_compensation(
-        &self,
-        call_id: &CallId,
-        fence: Fence,
-        round: u32,
-        delay_ms: u64,
-        now_ms: u64,
-    ) -> Result<(), StoreError> {
-        self.durable
-            .reschedule_compensation(call_id, fence, round, delay_ms, now_ms)
-            .await
-    }
-
-    async fn finish_compensation(
-        &self,
-        call_id: &CallId,
-        fence: Option<Fence>,
-    ) -> Result<(), StoreError> {
-        self.durable.finish_compensation(call_id, fence).await
-    }
-
-    async fn escalate_compensation(
-        &self,
-        call_id: &CallId,
-        fence: Fence,
-        now_ms: u64,
-    ) -> Result<(), StoreError> {
-        self.durable
-            .escalate_compensation(call_id, fence, now_ms)
-            .await
-    }
-
-    async fn list_compensations(&self) -> Result<Vec<CompensationEntry>, StoreError> {
-        self.durable.list_compensations().await
-    }
-
-    async fn append_journal(
-        &self,
-        key: &Key,
-        events: &[Event],
-        keep_ms: u64,
-        now_ms: u64,
-    ) -> Result<(), StoreError> {
-        self.durable
-            .append_journal(key, events, keep_ms, now_ms)
-            .await
-    }
-
-    async fn journaled_keys(
-        &self,
-        after: Option<[u8; 32]>,
-        limit: usize,
-    ) -> Result<Vec<Key>, StoreError> {
-        self.durable.journaled_keys(after, limit).await
-    }
-
-    async fn journal(&self, key: &Key, now_ms: u64) -> Result<Vec<Event>, StoreError> {
-        self.durable.journal(key, now_ms).await
-    }
-
-    async fn journal_of_call(
-        &self,
-        call_id: &CallId,
-        now_ms: u64,
-    ) -> Result<Vec<Event>, StoreError> {
-        self.durable.journal_of_call(call_id, now_ms).await
+        this.durable.purge_expired(now_ms).await
     }
 }
