@@ -253,7 +253,7 @@ mod tests {
         let out = derive(
             "enum Op { Charge { amount: u64 }, Refund(u64, #[key_part(skip)] String), #[key_part(rename = \"Nothing\")] Noop }",
         );
-        assert!(out.contains("Self :: Charge { amount : __samekey_field_0 , .. } => { :: samekey :: KeyEncoder :: variant (__samekey_out , \"Charge\" , 1usize) ;"), "{out}");
+        assert!(out.contains("Self :: Charge { amount : __samekey_field_0 , .. } => { :: samekey :: key :: KeyEncoder :: variant (__samekey_out , \"Charge\" , 1usize) ;"), "{out}");
         assert!(
             out.contains("Self :: Refund { 0 : __samekey_field_0 , .. }"),
             "{out}"

@@ -86,7 +86,7 @@ pub struct Operation {
 impl Operation {
     /// An operation whose calls are asked about with `lookup`, the same contract as the
     /// `#[idempotent(lookup = …)]` argument: `Succeeded(T)` and `Failed(E)` are recorded as the call's
-    /// outcome (a failure by its message: duplicates get `samekey::Error::Failed`), `NotReceivedPolicy`
+    /// outcome (a failure by its message: duplicates get `samekey::Error::Failed`), `NotReceived`
     /// follows [`Operation::not_received`], `Processing` or an `Err` wait for the next round.
     pub fn new<T, E, LE, F, Fut>(lookup: F) -> Operation
     where

@@ -343,7 +343,7 @@ where
     }
 
     /// What the remote knows of `call_id`, as a `lookup` answers it: `Succeeded` with the value,
-    /// `Failed` with a rejection, `Processing` while a slow request runs, `NotReceivedPolicy` otherwise.
+    /// `Failed` with a rejection, `Processing` while a slow request runs, `NotReceived` otherwise.
     ///
     /// ```ignore
     /// #[idempotent(key = "order_id", timeout = "1s", lookup = |call| self.gateway.status(call))]
