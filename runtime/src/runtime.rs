@@ -1,7 +1,7 @@
 //! [`Runtime`]: the store, the node name and the clock that `#[idempotent]` calls use.
 
 use std::any::Any;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -15,7 +15,6 @@ use crate::limits::{Budget, ConcurrencyLimit, Dependencies, Dependency, Policies
 use crate::observe::{Counter, Counters, Stats};
 use crate::receipt::Receipt;
 use crate::store::{MemoryStore, Store};
-use crate::unanswered::Pending;
 
 /// Default lease of a claim when the function has no `timeout`.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -57,7 +56,8 @@ struct Inner {
     calls_begun: AtomicU64,
     counters: Counters,
     dependencies: Dependencies,
-    unanswered: Pending,
+    /// The unanswered claims this runtime is giving back (`crate::unanswered`).
+    unanswered: AtomicUsize,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -119,7 +119,7 @@ impl Runtime {
                 calls_begun: AtomicU64::new(0),
                 counters: Counters::default(),
                 dependencies: Dependencies::new(policies),
-                unanswered: Pending::default(),
+                unanswered: AtomicUsize::new(0),
             }),
         }
     }
@@ -181,7 +181,7 @@ impl Runtime {
     }
 
     /// The unanswered claims this runtime is giving back.
-    pub(crate) fn unanswered(&self) -> &Pending {
+    pub(crate) fn unanswered(&self) -> &AtomicUsize {
         &self.inner.unanswered
     }
 

@@ -35,7 +35,7 @@
 //!   bounded (a claim that failed before it left the process, a pool that timed out, is asked about
 //!   too: the error does not say).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -82,17 +82,13 @@ pub(crate) fn written_as_sent(
         && (!caller_clock || record.created_ms == stamped_ms)
 }
 
-/// The claims a runtime is giving back (see [`MAX_PENDING`]).
-#[derive(Debug, Default)]
-pub(crate) struct Pending(AtomicUsize);
-
-/// A place among a runtime's [`Pending`] claims, given back when dropped.
+/// A place among the claims a runtime is giving back (at most [`MAX_PENDING`]), given back when
+/// dropped.
 struct Place(Runtime);
 
 impl Place {
     fn take(rt: &Runtime) -> Option<Place> {
         rt.unanswered()
-            .0
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < MAX_PENDING).then_some(n + 1)
             })
@@ -103,7 +99,7 @@ impl Place {
 
 impl Drop for Place {
     fn drop(&mut self) {
-        self.0.unanswered().0.fetch_sub(1, Ordering::AcqRel);
+        self.0.unanswered().fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -8,9 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::Notify;
-
 use super::remote::Remote;
+use super::scope::CallScope;
 use crate::call_id::CallId;
 use crate::classify::{Classify, ErrorClass};
 use crate::clock::TokioClock;
@@ -21,33 +20,6 @@ use crate::observe::{observed, CallAnswer};
 use crate::receipt::{Receipt, ReceiptState};
 use crate::runtime::Runtime;
 use crate::store::{MemoryStore, ReceiptQuery, Store};
-
-tokio::task_local! {
-    static CALLER: CallScope;
-}
-
-/// The [`TestKit::call`] a request is sent under: its number, and how a [`Fault::Crash`] drops it.
-///
-/// [`Fault::Crash`]: super::Fault::Crash
-#[derive(Clone)]
-pub(crate) struct CallScope {
-    number: u64,
-    crashed: Arc<Notify>,
-}
-
-impl CallScope {
-    pub(crate) fn current() -> Option<CallScope> {
-        CALLER.try_with(Clone::clone).ok()
-    }
-
-    pub(crate) fn number(&self) -> u64 {
-        self.number
-    }
-
-    pub(crate) fn crash(&self) {
-        self.crashed.notify_one();
-    }
-}
 
 /// What one [`TestKit::call`] told its caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -173,12 +145,9 @@ impl TestKit {
         E: Classify + std::fmt::Display,
     {
         let number = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
-        let scope = CallScope {
-            number,
-            crashed: Arc::new(Notify::new()),
-        };
-        let crashed = scope.crashed.clone();
-        let ran = CALLER.scope(scope, async move {
+        let scope = CallScope::new(number);
+        let crashed = scope.crashed();
+        let ran = scope.enter(async move {
             let deadline = async {
                 match patience {
                     Some(patience) => tokio::time::sleep(patience).await,

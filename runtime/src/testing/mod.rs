@@ -5,6 +5,7 @@
 mod fault;
 mod kit;
 mod remote;
+mod scope;
 
 pub use fault::{faults, schedules, Fault, FaultMix, Schedule};
 pub use kit::{TestKit, Told, ToldOutcome};

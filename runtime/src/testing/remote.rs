@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::fault::{Fault, Schedule};
-use super::kit::CallScope;
+use super::scope::CallScope;
 use crate::call_id::CallId;
 use crate::classify::{Classify, ErrorClass, RemoteStatus};
 
