@@ -91,7 +91,7 @@ type Hook = Arc<dyn Fn(&CompensationEntry) + Send + Sync>;
 ///
 /// ```
 /// # use samekey_runtime::{Compensator, compensation::Operation, RemoteStatus, Runtime};
-/// # async fn status(call: &str) -> Result<RemoteStatus<u64, String>, String> { Ok(RemoteStatus::NotReceivedPolicy) }
+/// # async fn status(call: &str) -> Result<RemoteStatus<u64, String>, String> { Ok(RemoteStatus::NotReceived) }
 /// # async fn demo(rt: Runtime) {
 /// let worker = Compensator::new(&rt)
 ///     .operation("orders.charge", Operation::new(|call| async move { status(&call).await }))
