@@ -1,9 +1,20 @@
 //! [`MemoryStore`] and what it needs; its documentation is on the type, where users read it.
+//!
+//! This file holds the type, its shards and its one [`Store`] impl, which hands each method to the
+//! file of the store's contract it belongs to:
+//!
+//! * `receipts.rs`: the records — claim, take-over, the owner's fenced writes, reads and waits;
+//! * `eviction.rs`: expired records evicted, and room made in a bounded store;
+//! * `queue.rs`: the compensation queue;
+//! * `journal.rs`: the journals;
+//! * `listings.rs`: listings, counts and purges;
+//! * `records.rs`, `finished.rs`, `calls.rs`: a shard's table of records, its finished records in
+//!   the order they may go, and the callId index.
 
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -11,21 +22,27 @@ use async_trait::async_trait;
 use tokio::sync::futures::OwnedNotified;
 use tokio::sync::Notify;
 
-use super::{Claim, Claimed, Completion, Cursor, ReceiptPage, ReceiptQuery, Store};
+use super::{Claim, Claimed, Completion, ReceiptPage, ReceiptQuery, Store};
 use crate::call_id::CallId;
 use crate::codec::Kept;
-use crate::compensation::{CompensationEntry, CompensationState};
+use crate::compensation::CompensationEntry;
 use crate::error::StoreError;
-use crate::journal::{Event, JOURNAL_LIMIT};
+use crate::journal::Event;
 use crate::key::Key;
 use crate::receipt::{Fence, Receipt, ReceiptState, Transition};
 
 mod calls;
+mod eviction;
 mod finished;
+mod journal;
+mod listings;
+mod queue;
+mod receipts;
 mod records;
 
-use calls::{CallIndex, Place};
+use calls::CallIndex;
 use finished::Lanes;
+use journal::Journals;
 use records::Records;
 
 const SHARDS: usize = 64;
@@ -246,226 +263,6 @@ impl MemoryStore {
     fn calls_of(&self, call_id: &CallId) -> MutexGuard<'_, CallIndex> {
         lock(&self.calls[((call_id.entropy() >> 40) % SHARDS as u64) as usize])
     }
-
-    /// Removes the record of `digest` (and its callId index entry), waking its waiters.
-    fn remove(&self, shard: &mut Shard, digest: &Digest) {
-        if let Some(mut entry) = shard.records.remove(digest) {
-            self.let_go(&mut entry, false);
-        }
-    }
-
-    /// What goes with a record removed from its shard: its waiters woken, its callId index entry,
-    /// and, in a bounded store, its place, unless `keep_place` (the caller's new record takes it).
-    fn let_go(&self, entry: &mut Entry, keep_place: bool) {
-        entry.wake();
-        let receipt = &entry.receipt;
-        self.calls_of(&receipt.call_id)
-            .remove(&receipt.call_id, Place::of(receipt.key.digest()));
-        if !keep_place && self.bounded_store() {
-            self.held.fetch_sub(1, Ordering::AcqRel);
-        }
-    }
-
-    /// Evicts up to `limit` records of `shard` that expired before `now_ms`; returns how many.
-    fn evict(&self, shard: &mut Shard, now_ms: u64, limit: usize) -> usize {
-        let mut evicted = 0;
-        while evicted < limit {
-            let Some(mut entry) = shard.take_finished(|lanes| lanes.pop_expired(now_ms)) else {
-                break;
-            };
-            self.let_go(&mut entry, false);
-            evicted += 1;
-        }
-        evicted
-    }
-
-    /// Evicts `shard`'s finished record that finished first; `keep_place`: its place goes to the
-    /// caller's new record (the store's count does not move). `false` if it holds none (every record
-    /// in flight or `UNKNOWN`).
-    fn make_room(&self, shard: &mut Shard, keep_place: bool) -> bool {
-        let Some(mut entry) = shard.take_finished(Lanes::pop_oldest) else {
-            return false;
-        };
-        self.let_go(&mut entry, keep_place);
-        true
-    }
-
-    /// Takes a place for a new record of `shard`, making room there when the store is full. `false`
-    /// if the store is full and `shard` holds nothing it may evict. At steady state (full) a claim
-    /// takes the place of the receipt it evicts, and the shared count is only read.
-    fn take_place(&self, shard: &mut Shard) -> bool {
-        if !self.bounded_store() {
-            return true;
-        }
-        let mut held = self.held.load(Ordering::Acquire);
-        while held < self.capacity {
-            match self.held.compare_exchange_weak(
-                held,
-                held + 1,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return true,
-                Err(now) => held = now,
-            }
-        }
-        self.make_room(shard, true)
-    }
-
-    /// Evicts the finished record that finished first in the whole store, one shard locked at a time
-    /// (the caller holds none). `false` if the store holds none.
-    fn make_room_anywhere(&self) -> bool {
-        loop {
-            let oldest = self
-                .shards
-                .iter()
-                .enumerate()
-                .filter_map(|(i, shard)| lock(shard).finished.oldest().map(|at| (at, i)))
-                .min();
-            let Some((_, i)) = oldest else {
-                return false;
-            };
-            if self.make_room(&mut self.shard_at(i), false) {
-                return true;
-            }
-            // That shard's oldest went meanwhile: look again.
-        }
-    }
-
-    fn owned<'a>(
-        shard: &'a mut Shard,
-        key: &Key,
-        fence: Fence,
-    ) -> Result<&'a mut Entry, StoreError> {
-        let entry = shard
-            .records
-            .get_mut(key.digest())
-            .ok_or(StoreError::NotFound)?;
-        if entry.receipt.fence != fence {
-            return Err(StoreError::Fenced {
-                presented: fence.0,
-                current: entry.receipt.fence.0,
-            });
-        }
-        Ok(entry)
-    }
-
-    /// The record of `key` if it is live at `now_ms`, or, when it is `PROCESSING`, a registration for
-    /// its next change. The registration is made and enabled under the shard's lock, which every
-    /// change holds while it wakes the waiters: no change can fall between the look and the
-    /// registration, and a record replaced meanwhile (released and claimed anew) is never waited on.
-    fn settled_or_waiter(&self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, Waiting> {
-        let mut shard = self.shard(key.digest());
-        match shard.records.get_mut(key.digest()) {
-            Some(entry) if !entry.receipt.expired(now_ms) => {
-                if entry.receipt.state == ReceiptState::Processing {
-                    let waiters = entry.waiters.get_or_insert_with(Default::default).clone();
-                    let mut waiter = Box::pin(waiters.notify.clone().notified_owned());
-                    waiter.as_mut().enable();
-                    Err((waiter, waiters))
-                } else {
-                    Ok(Some(entry.receipt.clone()))
-                }
-            }
-            _ => Ok(None),
-        }
-    }
-
-    /// [`Store::claim`], without the future: the runtime calls it directly on its default store.
-    pub(crate) fn claim_now(&self, claim: Claim) -> Result<Claimed, StoreError> {
-        let digest = *claim.key.digest();
-        let mut looked_elsewhere = 0;
-        let mut shard = loop {
-            let mut shard = self.shard(&digest);
-            self.evict(&mut shard, claim.now_ms, EVICT_PER_CLAIM);
-            if let Some(entry) = shard.records.get(&digest) {
-                if !entry.receipt.expired(claim.now_ms) {
-                    return Ok(Claimed::Existing(entry.receipt.clone()));
-                }
-                self.remove(&mut shard, &digest);
-            }
-            if self.take_place(&mut shard) {
-                break shard;
-            }
-            // Full, and nothing this shard may evict: evict elsewhere (this shard's lock given back
-            // first: one shard locked at a time), then look at the key again. A few rounds lost to
-            // other claims taking the room first end as full.
-            drop(shard);
-            looked_elsewhere += 1;
-            if looked_elsewhere > 3 || !self.make_room_anywhere() {
-                return Err(StoreError::Full {
-                    capacity: self.capacity as u64,
-                });
-            }
-        };
-        let fence = next_fence(&mut shard.fence);
-        self.calls_of(&claim.call_id)
-            .insert(&claim.call_id, Place::of(&digest));
-        shard.records.insert_new(Box::new(Entry {
-            receipt: Receipt {
-                key: claim.key,
-                call_id: claim.call_id,
-                state: ReceiptState::Processing,
-                fence,
-                lease_until_ms: Some(claim.now_ms.saturating_add(claim.lease_ms)),
-                expires_at_ms: None,
-                fingerprint: claim.fingerprint,
-                outcome: None,
-                created_ms: claim.now_ms,
-                updated_ms: claim.now_ms,
-            },
-            waiters: None,
-            kept: None,
-        }));
-        Ok(Claimed::Acquired(fence))
-    }
-
-    /// What `read` makes of the fingerprint and the stored result of `key`'s `SUCCESS` receipt, if
-    /// the store holds one live at `now_ms` (a replay answered without a claim), and of the slot
-    /// where replays keep that result decoded (see `Keeper`). `read` runs under the shard's lock:
-    /// keep it short.
-    pub(crate) fn read_success<R>(
-        &self,
-        key: &Key,
-        now_ms: u64,
-        read: impl FnOnce(Option<crate::key::Fingerprint>, &[u8], &mut Option<Kept>) -> Option<R>,
-    ) -> Option<R> {
-        let mut shard = self.shard(key.digest());
-        let Entry { receipt, kept, .. } = shard.records.get_mut(key.digest())?;
-        if receipt.state != ReceiptState::Success || receipt.expired(now_ms) {
-            return None;
-        }
-        read(receipt.fingerprint, receipt.outcome.as_deref()?, kept)
-    }
-
-    /// [`Store::complete`], without the future.
-    pub(crate) fn complete_now(
-        &self,
-        key: &Key,
-        fence: Fence,
-        completion: Completion,
-        now_ms: u64,
-    ) -> Result<Transition, StoreError> {
-        let mut shard = self.shard(key.digest());
-        let entry = Self::owned(&mut shard, key, fence)?;
-        let transition = check(entry.receipt.state, completion.state)?;
-        if transition == Transition::Applied {
-            let r = &mut entry.receipt;
-            r.state = completion.state;
-            r.outcome = completion.outcome;
-            r.lease_until_ms = None;
-            let expires_at_ms = now_ms.saturating_add(completion.ttl_ms);
-            r.expires_at_ms = Some(expires_at_ms);
-            r.updated_ms = now_ms;
-            entry.wake();
-            shard.finished.push(
-                completion.ttl_ms,
-                expires_at_ms,
-                records::hash(key.digest()),
-            );
-        }
-        Ok(transition)
-    }
 }
 
 /// The shard of `digest`. Chosen from other bits than the ones a shard's table hashes by (the first
@@ -475,21 +272,10 @@ fn shard_index(digest: &Digest) -> usize {
     usize::from(digest[31]) % SHARDS
 }
 
-/// A fence larger than any its shard gave out (`last`: the shard's last one).
-fn next_fence(last: &mut u64) -> Fence {
-    *last += 1;
-    Fence(*last)
-}
-
-fn check(from: ReceiptState, to: ReceiptState) -> Result<Transition, StoreError> {
-    from.advance(to).map_err(|e| StoreError::InvalidTransition {
-        from: e.from,
-        to: e.to,
-    })
-}
-
 #[async_trait]
 impl Store for MemoryStore {
+    // The receipts (`receipts.rs`).
+
     async fn claim(&self, claim: Claim) -> Result<Claimed, StoreError> {
         self.claim_now(claim)
     }
@@ -501,25 +287,7 @@ impl Store for MemoryStore {
         lease_ms: u64,
         now_ms: u64,
     ) -> Result<Claimed, StoreError> {
-        let mut shard = self.shard(key.digest());
-        let Shard { records, fence, .. } = &mut *shard;
-        let entry = records.get_mut(key.digest()).ok_or(StoreError::NotFound)?;
-        let r = &mut entry.receipt;
-        let open = match r.state {
-            ReceiptState::Unknown => true,
-            ReceiptState::Received | ReceiptState::Processing => !r.lease_alive(now_ms),
-            ReceiptState::Success | ReceiptState::Failed => false,
-        };
-        if r.fence != expected || !open {
-            return Ok(Claimed::Existing(r.clone()));
-        }
-        r.fence = next_fence(fence);
-        r.state = ReceiptState::Processing;
-        r.lease_until_ms = Some(now_ms.saturating_add(lease_ms));
-        r.updated_ms = now_ms;
-        let fence = r.fence;
-        entry.wake();
-        Ok(Claimed::Acquired(fence))
+        self.take_over_now(key, expected, lease_ms, now_ms)
     }
 
     async fn extend_lease(
@@ -529,16 +297,7 @@ impl Store for MemoryStore {
         lease_ms: u64,
         now_ms: u64,
     ) -> Result<(), StoreError> {
-        let mut shard = self.shard(key.digest());
-        let entry = Self::owned(&mut shard, key, fence)?;
-        if entry.receipt.state != ReceiptState::Processing {
-            return Err(StoreError::InvalidTransition {
-                from: entry.receipt.state,
-                to: ReceiptState::Processing,
-            });
-        }
-        entry.receipt.lease_until_ms = Some(now_ms.saturating_add(lease_ms));
-        Ok(())
+        self.extend_lease_now(key, fence, lease_ms, now_ms)
     }
 
     async fn complete(
@@ -557,35 +316,11 @@ impl Store for MemoryStore {
         fence: Fence,
         now_ms: u64,
     ) -> Result<Transition, StoreError> {
-        let mut shard = self.shard(key.digest());
-        let entry = Self::owned(&mut shard, key, fence)?;
-        let transition = check(entry.receipt.state, ReceiptState::Unknown)?;
-        if transition == Transition::Applied {
-            let r = &mut entry.receipt;
-            r.state = ReceiptState::Unknown;
-            r.lease_until_ms = None;
-            r.expires_at_ms = None;
-            r.updated_ms = now_ms;
-            entry.wake();
-        }
-        Ok(transition)
+        self.mark_unknown_now(key, fence, now_ms)
     }
 
     async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
-        let mut shard = self.shard(key.digest());
-        let entry = match Self::owned(&mut shard, key, fence) {
-            Ok(entry) => entry,
-            Err(StoreError::NotFound) => return Ok(()),
-            Err(e) => return Err(e),
-        };
-        if entry.receipt.state != ReceiptState::Processing {
-            return Err(StoreError::InvalidTransition {
-                from: entry.receipt.state,
-                to: ReceiptState::Received,
-            });
-        }
-        self.remove(&mut shard, key.digest());
-        Ok(())
+        self.release_now(key, fence)
     }
 
     fn kind(&self) -> &'static str {
@@ -593,38 +328,15 @@ impl Store for MemoryStore {
     }
 
     async fn forget(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
-        let mut shard = self.shard(key.digest());
-        let entry = Self::owned(&mut shard, key, fence)?;
-        if !entry.receipt.state.is_terminal() {
-            return Err(StoreError::InvalidTransition {
-                from: entry.receipt.state,
-                to: ReceiptState::Received,
-            });
-        }
-        self.remove(&mut shard, key.digest());
-        Ok(())
+        self.forget_now(key, fence)
     }
 
     async fn get(&self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, StoreError> {
-        let shard = self.shard(key.digest());
-        Ok(shard
-            .records
-            .get(key.digest())
-            .filter(|e| !e.receipt.expired(now_ms))
-            .map(|e| e.receipt.clone()))
+        self.get_now(key, now_ms)
     }
 
     async fn get_by_call_id(&self, call_id: &CallId) -> Result<Option<Receipt>, StoreError> {
-        // Looked up first, each shard locked after the index's lock is given back (a claim takes them
-        // the other way round).
-        let candidates = self.calls_of(call_id).candidates(call_id);
-        Ok(candidates.into_iter().find_map(|place| {
-            let shard = self.shard_at(usize::from(place.shard));
-            shard
-                .records
-                .of_call(place.hash, call_id)
-                .map(|e| e.receipt.clone())
-        }))
+        self.get_by_call_id_now(call_id)
     }
 
     async fn wait_settled(
@@ -633,41 +345,17 @@ impl Store for MemoryStore {
         timeout: Duration,
         now_ms: u64,
     ) -> Result<Option<Receipt>, StoreError> {
-        let (notified, waiters) = match self.settled_or_waiter(key, now_ms) {
-            Ok(settled) => return Ok(settled),
-            Err(waiting) => waiting,
-        };
-        let started = tokio::time::Instant::now();
-        let _ = tokio::time::timeout(timeout, notified).await;
-        if let Some(settled) = waiters.settled.get() {
-            return Ok(Some(settled.clone()));
-        }
-        let waited = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.get(key, now_ms.saturating_add(waited)).await
+        self.settled_within(key, timeout, now_ms).await
     }
 
+    // Listings and purges (`listings.rs`).
+
     async fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
-        let mut total = 0;
-        for shard in self.shards.iter() {
-            let mut shard = lock(shard);
-            total += self.evict(&mut shard, now_ms, usize::MAX);
-        }
-        self.purge_journals(now_ms);
-        Ok(total)
+        self.purge_expired_now(now_ms)
     }
 
     async fn count_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
-        Ok(self
-            .shards
-            .iter()
-            .map(|shard| {
-                lock(shard)
-                    .records
-                    .values()
-                    .filter(|e| e.receipt.expired(now_ms))
-                    .count()
-            })
-            .sum())
+        self.count_expired_now(now_ms)
     }
 
     async fn list_receipts(
@@ -675,72 +363,17 @@ impl Store for MemoryStore {
         query: &ReceiptQuery,
         now_ms: u64,
     ) -> Result<ReceiptPage, StoreError> {
-        let listed = |r: &Receipt| {
-            (query.since_ms..query.until_ms).contains(&r.created_ms)
-                && !r.expired(now_ms)
-                && query.after.is_none_or(|after| Cursor::of(r) > after)
-        };
-        // One pass over the records keeps the first `limit + 1` positions (a bounded max-heap), and
-        // only the page's receipts are copied: no index to keep up on the claim path, and a page of
-        // 10⁶ receipts costs one scan, not a sort of them all. Most records are passed over on their
-        // creation time alone.
-        let limit = query.limit.max(1);
-        let from_ms = query
-            .after
-            .map_or(query.since_ms, |c| c.created_ms.max(query.since_ms));
-        let mut first: BinaryHeap<Cursor> = BinaryHeap::with_capacity(limit + 2);
-        let mut bound = query.until_ms;
-        for shard in self.shards.iter() {
-            let shard = lock(shard);
-            for entry in shard.records.values() {
-                let r = &entry.receipt;
-                if r.created_ms < from_ms || r.created_ms >= bound || !listed(r) {
-                    continue;
-                }
-                let at = Cursor::of(r);
-                if first.len() <= limit {
-                    first.push(at);
-                } else if first.peek().is_some_and(|last| at < *last) {
-                    first.pop();
-                    first.push(at);
-                }
-                if first.len() > limit {
-                    // Nothing created after the heap's last can enter it any more.
-                    bound = first.peek().map_or(bound, |last| last.created_ms + 1);
-                }
-            }
-        }
-        let mut page = first.into_sorted_vec();
-        let next = (page.len() > limit).then(|| page[limit - 1]);
-        page.truncate(limit);
-        let receipts = page
-            .iter()
-            .filter_map(|at| {
-                let shard = self.shard(&at.digest);
-                let r = &shard.records.get(&at.digest)?.receipt;
-                (listed(r) && Cursor::of(r) == *at && query.admits(r)).then(|| r.clone())
-            })
-            .collect();
-        Ok(ReceiptPage { receipts, next })
+        self.list_receipts_now(query, now_ms)
     }
 
     async fn list_orphans(&self, now_ms: u64, limit: usize) -> Result<Vec<Receipt>, StoreError> {
-        let mut orphans =
-            self.receipts_where(|r| r.state == ReceiptState::Processing && !r.lease_alive(now_ms));
-        // After the shards' locks are released: the queue's lock is never taken under one.
-        let queue = lock(&self.queue);
-        orphans.retain(|r| !queue.contains_key(&r.call_id));
-        drop(queue);
-        orphans.sort_by_key(|r| r.lease_until_ms);
-        orphans.truncate(limit);
-        Ok(orphans)
+        self.list_orphans_now(now_ms, limit)
     }
 
+    // The compensation queue (`queue.rs`).
+
     async fn enqueue_compensation(&self, entry: CompensationEntry) -> Result<(), StoreError> {
-        lock(&self.queue)
-            .entry(entry.call_id.clone())
-            .or_insert(entry);
-        Ok(())
+        self.enqueue_compensation_now(entry)
     }
 
     async fn take_due_compensations(
@@ -749,26 +382,7 @@ impl Store for MemoryStore {
         limit: usize,
         lease_ms: u64,
     ) -> Result<Vec<CompensationEntry>, StoreError> {
-        let lease_until_ms = now_ms.saturating_add(lease_ms);
-        let mut queue = lock(&self.queue);
-        let mut due: Vec<&mut CompensationEntry> = queue
-            .values_mut()
-            .filter(|e| match e.state {
-                CompensationState::Pending => e.next_at_ms <= now_ms,
-                CompensationState::Taken { lease_until_ms } => lease_until_ms <= now_ms,
-                CompensationState::Manual => false,
-            })
-            .collect();
-        due.sort_by_key(|e| (e.next_at_ms, e.enqueued_ms));
-        Ok(due
-            .into_iter()
-            .take(limit)
-            .map(|e| {
-                e.state = CompensationState::Taken { lease_until_ms };
-                e.fence = Fence(e.fence.0 + 1);
-                e.clone()
-            })
-            .collect())
+        self.take_due_compensations_now(now_ms, limit, lease_ms)
     }
 
     async fn reschedule_compensation(
@@ -779,12 +393,7 @@ impl Store for MemoryStore {
         delay_ms: u64,
         now_ms: u64,
     ) -> Result<(), StoreError> {
-        let mut queue = lock(&self.queue);
-        let entry = held_entry(&mut queue, call_id, fence)?;
-        entry.round = round;
-        entry.next_at_ms = now_ms.saturating_add(delay_ms);
-        entry.state = CompensationState::Pending;
-        Ok(())
+        self.reschedule_compensation_now(call_id, fence, round, delay_ms, now_ms)
     }
 
     async fn finish_compensation(
@@ -792,17 +401,7 @@ impl Store for MemoryStore {
         call_id: &CallId,
         fence: Option<Fence>,
     ) -> Result<(), StoreError> {
-        let mut queue = lock(&self.queue);
-        if let (Some(fence), Some(entry)) = (fence, queue.get(call_id)) {
-            if entry.fence != fence {
-                return Err(StoreError::Fenced {
-                    presented: fence.0,
-                    current: entry.fence.0,
-                });
-            }
-        }
-        queue.remove(call_id);
-        Ok(())
+        self.finish_compensation_now(call_id, fence)
     }
 
     async fn escalate_compensation(
@@ -811,18 +410,14 @@ impl Store for MemoryStore {
         fence: Fence,
         now_ms: u64,
     ) -> Result<(), StoreError> {
-        let mut queue = lock(&self.queue);
-        let entry = held_entry(&mut queue, call_id, fence)?;
-        entry.state = CompensationState::Manual;
-        entry.next_at_ms = now_ms;
-        Ok(())
+        self.escalate_compensation_now(call_id, fence, now_ms)
     }
 
     async fn list_compensations(&self) -> Result<Vec<CompensationEntry>, StoreError> {
-        let mut all: Vec<CompensationEntry> = lock(&self.queue).values().cloned().collect();
-        all.sort_by_key(|e| e.enqueued_ms);
-        Ok(all)
+        self.list_compensations_now()
     }
+
+    // The journal (`journal.rs`).
 
     async fn append_journal(
         &self,
@@ -831,21 +426,11 @@ impl Store for MemoryStore {
         keep_ms: u64,
         now_ms: u64,
     ) -> Result<(), StoreError> {
-        let mut journals = lock(&self.journals);
-        let Journals { by_key, calls } = &mut *journals;
-        let journal = by_key.entry(*key.digest()).or_default();
-        journal.keep_until_ms = journal.keep_until_ms.max(now_ms.saturating_add(keep_ms));
-        for event in events {
-            calls.insert(event.call_id.clone(), *key.digest());
-            journal.events.push_back(event.clone());
-        }
-        let excess = journal.events.len().saturating_sub(JOURNAL_LIMIT);
-        journal.events.drain(..excess);
-        Ok(())
+        self.append_journal_now(key, events, keep_ms, now_ms)
     }
 
     async fn journal(&self, key: &Key, now_ms: u64) -> Result<Vec<Event>, StoreError> {
-        Ok(self.journal_where(key.digest(), now_ms, |_| true))
+        self.journal_now(key, now_ms)
     }
 
     async fn journaled_keys(
@@ -853,12 +438,7 @@ impl Store for MemoryStore {
         after: Option<[u8; 32]>,
         limit: usize,
     ) -> Result<Vec<Key>, StoreError> {
-        let journals = lock(&self.journals);
-        Ok(super::page_of_keys(
-            journals.by_key.keys().copied(),
-            after,
-            limit,
-        ))
+        self.journaled_keys_now(after, limit)
     }
 
     async fn journal_of_call(
@@ -866,117 +446,8 @@ impl Store for MemoryStore {
         call_id: &CallId,
         now_ms: u64,
     ) -> Result<Vec<Event>, StoreError> {
-        let Some(digest) = lock(&self.journals).calls.get(call_id).copied() else {
-            return Ok(Vec::new());
-        };
-        Ok(self.journal_where(&digest, now_ms, |e| &e.call_id == call_id))
+        self.journal_of_call_now(call_id, now_ms)
     }
-}
-
-/// The journals of the in-memory store, and which key each callId's events are under.
-#[derive(Default)]
-struct Journals {
-    by_key: FastMap<Digest, KeyJournal>,
-    calls: FastMap<CallId, Digest>,
-}
-
-#[derive(Default)]
-struct KeyJournal {
-    events: VecDeque<Event>,
-    keep_until_ms: u64,
-}
-
-impl MemoryStore {
-    /// Whether `digest` has a live record at `now_ms` (taking its shard's lock: never call it holding
-    /// the journals' lock).
-    fn holds(&self, digest: &Digest, now_ms: u64) -> bool {
-        self.shard(digest)
-            .records
-            .get(digest)
-            .is_some_and(|e| !e.receipt.expired(now_ms))
-    }
-
-    /// The events `keep` admits of the journal of `digest`, if it is still kept at `now_ms`.
-    fn journal_where(
-        &self,
-        digest: &Digest,
-        now_ms: u64,
-        keep: impl Fn(&Event) -> bool,
-    ) -> Vec<Event> {
-        let held = self.holds(digest, now_ms);
-        let journals = lock(&self.journals);
-        match journals.by_key.get(digest) {
-            Some(j) if held || j.keep_until_ms > now_ms => {
-                j.events.iter().filter(|e| keep(e)).cloned().collect()
-            }
-            _ => Vec::new(),
-        }
-    }
-
-    /// Drops the journals kept past `keep_ms` whose key holds no live record.
-    fn purge_journals(&self, now_ms: u64) {
-        let due: Vec<Digest> = lock(&self.journals)
-            .by_key
-            .iter()
-            .filter(|(_, j)| j.keep_until_ms <= now_ms)
-            .map(|(digest, _)| *digest)
-            .collect();
-        let dead: Vec<Digest> = due.into_iter().filter(|d| !self.holds(d, now_ms)).collect();
-        let mut journals = lock(&self.journals);
-        let Journals { by_key, calls } = &mut *journals;
-        for digest in dead {
-            // Appended to meanwhile: kept.
-            if by_key
-                .get(&digest)
-                .is_some_and(|j| j.keep_until_ms <= now_ms)
-            {
-                if let Some(j) = by_key.remove(&digest) {
-                    for e in j.events {
-                        if calls.get(&e.call_id) == Some(&digest) {
-                            calls.remove(&e.call_id);
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-impl MemoryStore {
-    /// Every record `keep` admits, one shard locked at a time.
-    fn receipts_where(&self, keep: impl Fn(&Receipt) -> bool) -> Vec<Receipt> {
-        let mut kept = Vec::new();
-        for shard in self.shards.iter() {
-            let shard = lock(shard);
-            kept.extend(
-                shard
-                    .records
-                    .values()
-                    .map(|e| &e.receipt)
-                    .filter(|r| keep(r))
-                    .cloned(),
-            );
-        }
-        kept
-    }
-}
-
-/// The queued entry of `call_id`, if the worker that presents `fence` still holds it.
-// A callId's cached text form takes no part in its `Hash` and `Eq`: it is a key that does not change.
-#[allow(clippy::mutable_key_type)]
-fn held_entry<'q>(
-    queue: &'q mut HashMap<CallId, CompensationEntry>,
-    call_id: &CallId,
-    fence: Fence,
-) -> Result<&'q mut CompensationEntry, StoreError> {
-    let entry = queue.get_mut(call_id).ok_or(StoreError::NotFound)?;
-    if entry.fence != fence {
-        return Err(StoreError::Fenced {
-            presented: fence.0,
-            current: entry.fence.0,
-        });
-    }
-    Ok(entry)
 }
 
 #[cfg(test)]

@@ -1,160 +1,42 @@
 //! The Idempotency-Key layer: the IETF httpapi draft "The Idempotency-Key HTTP Header Field"
 //! (draft-07) on samekey's claims and receipts.
+//!
+//! This file holds the middleware, as tower-http lays one out: its settings, the [`IdempotencyLayer`]
+//! that carries them, the [`Idempotency`] service and how it reads a request's key; `serve.rs` runs one
+//! request through samekey (claim, run once, store, replay, refuse), and `stored.rs` holds what is
+//! stored for a key and replayed.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
-use base64::Engine as _;
 use bytes::Bytes;
-use http::{header, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
 use samekey_runtime::at_most_once::{AtMostOnce, OnBusy, OnUnknown};
-use samekey_runtime::{
-    context::Inbound, key::KeyBuilder, key::KeyBytes, observe::observed, observe::CallAnswer,
-    Classify, Error, ErrorClass, Runtime,
-};
-use serde::{Deserialize, Serialize};
+use samekey_runtime::{context::Inbound, key::KeyBuilder, key::KeyBytes, Runtime};
 use tower_layer::Layer;
 use tower_service::Service;
 use tracing::Instrument as _;
 
-use crate::headers::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+use crate::headers::IDEMPOTENCY_KEY;
 use crate::once;
 use crate::problem::Problem;
+
+mod serve;
+mod stored;
+
+use serve::serve;
+pub use stored::StoredResponse;
 
 /// The longest `Idempotency-Key` accepted (characters of the sf-string).
 pub const MAX_KEY_LEN: usize = 255;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type Principal = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync>;
-
-/// A response as the store keeps it, to replay to a request that repeats the key: its status, the
-/// headers that belong to it, its body.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StoredResponse {
-    /// The status code.
-    pub status: u16,
-    /// The headers that belong to the response: not the connection's, not `Date` or `Set-Cookie`, not
-    /// the request's own ids (`X-Call-Id`, `X-Trace-Id`, `X-Request-Id`), which the replay's request
-    /// brings.
-    pub headers: Vec<(String, String)>,
-    /// The body, base64.
-    pub body: String,
-}
-
-impl StoredResponse {
-    /// Keeps `parts` and `body` (see [`StoredResponse::headers`] for which headers).
-    fn keep(parts: &http::response::Parts, body: &[u8]) -> StoredResponse {
-        let headers = parts
-            .headers
-            .iter()
-            .filter(|(name, _)| kept(name))
-            .filter_map(|(name, value)| Some((name.to_string(), value.to_str().ok()?.to_owned())))
-            .collect();
-        StoredResponse {
-            status: parts.status.as_u16(),
-            headers,
-            body: base64::engine::general_purpose::STANDARD.encode(body),
-        }
-    }
-
-    /// The response again.
-    fn response<B: From<Bytes>>(&self) -> Result<Response<B>, Problem> {
-        let corrupt = |what: &str| {
-            Problem::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "stored-response-unreadable",
-                "Stored response unreadable",
-                format!("the response stored for this key cannot be read back ({what})"),
-            )
-        };
-        let body = base64::engine::general_purpose::STANDARD
-            .decode(&self.body)
-            .map_err(|_| corrupt("its body"))?;
-        let mut response = Response::new(B::from(Bytes::from(body)));
-        *response.status_mut() =
-            StatusCode::from_u16(self.status).map_err(|_| corrupt("status"))?;
-        for (name, value) in &self.headers {
-            let name = HeaderName::try_from(name.as_str()).map_err(|_| corrupt("a header"))?;
-            let value = HeaderValue::try_from(value.as_str()).map_err(|_| corrupt("a header"))?;
-            response.headers_mut().append(name, value);
-        }
-        Ok(response)
-    }
-}
-
-/// Whether a response header is part of what is replayed.
-fn kept(name: &HeaderName) -> bool {
-    !matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "transfer-encoding"
-            | "upgrade"
-            | "te"
-            | "trailer"
-            | "content-length"
-            | "date"
-            | "set-cookie"
-            | "x-call-id"
-            | "x-trace-id"
-            | "x-call-id-source"
-            | "x-request-id"
-            | "idempotent-replayed"
-    )
-}
-
-/// Why the layer's call did not end with a response to store.
-#[derive(Debug)]
-enum Refusal {
-    /// A response of a status the policy does not store (5xx by default): answered, not kept; the
-    /// key is given back so that the client may retry.
-    NotStored(StoredResponse),
-    /// The inner service failed (its error is handed back as it is). Its outcome is unknown: the
-    /// usual error is a timeout under the layer (tower's `Timeout`), which drops the handler after it
-    /// may have taken effect. The call is recorded `UNKNOWN` and queued for compensation; the key is
-    /// not given back.
-    ServiceFailed,
-    /// A response passed to its client unbuffered (a stream, or a body over the limit) of a status the
-    /// policy does not store: handed to its client as it is; the key is given back.
-    Unbuffered(StatusCode),
-    /// samekey's answer: key reused, in progress, unknown, the store failing.
-    Samekey(Error),
-}
-
-impl std::fmt::Display for Refusal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Refusal::NotStored(r) => write!(f, "a response of status {} is not stored", r.status),
-            Refusal::ServiceFailed => f.write_str("the service failed"),
-            Refusal::Unbuffered(status) => {
-                write!(f, "an unbuffered response of status {status} is not stored")
-            }
-            Refusal::Samekey(e) => e.fmt(f),
-        }
-    }
-}
-
-impl From<Error> for Refusal {
-    fn from(e: Error) -> Refusal {
-        Refusal::Samekey(e)
-    }
-}
-
-impl Classify for Refusal {
-    fn classify(&self) -> ErrorClass {
-        match self {
-            Refusal::NotStored(_) | Refusal::Unbuffered(_) => ErrorClass::Rejected,
-            Refusal::ServiceFailed => ErrorClass::Unknown,
-            Refusal::Samekey(e) => e.classify(),
-        }
-    }
-}
 
 /// The layer's settings, shared by the services it makes.
 struct Config {
@@ -418,74 +300,6 @@ fn route<B>(request: &Request<B>) -> String {
     request.uri().path().to_owned()
 }
 
-/// The answer to a refusal by samekey.
-fn refused<B: From<Bytes>>(error: &Error, retry_after: Duration) -> Response<B> {
-    let (problem, retry) = match error {
-        Error::KeyReuse { .. } => (
-            Problem::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "idempotency-key-reused",
-                "Idempotency-Key reused",
-                "this Idempotency-Key was used with another request (its method, path or body differ): use a new key for a new request",
-            ),
-            false,
-        ),
-        Error::InProgress { .. } => (
-            Problem::new(
-                StatusCode::CONFLICT,
-                "request-in-progress",
-                "Request in progress",
-                "a request with this Idempotency-Key is still being processed: retry after a while to get its response",
-            ),
-            true,
-        ),
-        Error::Unknown { call_id } => (
-            Problem::new(
-                StatusCode::CONFLICT,
-                "outcome-unknown",
-                "Outcome unknown",
-                format!("the request first made with this Idempotency-Key (call {call_id}) ended without a response, and whether it took effect is not known; it is not run again, and is queued for resolution"),
-            ),
-            true,
-        ),
-        Error::Overloaded { .. } => (
-            Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "overloaded",
-                "Overloaded",
-                format!("the request was not run: {error}"),
-            ),
-            true,
-        ),
-        Error::Store(e) => (
-            Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store-unavailable",
-                "Idempotency store unavailable",
-                format!("the request was not run: its Idempotency-Key cannot be checked now ({e})"),
-            ),
-            true,
-        ),
-        other => (
-            Problem::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "idempotency-failed",
-                "Idempotency failed",
-                other.to_string(),
-            ),
-            false,
-        ),
-    };
-    let mut response = problem.response();
-    if retry {
-        let secs = retry_after.as_secs().max(1).to_string();
-        if let Ok(value) = HeaderValue::from_str(&secs) {
-            response.headers_mut().insert(header::RETRY_AFTER, value);
-        }
-    }
-    response
-}
-
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Idempotency<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -590,177 +404,5 @@ where
                 .response()),
             }
         })
-    }
-}
-
-/// Runs one idempotent request through samekey: claim, run the handler once, store (or not) and answer;
-/// or replay, or refuse.
-async fn serve<S, ReqBody, ResBody>(
-    mut inner: S,
-    request: Request<ReqBody>,
-    config: Arc<Config>,
-    key: KeyBuilder,
-    verify: KeyBuilder,
-) -> Result<Response<ResBody>, S::Error>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ResBody: Body<Data = Bytes> + From<Bytes>,
-    ResBody::Error: Into<BoxError>,
-{
-    let failed: Mutex<Option<S::Error>> = Mutex::new(None);
-    let unbuffered: Mutex<Option<Response<ResBody>>> = Mutex::new(None);
-    let handle = async {
-        match inner.call(request).await {
-            Ok(response) => match Unbuffered::of(&response, config.max_body) {
-                None => keep(response, &config).await,
-                Some(why) => {
-                    let status = response.status();
-                    *unbuffered.lock().unwrap_or_else(|p| p.into_inner()) = Some(response);
-                    if (config.store_when)(status) {
-                        Ok(why.not_replayable(status, config.max_body))
-                    } else {
-                        Err(Refusal::Unbuffered(status))
-                    }
-                }
-            },
-            Err(e) => {
-                *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-                Err(Refusal::ServiceFailed)
-            }
-        }
-    };
-    let drive = once::run(config.runtime.as_ref(), config.spec(), key, verify, || {
-        handle
-    });
-    let (out, report) = observed(drive).await;
-    if let Some(e) = failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
-        return Err(e);
-    }
-    // The handler ran and answered with a stream or a body over the limit: it goes to this client as
-    // it is, whatever was recorded.
-    if let Some(response) = unbuffered.lock().unwrap_or_else(|p| p.into_inner()).take() {
-        return Ok(response);
-    }
-    let replayed = report.is_some_and(|r| r.answer() == CallAnswer::Replayed);
-    let stored = match out {
-        Ok(stored) => stored,
-        Err(Refusal::NotStored(stored)) => stored,
-        Err(Refusal::Samekey(e)) => return Ok(refused(&e, config.retry_after)),
-        Err(Refusal::ServiceFailed | Refusal::Unbuffered(_)) => {
-            return Ok(Problem::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "handler-failed",
-                "Handler failed",
-                "the handler did not answer",
-            )
-            .response())
-        }
-    };
-    let mut response = match stored.response() {
-        Ok(response) => response,
-        Err(problem) => return Ok(problem.response()),
-    };
-    if replayed {
-        response
-            .headers_mut()
-            .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    }
-    Ok(response)
-}
-
-/// Why a handler's response is passed to its client as it is, not buffered and stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Unbuffered {
-    /// A stream: its body's `size_hint` has no upper bound (`Body::from_stream`, SSE).
-    Stream,
-    /// A body that may be over the limit: its `size_hint`'s upper bound is.
-    TooLarge,
-}
-
-impl Unbuffered {
-    /// Whether `response` is passed through unbuffered, and why; `None` for a body that fits the
-    /// limit (whose `size_hint` says so).
-    fn of<B: Body>(response: &Response<B>, max_body: usize) -> Option<Unbuffered> {
-        match response.body().size_hint().upper() {
-            None => Some(Unbuffered::Stream),
-            Some(upper) if upper > u64::try_from(max_body).unwrap_or(u64::MAX) => {
-                Some(Unbuffered::TooLarge)
-            }
-            Some(_) => None,
-        }
-    }
-
-    /// What is stored for a key whose first request was answered unbuffered: a 409 that says so,
-    /// with the first response's status (`first_status`) and no `Retry-After` (a retry cannot get that
-    /// response again): `stream-not-replayable` for a stream, `response-not-replayable` (with
-    /// `max_body`) for a body over the limit.
-    fn not_replayable(self, status: StatusCode, max_body: usize) -> StoredResponse {
-        let problem = match self {
-            Unbuffered::Stream => Problem::new(
-                StatusCode::CONFLICT,
-                "stream-not-replayable",
-                "Streamed response not replayable",
-                format!(
-                    "the first request with this Idempotency-Key was answered with a stream (status {}), which is not stored and cannot be replayed; the request is not run again for this key: use a new key to run it again",
-                    status.as_u16()
-                ),
-            ),
-            Unbuffered::TooLarge => Problem::new(
-                StatusCode::CONFLICT,
-                "response-not-replayable",
-                "Response not replayable",
-                format!(
-                    "the first request with this Idempotency-Key was answered (status {}) with a body over {max_body} bytes, too large to store and replay; it took effect, and is not run again for this key: use a new key to run it again",
-                    status.as_u16()
-                ),
-            )
-            .with("max_body", max_body),
-        }
-        .with("first_status", status.as_u16());
-        let response: Response<Bytes> = problem.response();
-        let (parts, body) = response.into_parts();
-        StoredResponse::keep(&parts, &body)
-    }
-}
-
-/// Buffers a handler's response, whose `size_hint` says it fits the limit, and sorts it by the
-/// storage policy. A body that cannot be read (it fails, or runs past the size its hint promised) is
-/// lost to its client too: a 500 problem (`response-unreadable`) is stored and answered in its place.
-async fn keep<B>(response: Response<B>, config: &Config) -> Result<StoredResponse, Refusal>
-where
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    let (parts, body) = response.into_parts();
-    let stored = match Limited::new(body, config.max_body).collect().await {
-        Ok(collected) => StoredResponse::keep(&parts, &collected.to_bytes()),
-        Err(e) => {
-            let past_its_hint = e
-                .downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some();
-            let why = if past_its_hint {
-                format!(
-                    "its body ran past the size it announced, over {} bytes",
-                    config.max_body
-                )
-            } else {
-                e.to_string()
-            };
-            let problem = Problem::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "response-unreadable",
-                "Response not stored",
-                format!("the response to this request could not be read ({why}); it is not run again for this Idempotency-Key"),
-            );
-            let response: Response<Bytes> = problem.response();
-            let (parts, body) = response.into_parts();
-            // Stored in the response's place: the handler ran, a retry must not run it again.
-            return Ok(StoredResponse::keep(&parts, &body));
-        }
-    };
-    if (config.store_when)(parts.status) {
-        Ok(stored)
-    } else {
-        Err(Refusal::NotStored(stored))
     }
 }
