@@ -5,6 +5,7 @@
 //! * [`promise`]: the promise at the edges (a caller gone mid-write, an owner back after its lease, a
 //!   lookup or a release that fails), on every backend.
 //! * [`at_most_once`]: the same decisions through the public core (`AtMostOnce`) and a closure.
+//! * [`cancelled`]: a caller gone while a known outcome that nothing could write is journaled.
 //! * [`callbacks`]: receipts moved forward by the counterparty's callbacks, once, on every backend.
 //! * [`concurrent_duplicates`]: many duplicates of one key at once (was `tests/concurrency.rs`).
 //! * [`kept_replays`]: what a replay hands back, decoded once and kept.
@@ -27,6 +28,7 @@ mod support;
 mod at_most_once;
 mod call_ids;
 mod callbacks;
+mod cancelled;
 mod concurrent_duplicates;
 mod decision_table;
 mod footprint;
