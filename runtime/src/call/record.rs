@@ -109,17 +109,21 @@ impl<T, E> Call<T, E> {
                     "outcome could not be recorded; leaving the call unknown");
                 let reason = format!("the outcome {state} is known but could not be recorded: {e}");
                 let entry = self.entry(reason.clone(), now);
-                match Box::pin(leave_unknown(self.rt.store(), fence, entry, now)).await {
-                    // UNKNOWN and queued: compensation resolves it, the drop guard has nothing to do.
-                    Ok(()) => self.phase = Phase::Free,
-                    // Still `Recording`: a caller that goes away during the journal's write below
-                    // leaves the drop guard to write the known outcome (or `UNKNOWN`) once more —
-                    // never to release a key whose request took effect.
-                    Err(e) => call_event!(ERROR, self;
-                        error = %e, "could not leave the call unknown either; its lease will end"),
+                let left = Box::pin(leave_unknown(self.rt.store(), fence, entry, now)).await;
+                if let Err(e) = &left {
+                    call_event!(ERROR, self;
+                        error = %e, "could not leave the call unknown either; its lease will end");
                 }
-                // The journal after the writes that decide the call, not before them.
+                // The journal after the writes that decide the call, not before them; noted while the
+                // call still holds its fence, which the journal's claim event names.
                 self.note(EventKind::Unknown { reason });
+                if left.is_ok() {
+                    // UNKNOWN and queued: compensation resolves it, the drop guard has nothing to do.
+                    self.phase = Phase::Free;
+                }
+                // Otherwise still `Recording`: a caller that goes away during the journal's write
+                // leaves the drop guard to write the known outcome (or `UNKNOWN`) once more — never
+                // to release a key whose request took effect.
                 self.flush().await;
                 self.done(out)
             }
