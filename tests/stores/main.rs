@@ -27,6 +27,7 @@ mod backends;
 mod cache_forget;
 mod clock_skew;
 mod faults;
+mod last_release;
 mod memory_capacity;
 mod postgres_durability;
 mod postgres_migration;
