@@ -7,6 +7,7 @@
 //! `SCHEMA` (with its `time_columns!` list written in) and `LATER_INDEXES`, its SQLite `SCHEMA`, and
 //! each dialect's `CLAIM_SQL` (the old statement writes the rows a new instance then finds).
 //! (Review of issue 25, reviewer 2.)
+#![cfg(any(feature = "postgres", feature = "sqlite"))]
 
 use std::sync::Arc;
 
