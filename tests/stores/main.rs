@@ -30,5 +30,6 @@ mod faults;
 mod last_release;
 mod memory_capacity;
 mod postgres_durability;
+mod postgres_listen;
 mod postgres_migration;
 mod sqlite_durability;
