@@ -1,9 +1,9 @@
 //! A duplicate waiting on a busy PostgreSQL key hears the owner's commit by `LISTEN`, not by polling,
 //! whichever way the store is handed to it: the store itself, an `Arc` of it (issue 25's
-//! `impl Store for Arc<S>`), a `Box<dyn Store>`, or a `LocalCache` in front (a `StoreWrapper` over a
-//! `ClaimTracker` since issue 25). Polling (`poll_settled`: 20 ms, then doubling) would hear a commit
-//! made 350 ms into the wait only at 620 ms; a notification is heard a few round trips after it.
-//! (Review of issue 25, reviewer 2.)
+//! `impl Store for Arc<S>`), a `Box<dyn Store>`, a `LocalCache` or (with Redis) a `CachedStore` in
+//! front (each a `StoreWrapper` over a `ClaimTracker` since issue 25). Polling (`poll_settled`: 20 ms,
+//! then doubling) would hear a commit made 350 ms into the wait only at 620 ms; a notification is
+//! heard a few round trips after it. (Review of issue 25, reviewer 2.)
 #![cfg(feature = "postgres")]
 
 use std::sync::Arc;
@@ -67,6 +67,15 @@ async fn a_waiter_hears_the_commit_through_every_wrapper() {
             Arc::new(LocalCache::new(pg.clone(), 100)),
         ),
     ];
+    #[allow(unused_mut)]
+    let mut ways = Vec::from(ways);
+    #[cfg(feature = "redis")]
+    if let Ok(redis) = std::env::var("SAMEKEY_REDIS_URL") {
+        let cached = samekey::store::CachedStore::connect(pg.clone(), &redis)
+            .await
+            .expect("connect the cache");
+        ways.push(("a CachedStore in front", Arc::new(cached)));
+    }
     for (way, waiter) in ways {
         let (after, state) = heard_after(&pg, waiter).await;
         assert_eq!(state, Some(ReceiptState::Success), "{way}");
