@@ -23,8 +23,8 @@ use samekey::journal::AttemptOutcome;
 use samekey::reconcile::{Reconciler, RemoteOutcome, RemoteRecord};
 use samekey::store::{Claim, Claimed, Completion, ReceiptQuery};
 use samekey::{
-    compensation::CompensationEntry, compensation::Operation, journal::Event, journal::EventKind,
-    CallId, Compensator, Key, ReceiptState, RemoteStatus, Runtime, Store,
+    compensation::CompensationEntry, compensation::CompensationOperation, journal::Event,
+    journal::EventKind, CallId, Compensator, Key, ReceiptState, RemoteStatus, Runtime, Store,
 };
 
 async fn stores() -> Vec<(&'static str, Arc<dyn Store>)> {
@@ -110,7 +110,7 @@ fn compensation(c: &mut Criterion) {
         let scope = format!("bench.compensation.{name}");
         let worker = Compensator::new(&rt).operation(
             scope.clone(),
-            Operation::new(|_call: CallId| async {
+            CompensationOperation::new(|_call: CallId| async {
                 Ok::<_, String>(RemoteStatus::<u64, String>::Succeeded(500))
             }),
         );

@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use samekey::testing::{FaultMix, Remote, RemoteError, Schedule};
 use samekey::{
-    compensation::Operation, idempotent, CallId, Classify, Compensator, ErrorClass, RemoteStatus,
-    Runtime,
+    compensation::CompensationOperation, idempotent, CallId, Classify, Compensator, ErrorClass,
+    RemoteStatus, Runtime,
 };
 use serde::{Deserialize, Serialize};
 
@@ -452,7 +452,7 @@ async fn durable(
 }
 
 /// The order a call charged, from its recorded outcome (a `Charge`); `None` if it charged nothing.
-fn order_of(history: &samekey::journal::History) -> Option<u64> {
+fn order_of(history: &samekey::journal::CallHistory) -> Option<u64> {
     history
         .receipt
         .as_ref()
@@ -511,7 +511,7 @@ async fn compare(seed: u64) -> Result<(), Box<dyn std::error::Error>> {
     let worker = Compensator::new(&service.samekey)
         .operation(
             "orders.charge",
-            Operation::new(move |call: CallId| {
+            CompensationOperation::new(move |call: CallId| {
                 let gateway = asked.clone();
                 async move { gateway.status(&call).await }
             })

@@ -271,7 +271,7 @@ fn list(out: &mut Out, entries: &[CompensationEntry], now: u64) {
     }
 }
 
-fn show(out: &mut Out, entry: &CompensationEntry, history: &samekey_runtime::journal::History) {
+fn show(out: &mut Out, entry: &CompensationEntry, history: &samekey_runtime::journal::CallHistory) {
     match out.format() {
         Format::Json | Format::Jsonl => {
             let doc = json!({

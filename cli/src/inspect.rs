@@ -1,6 +1,6 @@
 //! `samekey inspect`: a call's (or a key's) receipt and timeline.
 
-use samekey_runtime::{journal::History, Key, Runtime};
+use samekey_runtime::{journal::CallHistory, Key, Runtime};
 
 use crate::args::{CallArgs, Target};
 use crate::output::Out;
@@ -23,11 +23,11 @@ pub async fn inspect(rt: &Runtime, args: CallArgs, out: &mut Out) -> Result<Verd
     Ok(Verdict::Done)
 }
 
-fn is_empty(history: &History) -> bool {
+fn is_empty(history: &CallHistory) -> bool {
     history.receipt.is_none() && history.events.is_empty()
 }
 
-fn known(history: History, key: &Key) -> Result<History, Failure> {
+fn known(history: CallHistory, key: &Key) -> Result<CallHistory, Failure> {
     if is_empty(&history) {
         return Err(Failure::unknown(format!(
             "the store holds nothing for key {}",

@@ -8,7 +8,7 @@ use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use samekey_runtime::store::Cursor;
-use samekey_runtime::{journal::Event, journal::History, Receipt};
+use samekey_runtime::{journal::CallHistory, journal::Event, Receipt};
 use serde_json::{json, Value};
 
 /// The output format.
@@ -185,7 +185,7 @@ impl Out {
     }
 
     /// A call's (or a key's) receipt and timeline.
-    pub fn history(&mut self, history: &History) {
+    pub fn history(&mut self, history: &CallHistory) {
         let timeline = history.timeline();
         match self.format {
             Format::Json => {

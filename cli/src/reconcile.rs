@@ -5,7 +5,9 @@ use std::io::BufReader;
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
-use samekey_runtime::reconcile::{read_csv, read_jsonl, Discrepancy, RemoteOutcome, Report};
+use samekey_runtime::reconcile::{
+    read_csv, read_jsonl, Discrepancy, ReconcileReport, RemoteOutcome,
+};
 use samekey_runtime::{Receipt, Runtime};
 use serde_json::{json, Value};
 
@@ -174,7 +176,7 @@ fn discrepancy_json(d: &Discrepancy) -> Value {
     }
 }
 
-fn counts_json(r: &Report) -> Value {
+fn counts_json(r: &ReconcileReport) -> Value {
     json!({
         "remote_records": r.remote_records,
         "receipts": r.receipts,
@@ -190,7 +192,7 @@ fn counts_json(r: &Report) -> Value {
     })
 }
 
-fn print(out: &mut Out, report: &Report, by_reference: bool) {
+fn print(out: &mut Out, report: &ReconcileReport, by_reference: bool) {
     match out.format() {
         Format::Json => {
             let mut doc = counts_json(report);

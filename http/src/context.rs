@@ -7,7 +7,7 @@ use std::task::{Context as TaskContext, Poll};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
-use samekey_runtime::{context::Inbound, CallId, TraceId};
+use samekey_runtime::{context::InboundCall, CallId, TraceId};
 use tower_layer::Layer;
 use tower_service::Service;
 use tracing::Instrument as _;
@@ -186,7 +186,7 @@ where
             source,
         };
         ids.stamp(request.headers_mut());
-        let mut inbound = Inbound::new().trace_id(trace_id);
+        let mut inbound = InboundCall::new().trace_id(trace_id);
         if let Some(id) = ids.call_id.clone() {
             inbound = inbound.call_id(id);
         }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use samekey_runtime::at_most_once::{AtMostOnce, OnBusy, OnUnknown};
 use samekey_runtime::{
-    call_id::ParseCallIdError, context::Context, context::Inbound, key::KeyBuilder,
+    call_id::ParseCallIdError, context::Context, context::InboundCall, key::KeyBuilder,
     key::KeyEncoder, CallId, Classify, Error, KeyPart, Runtime, TraceId,
 };
 use serde::de::DeserializeOwned;
@@ -116,7 +116,7 @@ impl<T> Envelope<T> {
         })
     }
 
-    /// The message's identity as an inbound context: run a handler in [`Inbound::scope`] and the
+    /// The message's identity as an inbound context: run a handler in [`InboundCall::scope`] and the
     /// first `#[idempotent]` call it makes keeps the callId of the message's work — the message's
     /// callId with `.<seq>` after its prefix (`ord.0-1710000000000-<mixed random bits>-node07` for the
     /// first message of `ord-1710000000000-9f3c2a7d41b0e855-node07`, `ord.1-…` for the second, the
@@ -126,8 +126,8 @@ impl<T> Envelope<T> {
     /// consumer often share a store: under one callId, a callback or a compensation entry about the
     /// producer's call would land on the consumer's work.) Every call in the scope has the message's
     /// traceId.
-    pub fn inbound(&self) -> Inbound {
-        let inbound = Inbound::new().trace_id(self.trace_id);
+    pub fn inbound(&self) -> InboundCall {
+        let inbound = InboundCall::new().trace_id(self.trace_id);
         match self.work_call_id() {
             Some(call_id) => inbound.call_id(call_id),
             // Not reached for a valid callId; the work's call then makes a callId of its own.

@@ -1,5 +1,5 @@
 //! The task-local call context: inside an `#[idempotent]` function, [`current()`] tells the callId,
-//! traceId, key and attempt number of the running call; a server or gateway sets an [`Inbound`] context
+//! traceId, key and attempt number of the running call; a server or gateway sets an [`InboundCall`] context
 //! so that the call it serves keeps the callId and traceId it arrived with.
 //!
 //! # Guarantees
@@ -27,7 +27,7 @@ tokio::task_local! {
 #[derive(Clone)]
 enum Scope {
     Call(Context),
-    Inbound(Inbound),
+    InboundCall(InboundCall),
 }
 
 /// What the running call knows about itself. Read it with [`current()`].
@@ -154,7 +154,7 @@ impl Context {
         SCOPE
             .try_with(|scope| match scope {
                 Scope::Call(context) => Some(context.messages.0.fetch_add(1, Ordering::Relaxed)),
-                Scope::Inbound(_) => None,
+                Scope::InboundCall(_) => None,
             })
             .ok()
             .flatten()
@@ -213,44 +213,44 @@ pub fn try_current() -> Option<Context> {
     SCOPE
         .try_with(|scope| match scope {
             Scope::Call(context) => Some(context.clone()),
-            Scope::Inbound(_) => None,
+            Scope::InboundCall(_) => None,
         })
         .ok()
         .flatten()
 }
 
 /// Identity that arrived with a request (`X-Call-Id`, `X-Trace-Id`, message attributes): run the handler
-/// inside [`Inbound::scope`] and the `#[idempotent]` call it makes keeps that callId and traceId.
+/// inside [`InboundCall::scope`] and the `#[idempotent]` call it makes keeps that callId and traceId.
 ///
 /// ```
 /// # async fn handler() {}
 /// # async fn demo(header: &str) {
-/// use samekey_runtime::{CallId, context::Inbound};
+/// use samekey_runtime::{CallId, context::InboundCall};
 /// let call_id: CallId = header.parse().unwrap();
-/// Inbound::new().call_id(call_id).scope(handler()).await;
+/// InboundCall::new().call_id(call_id).scope(handler()).await;
 /// # }
 /// ```
 #[derive(Debug, Clone, Default)]
-pub struct Inbound {
+pub struct InboundCall {
     call_id: Option<CallId>,
     trace_id: Option<TraceId>,
     adopted: Arc<AtomicBool>,
 }
 
-impl Inbound {
+impl InboundCall {
     /// An empty inbound context: calls in it get new callIds and one shared new traceId.
-    pub fn new() -> Inbound {
-        Inbound::default()
+    pub fn new() -> InboundCall {
+        InboundCall::default()
     }
 
     /// The callId the request carried, for the first call in the scope to adopt.
-    pub fn call_id(mut self, call_id: CallId) -> Inbound {
+    pub fn call_id(mut self, call_id: CallId) -> InboundCall {
         self.call_id = Some(call_id);
         self
     }
 
     /// The traceId the request carried, for every call in the scope.
-    pub fn trace_id(mut self, trace_id: TraceId) -> Inbound {
+    pub fn trace_id(mut self, trace_id: TraceId) -> InboundCall {
         self.trace_id = Some(trace_id);
         self
     }
@@ -258,11 +258,11 @@ impl Inbound {
     /// The inbound context the current task runs in, to carry into a task it spawns (task-locals do
     /// not follow `tokio::spawn`): the same context — the callId still adopted by the first call only —
     /// or, inside a call, its traceId. `None` outside both.
-    pub fn current() -> Option<Inbound> {
+    pub fn current() -> Option<InboundCall> {
         SCOPE
             .try_with(|scope| match scope {
-                Scope::Inbound(inbound) => inbound.clone(),
-                Scope::Call(call) => Inbound::new().trace_id(call.trace_id),
+                Scope::InboundCall(inbound) => inbound.clone(),
+                Scope::Call(call) => InboundCall::new().trace_id(call.trace_id),
             })
             .ok()
     }
@@ -270,15 +270,15 @@ impl Inbound {
     /// Runs `f` with this inbound context.
     pub async fn scope<F: Future>(mut self, f: F) -> F::Output {
         self.trace_id.get_or_insert_with(TraceId::new);
-        SCOPE.scope(Scope::Inbound(self), f).await
+        SCOPE.scope(Scope::InboundCall(self), f).await
     }
 }
 
-/// Whether this task runs in an [`Inbound`] scope whose callId no call has adopted yet.
+/// Whether this task runs in an [`InboundCall`] scope whose callId no call has adopted yet.
 pub(crate) fn inbound_pending() -> bool {
     SCOPE
         .try_with(|scope| match scope {
-            Scope::Inbound(inbound) => {
+            Scope::InboundCall(inbound) => {
                 inbound.call_id.is_some() && !inbound.adopted.load(Ordering::Acquire)
             }
             Scope::Call(_) => false,
@@ -303,7 +303,7 @@ pub(crate) struct Identity {
 pub(crate) fn identify(prefix: &'static str, node: &ShortLabel, now_ms: u64) -> Identity {
     let found = SCOPE.try_with(|scope| match scope {
         Scope::Call(outer) => (None, outer.trace_id, outer.places),
-        Scope::Inbound(inbound) => {
+        Scope::InboundCall(inbound) => {
             let adopted = match &inbound.call_id {
                 Some(id) if !inbound.adopted.swap(true, Ordering::AcqRel) => Some(id.clone()),
                 _ => None,

@@ -339,14 +339,14 @@ impl std::fmt::Display for CompensationStep {
 
 /// What is known of a call: its receipt (if the store still has one) and its journal.
 #[derive(Debug, Clone, PartialEq)]
-pub struct History {
+pub struct CallHistory {
     /// The call's receipt, or `None` (given back, or expired).
     pub receipt: Option<Receipt>,
     /// The call's events, oldest first, as the journal holds them.
     pub events: Vec<Event>,
 }
 
-impl History {
+impl CallHistory {
     /// The call's timeline: its journal, with the claim and the outcome that the receipt holds added
     /// where the journal has none of its own (the happy path journals nothing: see the
     /// [module documentation](self)). Events the receipt implies carry the node named in the callId.

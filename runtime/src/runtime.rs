@@ -9,10 +9,10 @@ use crate::call_id::{validate_node, CallId, ParseCallIdError, ShortLabel};
 use crate::clock::{Clock, RuntimeClock, SystemClock};
 use crate::compensation::CompensationEntry;
 use crate::error::{Error, StoreError};
-use crate::journal::{Event, EventKind, History};
+use crate::journal::{CallHistory, Event, EventKind};
 use crate::key::Key;
 use crate::limits::{Budget, ConcurrencyLimit, Dependencies, Dependency, Policies, RetryBudget};
-use crate::observe::{Counter, Counters, Stats};
+use crate::observe::{Counter, Counters, RuntimeStats};
 use crate::receipt::Receipt;
 use crate::store::{MemoryStore, Store};
 
@@ -211,7 +211,7 @@ impl Runtime {
 
     /// What this runtime (and its clones) did so far, in this process: counters of calls, claims,
     /// replays, attempts, lookups, retries, waits, unknowns, releases and store failures (see
-    /// [`Stats`]). A snapshot, cheap to take (relaxed atomic reads); other processes on the same store
+    /// [`RuntimeStats`]). A snapshot, cheap to take (relaxed atomic reads); other processes on the same store
     /// keep their own.
     ///
     /// ```
@@ -219,7 +219,7 @@ impl Runtime {
     /// let stats = rt.stats();
     /// assert_eq!((stats.calls, stats.replays), (0, 0));
     /// ```
-    pub fn stats(&self) -> Stats {
+    pub fn stats(&self) -> RuntimeStats {
         self.inner.counters.snapshot()
     }
 
@@ -249,7 +249,7 @@ impl Runtime {
     /// What is known of a call: its receipt and its journal (every attempt, backoff, lookup, take-over,
     /// transition and compensation step: see [`journal`](crate::journal)), read from the store alone —
     /// also for a call still running in another process, and for one whose claim was given back.
-    /// [`History::timeline`] adds what the receipt implies (the claim, the outcome) to the journal.
+    /// [`CallHistory::timeline`] adds what the receipt implies (the claim, the outcome) to the journal.
     ///
     /// ```
     /// # async fn demo(rt: samekey_runtime::Runtime, call_id: samekey_runtime::CallId) -> Result<(), samekey_runtime::Error> {
@@ -258,21 +258,21 @@ impl Runtime {
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn history(&self, call_id: &CallId) -> Result<History, Error> {
+    pub async fn history(&self, call_id: &CallId) -> Result<CallHistory, Error> {
         let store = self.store();
         let receipt = store.get_by_call_id(call_id).await?;
         let events = store.journal_of_call(call_id, self.now_ms()).await?;
-        Ok(History { receipt, events })
+        Ok(CallHistory { receipt, events })
     }
 
     /// What is known of a key: the receipt it holds now and the journal of every call on it that the
     /// store still keeps (a call given back, then the next one that claimed the key).
-    pub async fn history_of_key(&self, key: &Key) -> Result<History, Error> {
+    pub async fn history_of_key(&self, key: &Key) -> Result<CallHistory, Error> {
         let store = self.store();
         let now = self.now_ms();
         let receipt = store.get(key, now).await?;
         let events = store.journal(key, now).await?;
-        Ok(History { receipt, events })
+        Ok(CallHistory { receipt, events })
     }
 
     /// Forgets the finished call on `key` — its `SUCCESS` or `FAILED` outcome — so that the key may be

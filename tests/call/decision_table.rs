@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use samekey::store::{Claim, Claimed};
 use samekey::{
-    compensation::CompensationState, context::Inbound, idempotent, store::StoreError, CallId,
+    compensation::CompensationState, context::InboundCall, idempotent, store::StoreError, CallId,
     Error, MemoryStore, ReceiptState, Runtime, Store,
 };
 use support::faulty::Faulty;
@@ -781,7 +781,7 @@ async fn inbound_call_id_is_adopted_once() {
     let p = Payments::new();
     let inbound = CallId::new("gw", "edge").unwrap();
     let trace = samekey::TraceId::new();
-    let (a, b) = Inbound::new()
+    let (a, b) = InboundCall::new()
         .call_id(inbound.clone())
         .trace_id(trace)
         .scope(async { (p.plain("o-1", 1).await, p.plain("o-2", 2).await) })
@@ -801,7 +801,7 @@ async fn a_replay_first_in_an_inbound_scope_adopts_its_call_id() {
     assert_eq!(p.plain("o-1", 1).await, Ok(1));
     let before = p.rt.stats();
     let inbound = CallId::new("gw", "edge").unwrap();
-    let (a, b) = Inbound::new()
+    let (a, b) = InboundCall::new()
         .call_id(inbound.clone())
         .scope(async { (p.plain("o-1", 1).await, p.plain("o-2", 2).await) })
         .await;

@@ -15,7 +15,8 @@ use std::time::Duration;
 use samekey::journal::EventKind;
 use samekey::store::StoreClock;
 use samekey::{
-    context::Inbound, idempotent, store::StoreError, CallId, Error, ReceiptState, Runtime, Store,
+    context::InboundCall, idempotent, store::StoreError, CallId, Error, ReceiptState, Runtime,
+    Store,
 };
 use support::faulty::{Act, Faulty, Gate};
 use support::stores::*;
@@ -606,7 +607,7 @@ async fn an_unanswered_claim_under_an_adopted_call_id_is_left_alone(store: Arc<d
     let svc = Svc::on(store);
     let call_id = CallId::new("gw", "edge").unwrap();
     let request = |svc: Arc<Svc>, call_id: CallId| async move {
-        Inbound::new()
+        InboundCall::new()
             .call_id(call_id)
             .scope(svc.hold(&svc.order, 500))
             .await

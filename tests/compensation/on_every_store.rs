@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use samekey::{
-    compensation::CompensationState, compensation::Operation, idempotent, CallId, Compensator,
-    Error, ReceiptState, Runtime, Store,
+    compensation::CompensationOperation, compensation::CompensationState, idempotent, CallId,
+    Compensator, Error, ReceiptState, Runtime, Store,
 };
 use support::stores::*;
 use support::{Fault, Remote, TestError};
@@ -49,9 +49,9 @@ impl Svc {
         self.remote.call(order, || amount).await
     }
 
-    fn operation(&self) -> Operation {
+    fn operation(&self) -> CompensationOperation {
         let remote = self.remote.clone();
-        Operation::new(move |call: CallId| {
+        CompensationOperation::new(move |call: CallId| {
             let remote = remote.clone();
             async move { remote.status(&call).await }
         })
@@ -61,7 +61,7 @@ impl Svc {
         self.worker_with(self.operation())
     }
 
-    fn worker_with(&self, operation: Operation) -> Compensator {
+    fn worker_with(&self, operation: CompensationOperation) -> Compensator {
         Compensator::new(&self.rt)
             .operation("compensation_stores.charge", operation)
             .rounds([Duration::from_millis(50), Duration::from_millis(50)])
@@ -145,7 +145,7 @@ async fn not_received_keeps_the_key(svc: Svc) {
 }
 
 /// A reversal that counts its runs and takes `takes` (forever: `None`).
-fn reversal(svc: &Svc, runs: Arc<AtomicU32>, takes: Option<Duration>) -> Operation {
+fn reversal(svc: &Svc, runs: Arc<AtomicU32>, takes: Option<Duration>) -> CompensationOperation {
     svc.operation().reversal(move |_entry| {
         let runs = runs.clone();
         async move {

@@ -5,7 +5,9 @@ use crate::support;
 
 use std::sync::Arc;
 
-use samekey::reconcile::{read_csv, read_jsonl, Discrepancy, Reconciler, RemoteOutcome, Report};
+use samekey::reconcile::{
+    read_csv, read_jsonl, Discrepancy, ReconcileReport, Reconciler, RemoteOutcome,
+};
 use samekey::store::ReceiptQuery;
 use samekey::{idempotent, observe::observed, CallId, Error, ReceiptState, Runtime, Store};
 use support::stores::*;
@@ -99,7 +101,7 @@ impl Planted {
 
     /// What both ways of matching find on this day: one match, the other amount, the two states
     /// that differ, the receipt never mentioned there, and one record missing here.
-    fn assert_found(&self, report: &Report) {
+    fn assert_found(&self, report: &ReconcileReport) {
         assert_eq!(report.receipts, 5);
         assert_eq!(report.matched, 1);
         assert_eq!(report.amount_mismatches, 1);

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use samekey::{
-    clock::TokioClock, compensation::CompensationState, compensation::ManualResolution,
-    compensation::NotReceivedPolicy, compensation::Operation, idempotent, CallId, Compensator,
-    Error, RemoteStatus, Runtime,
+    clock::TokioClock, compensation::CompensationOperation, compensation::CompensationState,
+    compensation::ManualResolution, compensation::NotReceivedPolicy, idempotent, CallId,
+    Compensator, Error, RemoteStatus, Runtime,
 };
 use support::{Fault, Remote, TestError};
 
@@ -45,9 +45,9 @@ impl Svc {
         self.remote.call(order, || amount).await
     }
 
-    fn operation(&self) -> Operation {
+    fn operation(&self) -> CompensationOperation {
         let remote = self.remote.clone();
-        Operation::new(move |call: CallId| {
+        CompensationOperation::new(move |call: CallId| {
             let remote = remote.clone();
             async move { remote.status(&call).await }
         })
@@ -297,7 +297,7 @@ async fn two_workers_never_work_one_entry() {
         let remote = svc.remote.clone();
         Compensator::new(&svc.rt).batch(3).operation(
             "orders.charge",
-            Operation::new(move |call: CallId| {
+            CompensationOperation::new(move |call: CallId| {
                 let remote = remote.clone();
                 async move {
                     tokio::task::yield_now().await;
@@ -337,7 +337,7 @@ fn answering(
     Compensator::new(&svc.rt)
         .operation(
             "orders.charge",
-            Operation::new(move |_call: CallId| {
+            CompensationOperation::new(move |_call: CallId| {
                 let (answers, asked) = (answers.clone(), asked.clone());
                 async move {
                     let n = asked.fetch_add(1, Ordering::SeqCst) as usize;
@@ -415,7 +415,7 @@ async fn a_worker_stalled_past_its_lease_is_fenced_out() {
             .lease(Duration::from_secs(10))
             .operation(
                 "orders.charge",
-                Operation::new(move |_call: CallId| {
+                CompensationOperation::new(move |_call: CallId| {
                     let (asked, release) = (asked.clone(), release.clone());
                     async move {
                         asked.notify_one();
@@ -594,7 +594,7 @@ async fn an_entry_carries_its_attempts_last_error_and_inputs() {
     assert!(plain.inputs::<(String, u64)>().is_none());
 }
 
-fn reversal_counting(svc: &Svc, runs: Arc<AtomicU32>, fail_first: u32) -> Operation {
+fn reversal_counting(svc: &Svc, runs: Arc<AtomicU32>, fail_first: u32) -> CompensationOperation {
     svc.operation()
         .reversal(move |entry: samekey::compensation::CompensationEntry| {
             let runs = runs.clone();
@@ -890,7 +890,7 @@ impl Paused {
         Compensator::new(&self.rt)
             .operation(
                 "orders.charge",
-                Operation::new(move |call: CallId| {
+                CompensationOperation::new(move |call: CallId| {
                     let remote = remote.clone();
                     async move { remote.status(&call).await }
                 })
@@ -989,7 +989,11 @@ async fn a_fenced_out_owner_never_answers_a_recorded_outcome_it_knows_is_false()
 }
 
 /// A reversal that waits for `release` before it ends, counting its runs.
-fn slow_reversal(svc: &Svc, runs: Arc<AtomicU32>, release: Arc<tokio::sync::Notify>) -> Operation {
+fn slow_reversal(
+    svc: &Svc,
+    runs: Arc<AtomicU32>,
+    release: Arc<tokio::sync::Notify>,
+) -> CompensationOperation {
     svc.operation().reversal(move |_entry| {
         let (runs, release) = (runs.clone(), release.clone());
         async move {

@@ -17,9 +17,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use samekey::{
-    callback::Callback, clock::TokioClock, compensation::CompensationState,
-    compensation::Operation, idempotent, CallId, Compensator, Error, ReceiptState, RemoteStatus,
-    Runtime,
+    callback::Callback, clock::TokioClock, compensation::CompensationOperation,
+    compensation::CompensationState, idempotent, CallId, Compensator, Error, ReceiptState,
+    RemoteStatus, Runtime,
 };
 use samekey_http::{Envelope, Inbox};
 use support::{Fault, Remote, TestClock, TestError};
@@ -245,7 +245,7 @@ async fn the_work_of_a_message_is_compensated_beside_its_producer() {
     let (orders, inbox, _call_id, message) = Orders::both_unknown("o-2").await;
 
     let succeeded = |value: u64| {
-        Operation::new(move |_call: CallId| async move {
+        CompensationOperation::new(move |_call: CallId| async move {
             Ok::<_, String>(RemoteStatus::<u64, String>::Succeeded(value))
         })
     };
@@ -318,16 +318,20 @@ impl Pay {
         self.remote.call(order, || amount).await
     }
 
-    fn lookup(&self) -> Operation {
+    fn lookup(&self) -> CompensationOperation {
         let remote = self.remote.clone();
-        Operation::new(move |call: CallId| {
+        CompensationOperation::new(move |call: CallId| {
             let remote = remote.clone();
             async move { remote.status(&call).await }
         })
     }
 
     /// A reversal that counts its runs and ends when `release` is notified.
-    fn reversing(&self, runs: Arc<AtomicU32>, release: Arc<tokio::sync::Notify>) -> Operation {
+    fn reversing(
+        &self,
+        runs: Arc<AtomicU32>,
+        release: Arc<tokio::sync::Notify>,
+    ) -> CompensationOperation {
         self.lookup().reversal(move |_entry| {
             let (runs, release) = (runs.clone(), release.clone());
             async move {
@@ -535,7 +539,7 @@ async fn a_worker_behind_a_local_cache_keeps_the_entry_of_a_redo_after_a_forget(
     let pass = Compensator::new(&first.rt)
         .operation(
             "review.pay",
-            Operation::new(|_call: CallId| async move {
+            CompensationOperation::new(|_call: CallId| async move {
                 Ok::<_, String>(RemoteStatus::<u64, String>::Succeeded(700))
             }),
         )
@@ -789,7 +793,7 @@ async fn a_call_id_on_two_keys_keeps_each_key_s_entry() {
     );
     let shared = CallId::new("req", "client").unwrap();
     pay.remote.script([Fault::LoseReply]);
-    let first = samekey::context::Inbound::new()
+    let first = samekey::context::InboundCall::new()
         .call_id(shared.clone())
         .scope(pay.charge("o-11", 700))
         .await;
@@ -797,12 +801,12 @@ async fn a_call_id_on_two_keys_keeps_each_key_s_entry() {
         first,
         Err(TestError::Samekey(Error::Unknown { .. }))
     ));
-    let second = samekey::context::Inbound::new()
+    let second = samekey::context::InboundCall::new()
         .call_id(shared.clone())
         .scope(pay.charge("o-12", 700))
         .await;
     assert_eq!(second, Ok(700));
-    let undecided = Operation::new(|_call: CallId| async {
+    let undecided = CompensationOperation::new(|_call: CallId| async {
         Ok::<_, String>(RemoteStatus::<u64, String>::Processing)
     });
     let pass = Compensator::new(&pay.rt)

@@ -10,8 +10,9 @@ use std::time::Duration;
 use samekey::journal::{AttemptOutcome, CompensationStep, LookupOutcome};
 use samekey::Store;
 use samekey::{
-    callback::Callback, compensation::ManualResolution, compensation::Operation, idempotent,
-    journal::EventKind, observe::observed, CallId, Compensator, MemoryStore, ReceiptState, Runtime,
+    callback::Callback, compensation::CompensationOperation, compensation::ManualResolution,
+    idempotent, journal::EventKind, observe::observed, CallId, Compensator, MemoryStore,
+    ReceiptState, Runtime,
 };
 use support::faulty::{Act, Faulty, Gate};
 use support::{Fault, Remote, TestError};
@@ -209,7 +210,7 @@ async fn an_unknown_then_the_worker_resolving_it_reads_as_one_timeline() {
     let remote = p.remote.clone();
     let worker = Compensator::new(&p.rt).operation(
         "pay",
-        Operation::new(move |call: CallId| {
+        CompensationOperation::new(move |call: CallId| {
             let remote = remote.clone();
             async move { remote.status(&call).await }
         }),

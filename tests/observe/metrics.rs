@@ -10,7 +10,7 @@ use std::time::Duration;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
 use samekey::{
-    clock::TokioClock, compensation::Operation, idempotent, limits::ConcurrencyLimit,
+    clock::TokioClock, compensation::CompensationOperation, idempotent, limits::ConcurrencyLimit,
     limits::RetryBudget, CallId, Compensator, Runtime,
 };
 use support::faulty::Faulty;
@@ -137,7 +137,7 @@ fn every_metric_reaches_the_recorder() {
             let remote = svc.remote.clone();
             let worker = Compensator::new(&svc.rt).operation(
                 "shop.ship",
-                Operation::new(move |call: CallId| {
+                CompensationOperation::new(move |call: CallId| {
                     let remote = remote.clone();
                     async move { remote.status(&call).await }
                 }),

@@ -17,7 +17,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
 use samekey_runtime::at_most_once::{AtMostOnce, OnBusy, OnUnknown};
-use samekey_runtime::{context::Inbound, key::KeyBuilder, key::KeyBytes, Runtime};
+use samekey_runtime::{context::InboundCall, key::KeyBuilder, key::KeyBytes, Runtime};
 use tower_layer::Layer;
 use tower_service::Service;
 use tracing::Instrument as _;
@@ -389,7 +389,7 @@ where
             // The request's call context and tracing span go with it (task-locals stay behind in a
             // spawn).
             let serving = serve(inner, request, config.clone(), key_parts, verify);
-            let served = match Inbound::current() {
+            let served = match InboundCall::current() {
                 Some(inbound) => tokio::spawn(inbound.scope(serving).in_current_span()),
                 None => tokio::spawn(serving.in_current_span()),
             };

@@ -452,7 +452,7 @@ impl Remote {
 #[cfg(feature = "axum")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lookup_reads_the_receipt_endpoints_answers() {
-    use samekey::{context::Inbound, CallId, RemoteStatus};
+    use samekey::{context::InboundCall, CallId, RemoteStatus};
     use samekey_http::{lookup_receipt, receipts};
 
     let remote = Arc::new(Remote {
@@ -480,7 +480,7 @@ async fn a_lookup_reads_the_receipt_endpoints_answers() {
     ));
 
     let settled = new_id();
-    let value = Inbound::new()
+    let value = InboundCall::new()
         .call_id(settled.clone())
         .scope(remote.settle(7))
         .await
@@ -492,7 +492,7 @@ async fn a_lookup_reads_the_receipt_endpoints_answers() {
     }
 
     let declined = new_id();
-    assert!(Inbound::new()
+    assert!(InboundCall::new()
         .call_id(declined.clone())
         .scope(remote.decline(8))
         .await
@@ -507,7 +507,7 @@ async fn a_lookup_reads_the_receipt_endpoints_answers() {
     let held = new_id();
     let holding = tokio::spawn({
         let (remote, held) = (remote.clone(), held.clone());
-        async move { Inbound::new().call_id(held).scope(remote.hold(9)).await }
+        async move { InboundCall::new().call_id(held).scope(remote.hold(9)).await }
     });
     remote.started.notified().await;
     assert!(matches!(

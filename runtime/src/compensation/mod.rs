@@ -20,12 +20,12 @@
 //!   opt-in that waits until the remote refuses the call's callId.
 //! * **Whatever may act keeps the key.** While a reversal or a re-run runs, the worker's lease on the
 //!   call's key is renewed, so no duplicate takes it over and acts beside it; a reversal begun and not
-//!   finished stops every later take-over (see [`Operation::reversal`]).
+//!   finished stops every later take-over (see [`CompensationOperation::reversal`]).
 //!
 //! # Layout
 //!
 //! * `entry`: the queue's entries ([`CompensationEntry`], [`CompensationState`]), as the stores keep them.
-//! * `operations`: what the worker can resolve, by scope ([`Operation`]), and what "not received" leads
+//! * `operations`: what the worker can resolve, by scope ([`CompensationOperation`]), and what "not received" leads
 //!   to ([`NotReceivedPolicy`]).
 //! * `worker`: the [`Compensator`] and its passes ([`PassReport`]); in `worker/`, one entry's round, the
 //!   reversal, the re-run, and what a person does ([`ManualResolution`]).
@@ -35,6 +35,6 @@ mod operations;
 mod worker;
 
 pub use entry::{CompensationEntry, CompensationState};
-pub use operations::{NotReceivedPolicy, Operation};
+pub use operations::{CompensationOperation, NotReceivedPolicy};
 pub use worker::by_hand::ManualResolution;
 pub use worker::{Compensator, PassReport, DEFAULT_COMPENSATION_ROUNDS};

@@ -1,5 +1,5 @@
 //! The operations a worker resolves, registered by scope: how to ask the remote side about a callId
-//! ([`Operation::new`]), what to do when it never received the call ([`NotReceivedPolicy`]: hold, release or
+//! ([`CompensationOperation::new`]), what to do when it never received the call ([`NotReceivedPolicy`]: hold, release or
 //! fail past a known age, reverse this side's part, or send it again), and how long an outcome recorded
 //! by the worker is kept.
 
@@ -34,7 +34,7 @@ type Rerun = Arc<
 /// the next call run under a **new** callId, which the remote cannot tell from the late first request:
 /// it charges twice. Recording `FAILED` tells the caller "failed" for a request that may yet charge.
 /// So, as the call path does, the worker never releases or fails an uncertain call by default: it
-/// re-sends it under its callId ([`Operation::rerun`]: the remote deduplicates), or keeps it `UNKNOWN`
+/// re-sends it under its callId ([`CompensationOperation::rerun`]: the remote deduplicates), or keeps it `UNKNOWN`
 /// through its rounds and then asks a person ([`NotReceivedPolicy::Hold`]). Releasing or failing it is safe
 /// only once the first request can no longer take effect — when the remote refuses a request whose
 /// callId is older than a known age — and is opted into with that age.
@@ -61,21 +61,21 @@ pub enum NotReceivedPolicy {
         /// The age past which the remote refuses the call's callId.
         refused_after: Duration,
     },
-    /// Run the operation's [reversal](Operation::reversal) (undo this side's part: release the
-    /// stock held for the order), then record the call `FAILED`. Set by [`Operation::reversal`].
+    /// Run the operation's [reversal](CompensationOperation::reversal) (undo this side's part: release the
+    /// stock held for the order), then record the call `FAILED`. Set by [`CompensationOperation::reversal`].
     ///
     /// Like [`NotReceivedPolicy::Release`], safe only if the call's first request can no longer take
     /// effect when the reversal runs (the remote refuses a late, old callId): one that arrives after
     /// it performs a call this side reversed. Register a reversal for such a remote, or prefer
-    /// [`Operation::rerun`].
+    /// [`CompensationOperation::rerun`].
     Reverse,
-    /// Send the call again under its callId with the operation's [re-run](Operation::rerun), and
-    /// record what it answers. Set by [`Operation::rerun`].
+    /// Send the call again under its callId with the operation's [re-run](CompensationOperation::rerun), and
+    /// record what it answers. Set by [`CompensationOperation::rerun`].
     Rerun,
 }
 
 /// One operation (scope) the worker can resolve: how to ask about a callId, and what to do then.
-pub struct Operation {
+pub struct CompensationOperation {
     pub(super) lookup: Lookup,
     pub(super) ttl: Duration,
     pub(super) not_received: NotReceivedPolicy,
@@ -83,12 +83,12 @@ pub struct Operation {
     pub(super) rerun: Option<Rerun>,
 }
 
-impl Operation {
+impl CompensationOperation {
     /// An operation whose calls are asked about with `lookup`, the same contract as the
     /// `#[idempotent(lookup = …)]` argument: `Succeeded(T)` and `Failed(E)` are recorded as the call's
     /// outcome (a failure by its message: duplicates get `samekey::Error::Failed`), `NotReceived`
-    /// follows [`Operation::not_received`], `Processing` or an `Err` wait for the next round.
-    pub fn new<T, E, LE, F, Fut>(lookup: F) -> Operation
+    /// follows [`CompensationOperation::not_received`], `Processing` or an `Err` wait for the next round.
+    pub fn new<T, E, LE, F, Fut>(lookup: F) -> CompensationOperation
     where
         T: Serialize,
         E: Display,
@@ -110,7 +110,7 @@ impl Operation {
                 }
             })
         });
-        Operation {
+        CompensationOperation {
             lookup,
             ttl: Duration::from_secs(24 * 60 * 60),
             not_received: NotReceivedPolicy::Hold,
@@ -131,9 +131,9 @@ impl Operation {
     /// call over and sends it meanwhile. A taker that finds an intent with no end (its worker crashed
     /// or stalled while reversing) acts on nothing: a duplicate call or a callback answers
     /// `Error::Unknown`, and the next worker escalates the entry to `MANUAL` for a person to check
-    /// instead of reversing again. Sets [`not_received`](Operation::not_received) to
+    /// instead of reversing again. Sets [`not_received`](CompensationOperation::not_received) to
     /// [`NotReceivedPolicy::Reverse`].
-    pub fn reversal<E, F, Fut>(mut self, reverse: F) -> Operation
+    pub fn reversal<E, F, Fut>(mut self, reverse: F) -> CompensationOperation
     where
         E: Display,
         F: Fn(CompensationEntry) -> Fut + Send + Sync + 'static,
@@ -151,8 +151,8 @@ impl Operation {
     /// by it, so a first request that arrives late changes nothing), with the call's entry and its
     /// [inputs](CompensationEntry::inputs). `Ok(value)` is recorded `SUCCESS`; an error that stands
     /// (`Permanent`, `Rejected`) is recorded `FAILED` by its message; any other error leaves the call
-    /// to the next round. Sets [`not_received`](Operation::not_received) to [`NotReceivedPolicy::Rerun`].
-    pub fn rerun<T, E, F, Fut>(mut self, rerun: F) -> Operation
+    /// to the next round. Sets [`not_received`](CompensationOperation::not_received) to [`NotReceivedPolicy::Rerun`].
+    pub fn rerun<T, E, F, Fut>(mut self, rerun: F) -> CompensationOperation
     where
         T: Serialize,
         E: Classify + Display,
@@ -180,13 +180,13 @@ impl Operation {
     }
 
     /// How long an outcome the worker records is kept (the function's `ttl`; default 24 h).
-    pub fn ttl(mut self, ttl: Duration) -> Operation {
+    pub fn ttl(mut self, ttl: Duration) -> CompensationOperation {
         self.ttl = ttl;
         self
     }
 
     /// What a "not received" answer leads to (default [`NotReceivedPolicy::Hold`]).
-    pub fn not_received(mut self, then: NotReceivedPolicy) -> Operation {
+    pub fn not_received(mut self, then: NotReceivedPolicy) -> CompensationOperation {
         self.not_received = then;
         self
     }

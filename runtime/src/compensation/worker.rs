@@ -17,7 +17,7 @@ use std::time::Duration;
 use crate::call_id::CallId;
 use crate::clock::ms;
 use crate::compensation::entry::{CompensationEntry, CompensationState};
-use crate::compensation::operations::Operation;
+use crate::compensation::operations::CompensationOperation;
 use crate::error::{Error, StoreError};
 use crate::journal::{CompensationStep, Event, EventKind};
 use crate::key::Key;
@@ -90,11 +90,11 @@ type Hook = Arc<dyn Fn(&CompensationEntry) + Send + Sync>;
 /// the service ([`Compensator::run`]) or in a process of its own; several workers may run at once.
 ///
 /// ```
-/// # use samekey_runtime::{Compensator, compensation::Operation, RemoteStatus, Runtime};
+/// # use samekey_runtime::{Compensator, compensation::CompensationOperation, RemoteStatus, Runtime};
 /// # async fn status(call: &str) -> Result<RemoteStatus<u64, String>, String> { Ok(RemoteStatus::NotReceived) }
 /// # async fn demo(rt: Runtime) {
 /// let worker = Compensator::new(&rt)
-///     .operation("orders.charge", Operation::new(|call| async move { status(&call).await }))
+///     .operation("orders.charge", CompensationOperation::new(|call| async move { status(&call).await }))
 ///     .on_escalate(|entry| eprintln!("call {} needs a person: {}", entry.call_id, entry.reason));
 /// let pass = worker.run_once().await;
 /// # let _ = pass;
@@ -103,7 +103,7 @@ type Hook = Arc<dyn Fn(&CompensationEntry) + Send + Sync>;
 #[derive(Clone)]
 pub struct Compensator {
     rt: Runtime,
-    operations: HashMap<String, Arc<Operation>>,
+    operations: HashMap<String, Arc<CompensationOperation>>,
     rounds: Vec<Duration>,
     lease: Duration,
     batch: usize,
@@ -128,7 +128,11 @@ impl Compensator {
     /// Registers the operation of a scope (the `scope` of its `#[idempotent]`, or its default scope,
     /// `module::path::fn_name`). Entries of scopes with no operation wait for rounds like undecided
     /// ones, and end `MANUAL`.
-    pub fn operation(mut self, scope: impl Into<String>, operation: Operation) -> Compensator {
+    pub fn operation(
+        mut self,
+        scope: impl Into<String>,
+        operation: CompensationOperation,
+    ) -> Compensator {
         self.operations.insert(scope.into(), Arc::new(operation));
         self
     }

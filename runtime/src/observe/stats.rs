@@ -30,9 +30,9 @@ impl Counters {
         self.0[counter as usize].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn snapshot(&self) -> Stats {
+    pub(crate) fn snapshot(&self) -> RuntimeStats {
         let get = |c: Counter| self.0[c as usize].load(Ordering::Relaxed);
-        Stats {
+        RuntimeStats {
             calls: get(Counter::Calls),
             claims: get(Counter::Claims),
             replays: get(Counter::Replays),
@@ -55,7 +55,7 @@ impl Counters {
 /// are per process and only grow. New counters may be added (the struct is `#[non_exhaustive]`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct Stats {
+pub struct RuntimeStats {
     /// Calls started.
     pub calls: u64,
     /// Keys claimed or taken over (a call that may run its body).

@@ -11,7 +11,7 @@ use crate::error::Error;
 use crate::key::Key;
 use crate::receipt::{Receipt, ReceiptState};
 use crate::reconcile::record::{ReadError, RemoteOutcome, RemoteRecord};
-use crate::reconcile::report::{Discrepancy, Report};
+use crate::reconcile::report::{Discrepancy, ReconcileReport};
 use crate::runtime::Runtime;
 use crate::store::ReceiptQuery;
 
@@ -72,7 +72,7 @@ impl Reconciler {
     /// stands for, as the `#[idempotent]` function builds them — or `None` for a reference that
     /// cannot be one (reported unreadable). Every receipt state is found, `UNKNOWN` included, since
     /// the key is all it takes. A record without a reference is unreadable; one repeating a reference
-    /// is counted in [`Report::repeated`]. Keys with a `window` cannot be rebuilt from a reference.
+    /// is counted in [`ReconcileReport::repeated`]. Keys with a `window` cannot be rebuilt from a reference.
     ///
     /// Each record is one read of the store (a key is not a callId: no batched statement).
     ///
@@ -107,9 +107,9 @@ impl Reconciler {
     pub async fn run(
         self,
         remote: impl IntoIterator<Item = Result<RemoteRecord, ReadError>>,
-    ) -> Result<Report, Error> {
+    ) -> Result<ReconcileReport, Error> {
         let store = self.rt.store();
-        let mut report = Report::default();
+        let mut report = ReconcileReport::default();
         let mut kinds = [0usize; 6];
         // The callIds of this side that the counterparty mentioned, as hashes.
         let mut seen: HashSet<u64> = HashSet::new();
@@ -254,7 +254,7 @@ impl Reconciler {
         &self,
         record: RemoteRecord,
         here: Option<Receipt>,
-        report: &mut Report,
+        report: &mut ReconcileReport,
         kinds: &mut [usize; 6],
     ) {
         let Some(here) = here else {
@@ -308,7 +308,7 @@ impl Reconciler {
 
     fn example(
         &self,
-        report: &mut Report,
+        report: &mut ReconcileReport,
         kinds: &mut [usize; 6],
         kind: usize,
         found: Discrepancy,

@@ -23,7 +23,7 @@
 //! * `read`: the readers of its files, JSON lines ([`read_jsonl`]) and CSV (`read_csv`, feature
 //!   `csv`).
 //! * `matcher`: the [`Reconciler`], which matches the records with this side's receipts.
-//! * `report`: what it found ([`Report`], [`Discrepancy`]).
+//! * `report`: what it found ([`ReconcileReport`], [`Discrepancy`]).
 
 mod matcher;
 mod read;
@@ -35,4 +35,4 @@ pub use matcher::Reconciler;
 pub use read::read_csv;
 pub use read::read_jsonl;
 pub use record::{ReadError, RemoteOutcome, RemoteRecord};
-pub use report::{Discrepancy, Report};
+pub use report::{Discrepancy, ReconcileReport};

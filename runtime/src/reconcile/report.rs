@@ -1,5 +1,5 @@
 //! What a reconciliation found: exact counts of each kind of disagreement and the first examples of
-//! each ([`Report`]), one disagreement per [`Discrepancy`].
+//! each ([`ReconcileReport`]), one disagreement per [`Discrepancy`].
 
 use crate::call_id::CallId;
 use crate::receipt::ReceiptState;
@@ -47,7 +47,7 @@ pub enum Discrepancy {
 /// What a reconciliation found. Counts are exact; `examples` holds the first discrepancies of each
 /// kind, up to [`Reconciler::examples`](super::Reconciler::examples) each.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Report {
+pub struct ReconcileReport {
     /// Counterparty records read.
     pub remote_records: u64,
     /// This side's receipts in the range.
@@ -73,7 +73,7 @@ pub struct Report {
     pub examples: Vec<Discrepancy>,
 }
 
-impl Report {
+impl ReconcileReport {
     /// Whether both sides agree on every call.
     pub fn is_clean(&self) -> bool {
         self.missing_here

@@ -15,7 +15,7 @@ use crate::classify::{Classify, ErrorClass};
 use crate::clock::TokioClock;
 use crate::compensation::{Compensator, PassReport};
 use crate::error::Error;
-use crate::journal::History;
+use crate::journal::CallHistory;
 use crate::observe::{observed, CallAnswer};
 use crate::receipt::{Receipt, ReceiptState};
 use crate::runtime::Runtime;
@@ -211,7 +211,7 @@ impl TestKit {
     }
 
     /// The journal of `call_id`: every claim, attempt, backoff, lookup and compensation step.
-    pub async fn journal(&self, call_id: &CallId) -> Result<History, Error> {
+    pub async fn journal(&self, call_id: &CallId) -> Result<CallHistory, Error> {
         self.rt.history(call_id).await
     }
 

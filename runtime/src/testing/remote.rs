@@ -362,16 +362,16 @@ where
         })
     }
 
-    /// A compensation [`Operation`](crate::compensation::Operation) whose lookup is [`status`](Remote::status),
+    /// A compensation [`CompensationOperation`](crate::compensation::CompensationOperation) whose lookup is [`status`](Remote::status),
     /// to register on a [`Compensator`](crate::Compensator) (see
     /// [`TestKit::settle_with`](super::TestKit::settle_with)).
-    pub fn operation(&self) -> crate::compensation::Operation
+    pub fn operation(&self) -> crate::compensation::CompensationOperation
     where
         T: serde::Serialize,
         E: std::fmt::Display + 'static,
     {
         let remote = self.clone();
-        crate::compensation::Operation::new(move |call: CallId| {
+        crate::compensation::CompensationOperation::new(move |call: CallId| {
             let remote = remote.clone();
             async move { remote.status(&call).await }
         })

@@ -8,7 +8,7 @@ use super::{Compensator, Counter, Work};
 use crate::classify::RemoteStatus;
 use crate::codec::message_bytes;
 use crate::compensation::entry::CompensationEntry;
-use crate::compensation::operations::Operation;
+use crate::compensation::operations::CompensationOperation;
 use crate::error::Error;
 use crate::journal::{CompensationStep, EventKind};
 use crate::receipt::{Fence, ReceiptState};
@@ -19,7 +19,7 @@ impl Compensator {
         &self,
         entry: CompensationEntry,
         fence: Fence,
-        operation: &Operation,
+        operation: &CompensationOperation,
         w: &mut Work<'_>,
     ) -> Result<(), Error> {
         let Some(rerun) = operation.rerun.clone() else {

@@ -8,7 +8,7 @@ use super::{Compensator, Work};
 use crate::clock::ms;
 use crate::codec::message_bytes;
 use crate::compensation::entry::CompensationEntry;
-use crate::compensation::operations::Operation;
+use crate::compensation::operations::CompensationOperation;
 use crate::error::Error;
 use crate::journal::{CompensationStep, EventKind};
 use crate::receipt::{Fence, ReceiptState};
@@ -16,12 +16,12 @@ use crate::takeover::{self, Reversal as Begun};
 
 impl Compensator {
     /// Runs the operation's reversal for a call not received, at most once (see
-    /// [`Operation::reversal`]), then records the call `FAILED`.
+    /// [`CompensationOperation::reversal`]), then records the call `FAILED`.
     pub(super) async fn reverse(
         &self,
         entry: CompensationEntry,
         fence: Fence,
-        operation: &Operation,
+        operation: &CompensationOperation,
         w: &mut Work<'_>,
     ) -> Result<(), Error> {
         let Some(reversal) = operation.reversal.clone() else {
@@ -118,7 +118,7 @@ impl Compensator {
         &self,
         entry: CompensationEntry,
         fence: Fence,
-        operation: &Operation,
+        operation: &CompensationOperation,
         w: &mut Work<'_>,
     ) -> Result<(), Error> {
         let message = "not received by the remote side; reversed by compensation";
