@@ -85,7 +85,7 @@ enum Command {
     ///   samekey stats
     ///   samekey stats --since 24h --json
     #[command(verbatim_doc_comment)]
-    RuntimeStats(args::RangeArgs),
+    Stats(args::RangeArgs),
 
     /// What should never happen or needs a person: a key that took effect more than once, a call
     /// stuck PROCESSING past its lease, an UNKNOWN older than a threshold, a MANUAL compensation, a
@@ -225,7 +225,7 @@ async fn run(cli: Cli) -> Result<Verdict, Failure> {
     match cli.command {
         Command::Inspect(args) => inspect::inspect(&rt, args, &mut out).await,
         Command::Ls(args) => listing::ls(&rt, args, &mut out).await,
-        Command::RuntimeStats(args) => listing::stats(&rt, args, &mut out).await,
+        Command::Stats(args) => listing::stats(&rt, args, &mut out).await,
         Command::Audit(args) => audit::audit(&rt, args, &mut out).await,
         Command::Compensation(command) => compensation::run(&rt, command, &mut out).await,
         Command::Reconcile(args) => reconcile::reconcile(&rt, args, &mut out).await,
