@@ -75,6 +75,8 @@
 //! | `json` | `serde_json::Value` as a key part (canonical; floats refused) |
 //! | `metrics` | counters and histograms through the `metrics` facade ([guide](guide::metrics)) |
 //! | `testing` | the test kit, `samekey::testing` ([guide](guide::testing)) |
+//! | `conformance` | the store conformance suite, `samekey::conformance` and `store_conformance_tests!`, for a store of your own |
+//! | `csv` | `reconcile::read_csv`, the counterparty's records from a CSV file |
 
 #![warn(missing_docs)]
 
