@@ -126,17 +126,9 @@ pub use samekey_macros::scoped;
 pub use samekey_macros::KeyPart;
 
 // One list of names, the runtime's: the everyday names at the root, everything else in its module
-// (`CHANGELOG.md` lists the moves). The modules below are named again only to carry a guide page.
+// (`CHANGELOG.md` lists the moves), and with their features the `sqlx` and `redis` crates the stores
+// take. The modules below are named again only to carry a guide page.
 pub use samekey_runtime::*;
-
-/// The SQL driver of the SQLite and PostgreSQL stores (features `sqlite`, `postgres`): use it for the
-/// pools and transactions you hand samekey, so that both sides agree on its version.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use samekey_runtime::sqlx;
-
-/// The Redis client of the Redis store (feature `redis`): use it for the connections you hand samekey.
-#[cfg(feature = "redis")]
-pub use samekey_runtime::redis;
 
 #[doc = include_str!("../docs/stores.md")]
 pub use samekey_runtime::store;

@@ -452,7 +452,19 @@ struct StoreHandle {
 }
 
 impl StoreHandle {
+    /// The runtime's store. An `Arc<dyn Store>` or an `Arc<MemoryStore>` handed over as the store
+    /// (`.store(Arc::clone(&shared))`) is seen through: the runtime holds the shared store itself, so a
+    /// downcast of [`Runtime::store`] finds its type, not `Arc`'s, and the in-memory store keeps its
+    /// direct calls. A store that wraps the in-memory one never gets them: it sees every call.
     fn new(store: Arc<dyn Store>) -> StoreHandle {
+        let any: Arc<dyn Any + Send + Sync> = store.clone();
+        let store = match any.downcast::<Arc<dyn Store>>() {
+            Ok(shared) => Arc::clone(&*shared),
+            Err(any) => match any.downcast::<Arc<MemoryStore>>() {
+                Ok(memory) => Arc::clone(&*memory) as Arc<dyn Store>,
+                Err(_) => store,
+            },
+        };
         let any: Arc<dyn Any + Send + Sync> = store.clone();
         StoreHandle {
             memory: any.downcast::<MemoryStore>().ok(),
@@ -474,17 +486,9 @@ pub struct RuntimeBuilder {
 impl RuntimeBuilder {
     /// The store (default: a new [`MemoryStore`]). A store kept by other code too is handed over as
     /// an `Arc` (`.store(Arc::clone(&store))`): the runtime and that code then use the one store. An
-    /// `Arc<dyn Store>` or an `Arc<MemoryStore>` is taken as [`shared_store`](RuntimeBuilder::shared_store)
-    /// takes it, so that [`Runtime::store`] is that store itself (a downcast finds its type, not
-    /// `Arc`'s) and the in-memory store keeps its direct calls.
+    /// `Arc<dyn Store>` or an `Arc<MemoryStore>` is that store itself to the runtime: a downcast of
+    /// [`Runtime::store`] finds its type, not `Arc`'s, and the in-memory store keeps its direct calls.
     pub fn store(self, store: impl Store) -> RuntimeBuilder {
-        let any: &dyn Any = &store;
-        if let Some(shared) = any.downcast_ref::<Arc<dyn Store>>() {
-            return self.shared_store(Arc::clone(shared));
-        }
-        if let Some(memory) = any.downcast_ref::<Arc<MemoryStore>>() {
-            return self.shared_store(memory.clone());
-        }
         self.shared_store(Arc::new(store))
     }
 
