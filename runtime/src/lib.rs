@@ -21,6 +21,8 @@ pub mod compensation;
 pub mod conformance;
 pub mod context;
 mod error;
+#[cfg(feature = "tonic")]
+pub mod grpc_status;
 pub mod journal;
 pub mod key;
 mod lease;
