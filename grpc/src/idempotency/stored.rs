@@ -157,23 +157,43 @@ impl StoredReply {
                 trailers.insert(IDEMPOTENT_REPLAYED, yes);
             }
         }
-        let frames = [
-            Some(http_body::Frame::data(Bytes::from(body))),
-            trailers.map(http_body::Frame::trailers),
-        ];
-        let stream = futures_stream(frames.into_iter().flatten());
-        let body = http_body_util::StreamBody::new(stream);
+        let body = ReplayBody {
+            data: Some(Bytes::from(body)).filter(|b| !b.is_empty()),
+            trailers,
+        };
         let mut response = Response::new(tonic::body::Body::new(body));
         *response.headers_mut() = headers;
         Ok(response)
     }
 }
 
-/// An iterator of frames as a body's stream.
-fn futures_stream(
-    frames: impl Iterator<Item = http_body::Frame<Bytes>> + Send + 'static,
-) -> impl futures_core::Stream<Item = Result<http_body::Frame<Bytes>, std::convert::Infallible>>
-       + Send
-       + 'static {
-    tokio_stream::iter(frames.map(Ok))
+/// A stored reply's body: its data in one frame, then its trailers; its end known, so that the
+/// transport closes the stream with the last frame.
+struct ReplayBody {
+    data: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+impl http_body::Body for ReplayBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        let frame = match self.data.take() {
+            Some(data) => Some(http_body::Frame::data(data)),
+            None => self.trailers.take().map(http_body::Frame::trailers),
+        };
+        std::task::Poll::Ready(frame.map(Ok))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none() && self.trailers.is_none()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
+    }
 }
