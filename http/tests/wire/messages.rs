@@ -353,6 +353,7 @@ async fn a_long_prefix_still_makes_a_call_id_per_message() {
             call_id: call_id.clone(),
             seq,
             trace_id: TraceId::new(),
+            traceparent: None,
             payload: seq,
         };
         let worked = inbox
@@ -388,6 +389,7 @@ async fn a_long_prefix_still_makes_a_call_id_per_message() {
             call_id: last,
             seq: 0,
             trace_id: TraceId::new(),
+            traceparent: None,
             payload: (),
         };
         let n = chain.len() as u64;
