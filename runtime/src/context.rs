@@ -139,8 +139,8 @@ impl Context {
         self.trace.trace_id()
     }
 
-    /// The W3C `traceparent` a request sent by this call carries (the
-    /// [`CallHeaders`](https://docs.rs/samekey-http) middleware sends it beside `X-Trace-Id`):
+    /// The W3C `traceparent` a request sent by this call carries (samekey-http's `CallHeaders`
+    /// middleware sends it beside `X-Trace-Id`):
     ///
     /// * **trace-id**: the call's [traceId](Context::trace_id), always;
     /// * **parent-id**: with feature `opentelemetry`, the id of the active OpenTelemetry span (the
