@@ -77,6 +77,7 @@
 //! | `testing` | the test kit, `samekey::testing` ([guide](guide::testing)) |
 //! | `conformance` | the store conformance suite, `samekey::conformance` and `store_conformance_tests!`, for a store of your own |
 //! | `csv` | `reconcile::read_csv`, the counterparty's records from a CSV file |
+//! | `opentelemetry` | [`context::parent_span`] parents an integration's `samekey` span to the active OpenTelemetry span (else the inbound `traceparent`), and [`context::Context::traceparent`] names the active span (`tracing-opentelemetry`) |
 
 #![warn(missing_docs)]
 

@@ -4,22 +4,28 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Extensions, HeaderMap, HeaderValue, Method, StatusCode};
+use http::{Extensions, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use reqwest_middleware::{Middleware, Next};
-use samekey_runtime::{context::Context, Classify, Error, ErrorClass, RemoteStatus};
+use samekey_runtime::{context::Context, Classify, Error, ErrorClass, RemoteStatus, TraceParent};
 use serde::de::DeserializeOwned;
 
-use crate::headers::{IDEMPOTENCY_KEY, X_ATTEMPT, X_CALL_ID, X_TRACE_ID};
+use crate::headers::{IDEMPOTENCY_KEY, TRACEPARENT, X_ATTEMPT, X_CALL_ID, X_TRACE_ID};
 use crate::receipt::ReceiptAnswer;
 
 type KeyOf = Arc<dyn Fn(&Context) -> String + Send + Sync>;
 
 /// A reqwest middleware: inside an `#[idempotent]` call, every request carries the call's identity —
-/// `X-Call-Id`, `X-Trace-Id`, `Idempotency-Key` (the callId, or what [`key`](CallHeaders::key) maps the
-/// call to) the same on every attempt, and `X-Attempt` (1, 2, …, as gRPC's
-/// `grpc-previous-rpc-attempts`) — so that the remote side dedups the attempts and an operator can
-/// correlate them. Headers the request already has are left as they are; outside a call it adds
-/// nothing.
+/// `X-Call-Id`, `X-Trace-Id`, the W3C `traceparent` ([`Context::traceparent`]: the call's traceId as
+/// its trace-id), `Idempotency-Key` (the callId, or what [`key`](CallHeaders::key) maps the call to)
+/// the same on every attempt, and `X-Attempt` (1, 2, …, as gRPC's `grpc-previous-rpc-attempts`) — so
+/// that the remote side dedups the attempts and an operator can correlate them. Headers the request
+/// already has are left as they are.
+///
+/// Outside a call but inside an [`InboundCall`](samekey_runtime::context::InboundCall) scope (a
+/// handler under [`CallContextLayer`](crate::CallContextLayer) that calls on without
+/// `#[idempotent]`), it sends the trace only: `traceparent`
+/// ([`outbound_traceparent`](samekey_runtime::context::outbound_traceparent)) and `X-Trace-Id`.
+/// Outside both it adds nothing.
 ///
 /// ```
 /// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
@@ -60,16 +66,31 @@ impl CallHeaders {
         let values = [
             (X_CALL_ID, cx.call_id().to_string()),
             (X_TRACE_ID, cx.trace_id().to_string()),
+            (TRACEPARENT, cx.traceparent().to_string()),
             (IDEMPOTENCY_KEY, sf_string(&key)),
         ];
-        for (name, value) in values {
-            if !headers.contains_key(&name) {
-                if let Ok(value) = HeaderValue::from_str(&value) {
-                    headers.insert(name, value);
-                }
+        insert_missing(headers, values);
+        headers.insert(X_ATTEMPT, HeaderValue::from(cx.attempt()));
+    }
+}
+
+/// Sets the trace of a request sent outside a call (in an inbound scope), leaving the headers there.
+fn stamp_trace(tp: TraceParent, headers: &mut HeaderMap) {
+    let values = [
+        (X_TRACE_ID, tp.trace_id().to_string()),
+        (TRACEPARENT, tp.to_string()),
+    ];
+    insert_missing(headers, values);
+}
+
+/// Inserts each header `headers` does not have yet.
+fn insert_missing<const N: usize>(headers: &mut HeaderMap, values: [(HeaderName, String); N]) {
+    for (name, value) in values {
+        if !headers.contains_key(&name) {
+            if let Ok(value) = HeaderValue::from_str(&value) {
+                headers.insert(name, value);
             }
         }
-        headers.insert(X_ATTEMPT, HeaderValue::from(cx.attempt()));
     }
 }
 
@@ -98,6 +119,8 @@ impl Middleware for CallHeaders {
     ) -> reqwest_middleware::Result<reqwest::Response> {
         if let Some(cx) = samekey_runtime::context::try_current() {
             self.stamp(&cx, request.headers_mut());
+        } else if let Some(tp) = samekey_runtime::context::outbound_traceparent() {
+            stamp_trace(tp, request.headers_mut());
         }
         next.run(request, extensions).await
     }

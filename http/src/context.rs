@@ -1,5 +1,5 @@
-//! The call context layer: `X-Call-Id` and `X-Trace-Id` in, into samekey's context for the handler,
-//! and back out on the response.
+//! The call context layer: `X-Call-Id`, `X-Trace-Id` and W3C `traceparent` in, into samekey's context
+//! for the handler, and the first two back out on the response.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -7,12 +7,12 @@ use std::task::{Context as TaskContext, Poll};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
-use samekey_runtime::{context::InboundCall, CallId, TraceId};
+use samekey_runtime::{context::InboundCall, CallId, TraceId, TraceParent};
 use tower_layer::Layer;
 use tower_service::Service;
 use tracing::Instrument as _;
 
-use crate::headers::{X_CALL_ID, X_CALL_ID_SOURCE, X_TRACE_ID};
+use crate::headers::{TRACEPARENT, X_CALL_ID, X_CALL_ID_SOURCE, X_TRACE_ID};
 use crate::problem::Problem;
 
 /// Where a request's callId came from.
@@ -43,16 +43,28 @@ impl CallIdSource {
 pub struct RequestIds {
     /// The callId the request carried (or the gateway filled).
     pub call_id: Option<CallId>,
-    /// The traceId it carried, or a new one.
+    /// The traceId it carried (a valid `traceparent`'s trace-id, else `X-Trace-Id`), or a new one.
     pub trace_id: TraceId,
     /// Where the callId came from.
     pub source: CallIdSource,
+    /// The W3C `traceparent` it carried, when it was valid.
+    pub traceparent: Option<TraceParent>,
 }
 
 /// Adopts `X-Call-Id` and `X-Trace-Id` into samekey's context for the handler: the first
 /// `#[idempotent]` call the handler makes keeps the inbound callId (as every attempt of the caller's
 /// logical call carried it), and every call in it the traceId. A malformed id is a 400 with an RFC 9457
 /// problem body (nothing runs). Both ids are echoed on the response.
+///
+/// A W3C `traceparent` ([W3C Trace Context](https://www.w3.org/TR/trace-context/#traceparent-header))
+/// gives the traceId too, for services that run OpenTelemetry: a valid one's trace-id is the traceId,
+/// and **wins over `X-Trace-Id`** when both arrive and disagree (the traceparent is what the
+/// OpenTelemetry side of the caller records; the request passed on carries `X-Trace-Id` rewritten to
+/// it). The handler's calls pass it on ([`InboundCall::traceparent`]; the
+/// [`CallHeaders`](crate::CallHeaders) client sends it), and the request passed on keeps the header as
+/// it came. A malformed `traceparent` is ignored, logged at debug — W3C Trace Context §3.2: a receiver
+/// that cannot parse it restarts the trace — whereas a malformed `X-Trace-Id` stays a 400. The response
+/// gets no `traceparent` (W3C defines none on responses).
 ///
 /// In gateway mode ([`CallContextLayer::gateway`]) a request without a callId gets one, made here and
 /// marked `X-Call-Id-Source: gateway` on the request passed on and on the response, instead of one
@@ -61,7 +73,9 @@ pub struct RequestIds {
 /// The rest of the request (the inner services and the handler) runs in a tracing span named
 /// `samekey` with the fields `call_id` (when there is one), `trace_id` and `call_id_source`
 /// (`caller`, `gateway` or `none`, see [`CallIdSource`]), so that every event the handler logs
-/// carries the ids. Under tower-http's `TraceLayer` it is a child of the request's span.
+/// carries the ids. Under tower-http's `TraceLayer` it is a child of the request's span. With feature
+/// `opentelemetry` it is made a child of the active OpenTelemetry span, else of the remote span the
+/// inbound `traceparent` names ([`parent_span`](samekey_runtime::context::parent_span)).
 ///
 /// Compose it outside the [`IdempotencyLayer`](crate::IdempotencyLayer), so that the Idempotency-Key
 /// layer's call adopts the request's callId, and inside tower-http's request-id and trace layers (it
@@ -171,7 +185,11 @@ where
                 return Box::pin(std::future::ready(Ok(problem.response())));
             }
         };
-        let trace_id = trace_id.unwrap_or_default();
+        let traceparent = read_traceparent(request.headers());
+        let trace_id = match traceparent {
+            Some(tp) => tp.trace_id(),
+            None => trace_id.unwrap_or_default(),
+        };
         let (call_id, source) = match (call_id, &self.gateway) {
             (Some(id), _) => (Some(id), CallIdSource::Caller),
             (None, Some((prefix, node))) => match CallId::new(prefix, node) {
@@ -184,9 +202,13 @@ where
             call_id,
             trace_id,
             source,
+            traceparent,
         };
         ids.stamp(request.headers_mut());
         let mut inbound = InboundCall::new().trace_id(trace_id);
+        if let Some(tp) = traceparent {
+            inbound = inbound.traceparent(tp);
+        }
         if let Some(id) = ids.call_id.clone() {
             inbound = inbound.call_id(id);
         }
@@ -197,12 +219,35 @@ where
             trace_id = %ids.trace_id,
             call_id_source = ids.source.as_str(),
         );
+        samekey_runtime::context::parent_span(&span, traceparent.as_ref());
         let handled = span.in_scope(|| self.inner.call(request));
         Box::pin(async move {
             let mut response = inbound.scope(handled).instrument(span).await?;
             ids.stamp(response.headers_mut());
             Ok(response)
         })
+    }
+}
+
+/// A request's `traceparent`, if it has one that parses (W3C Trace Context §3.2); a malformed one is
+/// ignored, logged at debug. Several are refused as one that does not parse (W3C: a list is invalid).
+fn read_traceparent(headers: &HeaderMap) -> Option<TraceParent> {
+    let mut values = headers.get_all(&TRACEPARENT).iter();
+    let value = values.next()?;
+    let parsed = if values.next().is_some() {
+        Err("more than one `traceparent` header".to_owned())
+    } else {
+        value
+            .to_str()
+            .map_err(|_| "it is not visible ASCII".to_owned())
+            .and_then(|text| text.trim().parse().map_err(|e| format!("{e}")))
+    };
+    match parsed {
+        Ok(tp) => Some(tp),
+        Err(why) => {
+            tracing::debug!(%why, "samekey: a malformed `traceparent` is ignored (the trace restarts)");
+            None
+        }
     }
 }
 

@@ -6,6 +6,9 @@ use http::HeaderName;
 pub const X_CALL_ID: HeaderName = HeaderName::from_static("x-call-id");
 /// The traceId of the business chain a call belongs to.
 pub const X_TRACE_ID: HeaderName = HeaderName::from_static("x-trace-id");
+/// The W3C Trace Context `traceparent` (<https://www.w3.org/TR/trace-context/#traceparent-header>):
+/// its trace-id is the traceId, and wins over `X-Trace-Id`.
+pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 /// `gateway` when a gateway filled a missing callId (the caller sent none).
 pub const X_CALL_ID_SOURCE: HeaderName = HeaderName::from_static("x-call-id-source");
 /// The attempt number of a request within its logical call (1 for the first).

@@ -3,17 +3,22 @@
 //!
 //! * [`CallContextLayer`] (tower, for axum and any tower server): adopts `X-Call-Id` and
 //!   `X-Trace-Id` into samekey's context for the handler, validates them (400, RFC 9457), fills and
-//!   marks a missing callId in gateway mode, echoes both on the response.
+//!   marks a missing callId in gateway mode, echoes both on the response; adopts a W3C `traceparent`
+//!   too (its trace-id is the traceId; a malformed one is ignored) and passes it on.
 //! * [`IdempotencyLayer`]: the IETF httpapi draft "The Idempotency-Key HTTP Header Field" (draft-07)
 //!   — 400 / 409 / 413 / 422, stored responses replayed with `Idempotent-Replayed: true` — on any
 //!   samekey store.
 //! * [`CallHeaders`] (feature `reqwest`): a reqwest middleware that sends the call's `X-Call-Id`,
-//!   `X-Trace-Id`, `Idempotency-Key` and `X-Attempt` on every attempt; [`RemoteError`] and
+//!   `X-Trace-Id`, `traceparent`, `Idempotency-Key` and `X-Attempt` on every attempt; [`RemoteError`] and
 //!   [`send`] classify reqwest's results for the retry loop ([`send_with`] with your own
 //!   classification); [`lookup_receipt`] asks a service's
 //!   receipt endpoint.
-//! * [`Envelope`] and [`Inbox`]: the callId and traceId in a message's attributes and body, and a
-//!   consumer that does a redelivered message's work once.
+//! * [`Envelope`] and [`Inbox`]: the callId, traceId and `traceparent` in a message's attributes and
+//!   body, and a consumer that does a redelivered message's work once.
+//!
+//! Feature `opentelemetry`: the `samekey` span of [`CallContextLayer`] is a child of the active
+//! OpenTelemetry span, else of the inbound `traceparent`'s remote span, and the `traceparent` sent
+//! names the active span (see `samekey_runtime::context::parent_span`).
 //!
 //! ```
 //! use axum::{routing::post, Router};

@@ -14,7 +14,7 @@ use std::time::Duration;
 use samekey_runtime::at_most_once::{AtMostOnce, OnBusy, OnUnknown};
 use samekey_runtime::{
     call_id::ParseCallIdError, context::Context, context::InboundCall, key::KeyBuilder,
-    key::KeyEncoder, CallId, Classify, Error, KeyPart, Runtime, TraceId,
+    key::KeyEncoder, CallId, Classify, Error, KeyPart, Runtime, TraceId, TraceParent,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -28,10 +28,12 @@ pub const ATTR_CALL_ID: &str = "x-call-id";
 pub const ATTR_MESSAGE_SEQ: &str = "x-message-seq";
 /// The attribute (header) that carries a message's traceId.
 pub const ATTR_TRACE_ID: &str = "x-trace-id";
+/// The attribute (header) that carries a message's W3C `traceparent` ([`Envelope::traceparent`]).
+pub const ATTR_TRACEPARENT: &str = "traceparent";
 
 /// A message with the identity of the call that sent it: the body a producer publishes (JSON with
-/// `call_id`, `seq`, `trace_id`, `payload`) and, through [`Envelope::attributes`], the broker's
-/// attributes — so that a consumer that reads only one of the two still has them.
+/// `call_id`, `seq`, `trace_id`, `traceparent`, `payload`) and, through [`Envelope::attributes`], the
+/// broker's attributes — so that a consumer that reads only one of the two still has them.
 ///
 /// Publish from inside an `#[idempotent]` call: every attempt of that call (a publish retried after a
 /// timeout) sends its messages with the same identities — the call's callId and each message's
@@ -47,24 +49,36 @@ pub struct Envelope<T> {
     pub seq: u64,
     /// The traceId of its business chain.
     pub trace_id: TraceId,
+    /// The W3C `traceparent` the producer's call passes on
+    /// ([`Context::traceparent`](samekey_runtime::context::Context::traceparent)), for consumers that
+    /// run OpenTelemetry: its trace-id is the traceId, and it wins over `trace_id` where the two
+    /// disagree, as over `X-Trace-Id` on HTTP. `None` in a body without it (from before it was added).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<TraceParent>,
     /// The message itself.
     pub payload: T,
 }
 
 impl<T> Envelope<T> {
-    /// A message of the current `#[idempotent]` call: its callId and traceId, and the next number
-    /// of the running attempt ([`Context::next_message_seq`]: 0 for the attempt's first message, 1
-    /// for its second, …, counted anew on each attempt). An attempt that makes its messages in the
-    /// same order as the one before makes them with the same identities. Outside a call, new ids
-    /// (callId prefix `msg`, the default runtime's node) and `seq` 0.
+    /// A message of the current `#[idempotent]` call: its callId, traceId and `traceparent`, and the
+    /// next number of the running attempt ([`Context::next_message_seq`]: 0 for the attempt's first
+    /// message, 1 for its second, …, counted anew on each attempt). An attempt that makes its
+    /// messages in the same order as the one before makes them with the same identities. Outside a
+    /// call, a new callId (prefix `msg`, the default runtime's node) and `seq` 0, with the trace of
+    /// the [`InboundCall`] scope it is made in
+    /// ([`outbound_traceparent`](samekey_runtime::context::outbound_traceparent)), else a new one.
     pub fn new(payload: T) -> Envelope<T> {
         match samekey_runtime::context::try_current() {
-            Some(cx) => Envelope {
-                call_id: cx.call_id().clone(),
-                seq: Context::next_message_seq().unwrap_or(0),
-                trace_id: cx.trace_id(),
-                payload,
-            },
+            Some(cx) => {
+                let traceparent = cx.traceparent();
+                Envelope {
+                    call_id: cx.call_id().clone(),
+                    seq: Context::next_message_seq().unwrap_or(0),
+                    trace_id: traceparent.trace_id(),
+                    traceparent: Some(traceparent),
+                    payload,
+                }
+            }
             None => {
                 let node = samekey_runtime::runtime::default_runtime()
                     .node()
@@ -72,29 +86,38 @@ impl<T> Envelope<T> {
                 let call_id = CallId::new("msg", &node)
                     .or_else(|_| CallId::new("msg", "node"))
                     .expect("`msg` and `node` are valid labels");
+                let traceparent = samekey_runtime::context::outbound_traceparent()
+                    .unwrap_or_else(|| TraceParent::new(TraceId::new(), 0, 0));
                 Envelope {
                     call_id,
                     seq: 0,
-                    trace_id: TraceId::new(),
+                    trace_id: traceparent.trace_id(),
+                    traceparent: Some(traceparent),
                     payload,
                 }
             }
         }
     }
 
-    /// The message's attributes: `x-call-id`, `x-message-seq` and `x-trace-id`, for the broker's
-    /// headers.
-    pub fn attributes(&self) -> [(&'static str, String); 3] {
-        [
+    /// The message's attributes: `x-call-id`, `x-message-seq`, `x-trace-id` and, when the envelope
+    /// has one, `traceparent`, for the broker's headers.
+    pub fn attributes(&self) -> Vec<(&'static str, String)> {
+        let mut attributes = vec![
             (ATTR_CALL_ID, self.call_id.to_string()),
             (ATTR_MESSAGE_SEQ, self.seq.to_string()),
             (ATTR_TRACE_ID, self.trace_id.to_string()),
-        ]
+        ];
+        if let Some(tp) = self.traceparent {
+            attributes.push((ATTR_TRACEPARENT, tp.to_string()));
+        }
+        attributes
     }
 
     /// A message read from a body without envelope and its attributes (`get` reads one by name): the
     /// callId must be there and valid; a missing `x-message-seq` is 0 (a producer from before it was
-    /// added), one that is not a decimal number an error; a missing traceId is a new one.
+    /// added), one that is not a decimal number an error; a missing traceId is a new one. As on HTTP, a
+    /// valid `traceparent` gives the traceId (over `x-trace-id`), and a malformed one is ignored
+    /// (W3C Trace Context §3.2: the trace restarts), while a malformed `x-trace-id` is an error.
     pub fn from_attributes(
         payload: T,
         get: impl Fn(&str) -> Option<String>,
@@ -105,13 +128,26 @@ impl<T> Envelope<T> {
             None => 0,
         };
         let trace_id = match get(ATTR_TRACE_ID) {
-            Some(text) => text.parse()?,
-            None => TraceId::new(),
+            Some(text) => Some(text.parse()?),
+            None => None,
+        };
+        let traceparent = get(ATTR_TRACEPARENT).and_then(|text| match text.trim().parse::<TraceParent>() {
+            Ok(tp) => Some(tp),
+            Err(e) => {
+                tracing::debug!(error = %e, "samekey: a malformed `traceparent` attribute is ignored");
+                None
+            }
+        });
+        let trace_id = match (traceparent, trace_id) {
+            (Some(tp), _) => tp.trace_id(),
+            (None, Some(trace_id)) => trace_id,
+            (None, None) => TraceId::new(),
         };
         Ok(Envelope {
             call_id,
             seq,
             trace_id,
+            traceparent,
             payload,
         })
     }
@@ -125,9 +161,13 @@ impl<T> Envelope<T> {
     /// node, and never the producer's own nor, along a chain of consumers, an earlier work's. (Producer and
     /// consumer often share a store: under one callId, a callback or a compensation entry about the
     /// producer's call would land on the consumer's work.) Every call in the scope has the message's
-    /// traceId.
+    /// traceId — its `traceparent`'s trace-id when it has one, which wins over `trace_id` — and passes
+    /// the `traceparent` on ([`InboundCall::traceparent`]).
     pub fn inbound(&self) -> InboundCall {
-        let inbound = InboundCall::new().trace_id(self.trace_id);
+        let mut inbound = InboundCall::new().trace_id(self.trace_id);
+        if let Some(tp) = self.traceparent {
+            inbound = inbound.traceparent(tp);
+        }
         match self.work_call_id() {
             Some(call_id) => inbound.call_id(call_id),
             // Not reached for a valid callId; the work's call then makes a callId of its own.

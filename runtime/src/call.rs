@@ -77,7 +77,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::call_id::{CallId, TraceId};
+use crate::call_id::{CallId, TraceParent};
 use crate::classify::{Classify, ErrorClass, RemoteStatus};
 use crate::codec::{ErrorCodec, Keeper};
 use crate::context::Places;
@@ -364,7 +364,8 @@ struct Call<T, E> {
     spec: &'static Spec,
     key: Key,
     call_id: CallId,
-    trace_id: TraceId,
+    /// The traceId, and the `traceparent` the call passes on.
+    trace: TraceParent,
     fingerprint: Option<Fingerprint>,
     /// Where the call stands with its key: claiming it, owning it (and doing what), or not holding it.
     phase: Phase,

@@ -11,12 +11,17 @@
 //!   one call, and handing it to a second call would make two calls share an identity.
 //! * Each attempt numbers the messages it makes from 0 ([`Context::next_message_seq`]), so the n-th
 //!   message of every attempt of a call gets the same number.
+//! * An inbound W3C `traceparent` ([`InboundCall::traceparent`]) gives the traceId of every call in its
+//!   scope, and is what they pass on ([`Context::traceparent`], [`outbound_traceparent`]): its
+//!   trace-id always, its parent-id unless an OpenTelemetry span of the same trace is active (feature
+//!   `opentelemetry`). samekey records no spans of its own, so it forwards the parent-id unchanged,
+//!   as W3C Trace Context allows a hop that does not take part in the trace.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::call_id::{CallId, ShortLabel, TraceId};
+use crate::call_id::{CallId, ShortLabel, TraceId, TraceParent};
 use crate::key::Key;
 use crate::receipt::Fence;
 
@@ -34,7 +39,8 @@ enum Scope {
 #[derive(Debug, Clone)]
 pub struct Context {
     call_id: CallId,
-    trace_id: TraceId,
+    /// The traceId, and the parent-id and flags passed on (see [`Context::traceparent`]).
+    trace: TraceParent,
     key: Key,
     attempt: u32,
     /// The messages this attempt made so far ([`Context::next_message_seq`]).
@@ -80,7 +86,7 @@ impl Places {
 impl Context {
     pub(crate) fn new(
         call_id: CallId,
-        trace_id: TraceId,
+        trace: TraceParent,
         key: Key,
         attempt: u32,
         fence: Fence,
@@ -89,7 +95,7 @@ impl Context {
     ) -> Context {
         Context {
             call_id,
-            trace_id,
+            trace,
             key,
             attempt,
             messages: MessageCount::default(),
@@ -130,7 +136,46 @@ impl Context {
 
     /// The traceId of the business chain this call belongs to.
     pub fn trace_id(&self) -> TraceId {
-        self.trace_id
+        self.trace.trace_id()
+    }
+
+    /// The W3C `traceparent` a request sent by this call carries (samekey-http's `CallHeaders`
+    /// middleware sends it beside `X-Trace-Id`):
+    ///
+    /// * **trace-id**: the call's [traceId](Context::trace_id), always;
+    /// * **parent-id**: with feature `opentelemetry`, the id of the active OpenTelemetry span (the
+    ///   current `tracing` span's, through `tracing-opentelemetry`, else OpenTelemetry's current
+    ///   context's) when there is a valid one of the same trace; else the parent-id of the
+    ///   `traceparent` the call's request arrived with ([`InboundCall::traceparent`]), forwarded
+    ///   unchanged — samekey records no spans of its own, and W3C Trace Context lets a hop that does
+    ///   not take part in the trace pass it through; else a random non-zero id, fixed for the call
+    ///   (a call nested in another inherits its parent's);
+    /// * **flags**: those of the span whose id it names — the OpenTelemetry span's (its `sampled`
+    ///   decision), else the inbound `traceparent`'s; else `00`, not sampled: samekey recorded
+    ///   nothing, and a downstream sampler that follows its parent then records nothing either (run
+    ///   OpenTelemetry, with the feature, to start sampled traces).
+    ///
+    /// The same on every attempt of the call, unless an OpenTelemetry span of each attempt names it.
+    /// See <https://www.w3.org/TR/trace-context/#traceparent-header>.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use samekey_runtime::{context::InboundCall, TraceParent};
+    /// let inbound: TraceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".parse().unwrap();
+    /// // What the call of a handler sends on, as an `#[idempotent]` body would read it.
+    /// let sent = InboundCall::new()
+    ///     .traceparent(inbound)
+    ///     .scope(async { samekey_runtime::context::outbound_traceparent() })
+    ///     .await;
+    /// assert_eq!(sent, Some(inbound), "passed on unchanged");
+    /// # }
+    /// ```
+    pub fn traceparent(&self) -> TraceParent {
+        #[cfg(feature = "opentelemetry")]
+        if let Some(active) = crate::otel::active_traceparent(self.trace.trace_id()) {
+            return active;
+        }
+        self.trace
     }
 
     /// The idempotency key.
@@ -234,6 +279,8 @@ pub fn try_current() -> Option<Context> {
 pub struct InboundCall {
     call_id: Option<CallId>,
     trace_id: Option<TraceId>,
+    /// The W3C `traceparent` the request carried, of the trace `trace_id` names.
+    traceparent: Option<TraceParent>,
     adopted: Arc<AtomicBool>,
 }
 
@@ -249,20 +296,67 @@ impl InboundCall {
         self
     }
 
-    /// The traceId the request carried, for every call in the scope.
+    /// The traceId the request carried, for every call in the scope. A
+    /// [`traceparent`](InboundCall::traceparent) set before of another trace is dropped (the
+    /// traceId set last wins); call this one first where both arrived.
     pub fn trace_id(mut self, trace_id: TraceId) -> InboundCall {
         self.trace_id = Some(trace_id);
+        if self.traceparent.is_some_and(|tp| tp.trace_id() != trace_id) {
+            self.traceparent = None;
+        }
         self
+    }
+
+    /// The W3C `traceparent` the request carried: its trace-id becomes the traceId of every call in
+    /// the scope (it replaces one set by [`trace_id`](InboundCall::trace_id)), and the value is kept
+    /// so that every call in the scope, the calls nested in them, and a task that carries
+    /// [`InboundCall::current`] along pass it on ([`Context::traceparent`],
+    /// [`outbound_traceparent`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use samekey_runtime::{context::InboundCall, TraceId, TraceParent};
+    /// let tp: TraceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".parse().unwrap();
+    /// let seen = InboundCall::new()
+    ///     .trace_id(TraceId::new())
+    ///     .traceparent(tp)
+    ///     .scope(async { InboundCall::current() })
+    ///     .await;
+    /// assert_eq!(seen.and_then(|inbound| inbound.inbound_traceparent()), Some(tp));
+    /// # }
+    /// ```
+    pub fn traceparent(mut self, tp: TraceParent) -> InboundCall {
+        self.trace_id = Some(tp.trace_id());
+        self.traceparent = Some(tp);
+        self
+    }
+
+    /// The W3C `traceparent` the request carried ([`InboundCall::traceparent`]), if any.
+    pub fn inbound_traceparent(&self) -> Option<TraceParent> {
+        self.traceparent
+    }
+
+    /// What a request sent in this scope outside any call carries (see [`outbound_traceparent`]).
+    fn outbound(&self) -> TraceParent {
+        let trace_id = self.trace_id.unwrap_or_default();
+        #[cfg(feature = "opentelemetry")]
+        if let Some(active) = crate::otel::active_traceparent(trace_id) {
+            return active;
+        }
+        match self.traceparent {
+            Some(tp) => tp,
+            None => TraceParent::new(trace_id, 0, 0),
+        }
     }
 
     /// The inbound context the current task runs in, to carry into a task it spawns (task-locals do
     /// not follow `tokio::spawn`): the same context — the callId still adopted by the first call only —
-    /// or, inside a call, its traceId. `None` outside both.
+    /// or, inside a call, its traceId and the `traceparent` it passes on. `None` outside both.
     pub fn current() -> Option<InboundCall> {
         SCOPE
             .try_with(|scope| match scope {
                 Scope::InboundCall(inbound) => inbound.clone(),
-                Scope::Call(call) => InboundCall::new().trace_id(call.trace_id),
+                Scope::Call(call) => InboundCall::new().traceparent(call.trace),
             })
             .ok()
     }
@@ -272,6 +366,44 @@ impl InboundCall {
         self.trace_id.get_or_insert_with(TraceId::new);
         SCOPE.scope(Scope::InboundCall(self), f).await
     }
+}
+
+/// The W3C `traceparent` a request sent now carries: inside an `#[idempotent]` call, the call's
+/// [`Context::traceparent`]; outside one but in an [`InboundCall`] scope, the inbound `traceparent`
+/// (or, with feature `opentelemetry`, the active OpenTelemetry span of its trace), else one of the
+/// scope's traceId with a random non-zero parent-id and flags `00`; `None` outside both.
+///
+/// ```
+/// assert_eq!(samekey_runtime::context::outbound_traceparent(), None);
+/// ```
+pub fn outbound_traceparent() -> Option<TraceParent> {
+    SCOPE
+        .try_with(|scope| match scope {
+            Scope::Call(call) => call.traceparent(),
+            Scope::InboundCall(inbound) => inbound.outbound(),
+        })
+        .ok()
+}
+
+/// Makes `span` — the `samekey` span an integration opens for an inbound request, before it is
+/// entered — a child of the active OpenTelemetry span when there is one, else of the remote span the
+/// inbound `traceparent` names (a `SpanContext` marked remote), so that a trace exported by
+/// OpenTelemetry shows the request under its caller's span.
+///
+/// Without feature `opentelemetry` it does nothing (OpenTelemetry is not a dependency of the default
+/// build). With it, it needs `tracing-opentelemetry`'s layer in the subscriber; without one, or once
+/// `span` has been entered, it does nothing either (logged at debug).
+///
+/// ```
+/// let inbound = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".parse().ok();
+/// let span = tracing::info_span!("samekey");
+/// samekey_runtime::context::parent_span(&span, inbound.as_ref());
+/// ```
+pub fn parent_span(span: &tracing::Span, inbound: Option<&TraceParent>) {
+    #[cfg(feature = "opentelemetry")]
+    crate::otel::parent_span(span, inbound);
+    #[cfg(not(feature = "opentelemetry"))]
+    let _ = (span, inbound);
 }
 
 /// Whether this task runs in an [`InboundCall`] scope whose callId no call has adopted yet.
@@ -290,7 +422,8 @@ pub(crate) fn inbound_pending() -> bool {
 /// the calls it is nested in hold.
 pub(crate) struct Identity {
     pub(crate) call_id: CallId,
-    pub(crate) trace_id: TraceId,
+    /// The traceId, and the parent-id and flags the call passes on.
+    pub(crate) trace: TraceParent,
     /// The callId was adopted from an inbound context: other calls (the caller's retries, arriving
     /// as requests of their own) may carry it too, whereas a new one is this call's alone.
     pub(crate) adopted: bool,
@@ -299,24 +432,30 @@ pub(crate) struct Identity {
 }
 
 /// The identity of a call that is starting: its callId adopted from an inbound context when one is
-/// waiting, else new; its traceId inherited from the enclosing call or inbound context.
+/// waiting, else new; its traceId (and `traceparent`) inherited from the enclosing call or inbound
+/// context, else a new one with a random parent-id.
 pub(crate) fn identify(prefix: &'static str, node: &ShortLabel, now_ms: u64) -> Identity {
     let found = SCOPE.try_with(|scope| match scope {
-        Scope::Call(outer) => (None, outer.trace_id, outer.places),
+        Scope::Call(outer) => (None, outer.trace, outer.places),
         Scope::InboundCall(inbound) => {
             let adopted = match &inbound.call_id {
                 Some(id) if !inbound.adopted.swap(true, Ordering::AcqRel) => Some(id.clone()),
                 _ => None,
             };
-            (
-                adopted,
-                inbound.trace_id.unwrap_or_default(),
-                Places::default(),
-            )
+            let trace = match inbound.traceparent {
+                Some(tp) => tp,
+                None => TraceParent::new(inbound.trace_id.unwrap_or_default(), 0, 0),
+            };
+            (adopted, trace, Places::default())
         }
     });
-    let (adopted, trace_id, places) =
-        found.unwrap_or_else(|_| (None, TraceId::new(), Places::default()));
+    let (adopted, trace, places) = found.unwrap_or_else(|_| {
+        (
+            None,
+            TraceParent::new(TraceId::new(), 0, 0),
+            Places::default(),
+        )
+    });
     let (call_id, adopted) = match adopted {
         Some(call_id) => (call_id, true),
         None => (
@@ -326,7 +465,7 @@ pub(crate) fn identify(prefix: &'static str, node: &ShortLabel, now_ms: u64) -> 
     };
     Identity {
         call_id,
-        trace_id,
+        trace,
         adopted,
         places,
     }
@@ -334,7 +473,134 @@ pub(crate) fn identify(prefix: &'static str, node: &ShortLabel, now_ms: u64) -> 
 
 #[cfg(test)]
 mod tests {
-    use super::Places;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use super::{outbound_traceparent, try_current, InboundCall, Places};
+    use crate::at_most_once::AtMostOnce;
+    use crate::{Classify, Error, ErrorClass, Runtime, TraceId, TraceParent};
+
+    #[derive(Debug, thiserror::Error)]
+    enum Flaky {
+        #[error("not yet")]
+        NotYet,
+        #[error(transparent)]
+        Samekey(#[from] Error),
+    }
+
+    impl Classify for Flaky {
+        fn classify(&self) -> ErrorClass {
+            match self {
+                Flaky::NotYet => ErrorClass::Retryable,
+                Flaky::Samekey(e) => e.classify(),
+            }
+        }
+    }
+
+    static TRACED: AtMostOnce = AtMostOnce::new("context.tests.traced")
+        .backoff(Duration::from_millis(1), Duration::from_millis(1))
+        .jitter(0.0);
+    static NESTED: AtMostOnce = AtMostOnce::new("context.tests.nested");
+
+    /// What each attempt of a call that fails once saw, `(traceId, traceparent)`, and what a call
+    /// nested in its second attempt and a task spawned from it (through `InboundCall::current`) saw.
+    async fn traced(rt: &Runtime, key: &str) -> Vec<(TraceId, TraceParent)> {
+        let log = Mutex::new(Vec::new());
+        let seen = &log;
+        TRACED
+            .key(key)
+            .runtime(rt)
+            .run(|| async move {
+                let cx = try_current().unwrap();
+                seen.lock().unwrap().push((cx.trace_id(), cx.traceparent()));
+                assert_eq!(outbound_traceparent(), Some(cx.traceparent()));
+                if cx.attempt() == 1 {
+                    return Err(Flaky::NotYet);
+                }
+                let nested = NESTED
+                    .key(key)
+                    .runtime(rt)
+                    .run(|| async {
+                        let cx = try_current().unwrap();
+                        Ok::<_, Flaky>((cx.trace_id(), cx.traceparent()))
+                    })
+                    .await?;
+                let carried = InboundCall::current().unwrap();
+                let spawned = tokio::spawn(carried.scope(async { outbound_traceparent() }))
+                    .await
+                    .unwrap()
+                    .unwrap();
+                seen.lock().unwrap().push(nested);
+                seen.lock().unwrap().push((spawned.trace_id(), spawned));
+                Ok(())
+            })
+            .await
+            .unwrap();
+        log.into_inner().unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_inbound_traceparent_is_every_calls_trace_and_is_passed_on() {
+        let rt = Runtime::new();
+        let tp: TraceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+            .parse()
+            .unwrap();
+        let seen = InboundCall::new()
+            .trace_id(TraceId::new())
+            .traceparent(tp)
+            .scope(traced(&rt, "inbound"))
+            .await;
+        assert_eq!(seen.len(), 4, "two attempts, a nested call, a spawned task");
+        for (trace_id, sent) in seen {
+            assert_eq!(trace_id, tp.trace_id(), "the traceparent's trace-id wins");
+            assert_eq!(sent, tp, "forwarded unchanged: samekey records no span");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_call_without_one_sends_one_fixed_for_the_call() {
+        let rt = Runtime::new();
+        let trace = TraceId::new();
+        let seen = InboundCall::new()
+            .trace_id(trace)
+            .scope(traced(&rt, "x-trace-id"))
+            .await;
+        let (_, first) = seen[0];
+        assert_eq!(first.trace_id(), trace);
+        assert_ne!(first.parent_id(), 0);
+        assert_eq!(first.flags(), 0, "not sampled: samekey recorded nothing");
+        assert!(seen.iter().all(|&(t, sent)| t == trace && sent == first));
+
+        // Outside any scope: a new trace, the same on every attempt too.
+        let seen = traced(&rt, "no scope").await;
+        assert_ne!(seen[0].0, trace);
+        assert!(seen
+            .iter()
+            .all(|&(t, sent)| t == seen[0].0 && sent == seen[0].1));
+    }
+
+    #[tokio::test]
+    async fn outside_a_call_the_inbound_scope_answers() {
+        assert_eq!(outbound_traceparent(), None);
+        let tp = TraceParent::new(TraceId::new(), 7, 1);
+        let sent = InboundCall::new()
+            .traceparent(tp)
+            .scope(async { outbound_traceparent() })
+            .await;
+        assert_eq!(sent, Some(tp));
+        let trace = TraceId::new();
+        let sent = InboundCall::new()
+            .trace_id(trace)
+            .scope(async { outbound_traceparent() })
+            .await
+            .unwrap();
+        assert_eq!((sent.trace_id(), sent.flags()), (trace, 0));
+        // A traceId set after a traceparent of another trace drops it.
+        let other = InboundCall::new().traceparent(tp).trace_id(trace);
+        assert_eq!(other.inbound_traceparent(), None);
+        let same = InboundCall::new().traceparent(tp).trace_id(tp.trace_id());
+        assert_eq!(same.inbound_traceparent(), Some(tp));
+    }
 
     #[test]
     fn places_keep_the_innermost_limiters_once_each() {

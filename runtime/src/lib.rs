@@ -28,6 +28,8 @@ pub mod key;
 mod lease;
 pub mod limits;
 pub mod observe;
+#[cfg(feature = "opentelemetry")]
+mod otel;
 pub mod receipt;
 pub mod reconcile;
 pub mod retry;
@@ -41,7 +43,7 @@ mod unanswered;
 
 // The names written every day; everything else is in its module (CHANGELOG.md lists the moves).
 pub use at_most_once::AtMostOnce;
-pub use call_id::{CallId, TraceId};
+pub use call_id::{CallId, TraceId, TraceParent};
 pub use classify::{Classify, ErrorClass, RemoteStatus};
 pub use compensation::Compensator;
 pub use context::current;

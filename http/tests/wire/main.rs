@@ -5,6 +5,8 @@
 //! * [`client`]: the reqwest middleware, the classification of what comes back, the receipt lookup
 //!   (feature `reqwest`).
 //! * [`messages`]: message envelopes and the consumer's inbox.
+//! * [`traceparent`]: W3C trace context over HTTP — adopted, passed on, ignored when malformed,
+//!   winning over `X-Trace-Id` (feature `reqwest`).
 //! * [`two_services_example`]: the `two_services` example's scenario, checked (features `axum`,
 //!   `reqwest`; was `tests/two_services.rs`).
 //!
@@ -16,4 +18,5 @@
 mod client;
 mod messages;
 mod server;
+mod traceparent;
 mod two_services_example;

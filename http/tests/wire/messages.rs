@@ -353,6 +353,7 @@ async fn a_long_prefix_still_makes_a_call_id_per_message() {
             call_id: call_id.clone(),
             seq,
             trace_id: TraceId::new(),
+            traceparent: None,
             payload: seq,
         };
         let worked = inbox
@@ -388,6 +389,7 @@ async fn a_long_prefix_still_makes_a_call_id_per_message() {
             call_id: last,
             seq: 0,
             trace_id: TraceId::new(),
+            traceparent: None,
             payload: (),
         };
         let n = chain.len() as u64;
@@ -521,4 +523,103 @@ async fn another_payload_under_one_identity_is_key_reuse() {
         assert_eq!(inbox.deliver(redelivered, handler).await.unwrap(), 32);
     }
     assert_eq!(run_counter.load(Ordering::SeqCst), 2, "worked once more");
+}
+
+/// W3C trace context in messages: a message published by a call under an inbound `traceparent`
+/// carries it, in its body and its attributes, the same on the retried publish; the inbox adopts it
+/// (the handler's call runs under its trace-id and passes it on); read from attributes, a valid
+/// `traceparent` wins over `x-trace-id` and a malformed one is ignored.
+#[tokio::test]
+async fn a_traceparent_is_carried_and_adopted() {
+    use samekey::context::InboundCall;
+    use samekey::TraceParent;
+    let inbound: TraceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        .parse()
+        .unwrap();
+    let rt = Runtime::builder().node("orders-1").build().unwrap();
+    let broker = Arc::new(Broker::default());
+    let orders = Orders {
+        rt: rt.clone(),
+        broker: broker.clone(),
+    };
+    InboundCall::new()
+        .trace_id(TraceId::new())
+        .traceparent(inbound)
+        .scope(orders.publish_paid("o-20"))
+        .await
+        .unwrap();
+    let bodies = broker.queue.lock().unwrap().clone();
+    assert_eq!(bodies.len(), 2, "published twice");
+    assert_eq!(
+        bodies[0], bodies[1],
+        "the same message, traceparent and all"
+    );
+    let json: serde_json::Value = serde_json::from_str(&bodies[0]).unwrap();
+    assert_eq!(json["traceparent"], inbound.to_string());
+    let messages = read(&bodies);
+    assert_eq!(messages[0].trace_id, inbound.trace_id());
+    assert!(messages[0]
+        .attributes()
+        .contains(&("traceparent", inbound.to_string())));
+
+    // The consumer: its handler's call runs under the trace-id and passes the traceparent on.
+    let shipping = Inbox::new("shipping.on_traced").runtime(&rt);
+    let seen = Mutex::new(None);
+    let seen = &seen;
+    let message = messages[0].clone();
+    shipping
+        .deliver(message, |order| async move {
+            let cx = samekey::current();
+            *seen.lock().unwrap() = Some((cx.trace_id(), cx.traceparent()));
+            Ok::<_, ShipError>(order)
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        Some((inbound.trace_id(), inbound)),
+        "adopted and passed on unchanged"
+    );
+
+    // From attributes: the traceparent wins over a disagreeing x-trace-id; a body whose two
+    // disagree is delivered under the traceparent's trace too.
+    let other = TraceId::new().to_string();
+    let attributes = [
+        ("x-call-id", messages[0].call_id.to_string()),
+        ("x-trace-id", other.clone()),
+        ("traceparent", inbound.to_string()),
+    ];
+    let get = |attributes: &[(&str, String)], name: &str| {
+        attributes
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.clone())
+    };
+    let read_back = Envelope::from_attributes(1u8, |n| get(&attributes, n)).unwrap();
+    assert_eq!(read_back.trace_id, inbound.trace_id());
+    assert_eq!(read_back.traceparent, Some(inbound));
+    let mut disagreeing = read_back.clone();
+    disagreeing.trace_id = other.parse().unwrap();
+    let under = disagreeing
+        .inbound()
+        .scope(async { samekey::context::outbound_traceparent() })
+        .await;
+    assert_eq!(under, Some(inbound));
+
+    // A malformed traceparent is ignored (the trace restarts from x-trace-id); a malformed
+    // x-trace-id is still an error.
+    let malformed = [
+        ("x-call-id", messages[0].call_id.to_string()),
+        ("x-trace-id", other.clone()),
+        ("traceparent", inbound.to_string().to_uppercase()),
+    ];
+    let read_back = Envelope::from_attributes(1u8, |n| get(&malformed, n)).unwrap();
+    assert_eq!(read_back.trace_id.to_string(), other);
+    assert_eq!(read_back.traceparent, None);
+    let bad_trace = [
+        ("x-call-id", messages[0].call_id.to_string()),
+        ("x-trace-id", "not-a-trace".to_owned()),
+        ("traceparent", inbound.to_string()),
+    ];
+    assert!(Envelope::from_attributes(1u8, |n| get(&bad_trace, n)).is_err());
 }

@@ -69,7 +69,7 @@ impl<T, E> Call<T, E> {
         }
         let context = Context::new(
             self.call_id.clone(),
-            self.trace_id,
+            self.trace,
             self.key.clone(),
             self.attempts,
             self.phase.fence().unwrap_or(Fence(0)),

@@ -92,7 +92,7 @@ pub(super) fn begin<T: CallOutput, E: CallError>(
     let now = windowed.unwrap_or_else(|| rt.now_ms());
     let context::Identity {
         call_id,
-        trace_id,
+        trace,
         adopted,
         places,
     } = context::identify(spec.prefix, rt.node_label(), now);
@@ -103,7 +103,7 @@ pub(super) fn begin<T: CallOutput, E: CallError>(
         spec,
         key,
         call_id,
-        trace_id,
+        trace,
         fingerprint,
         phase: Phase::Free,
         took_over: false,

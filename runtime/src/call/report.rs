@@ -104,7 +104,7 @@ impl<T, E> Call<T, E> {
             };
             slot.report(CallReport {
                 call_id: replayed.unwrap_or_else(|| self.call_id.clone()),
-                trace_id: self.trace_id,
+                trace_id: self.trace.trace_id(),
                 key: self.key.clone(),
                 answer,
                 attempts: self.attempts,

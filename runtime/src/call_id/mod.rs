@@ -15,8 +15,9 @@
 //!   text.
 //!
 //! The id and its text form are here; [`ShortLabel`] (its prefix and node, and a key's scope), the rules for
-//! their text and [`ParseCallIdError`] (`validate.rs`), [`TraceId`] (`trace.rs`) and the entropy
-//! source (`entropy.rs`) each have a file.
+//! their text and [`ParseCallIdError`] (`validate.rs`), [`TraceId`] (`trace.rs`), the W3C
+//! [`TraceParent`] that carries it beside OpenTelemetry (`traceparent.rs`) and the entropy source
+//! (`entropy.rs`) each have a file.
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
@@ -30,11 +31,13 @@ use crate::clock::unix_ms_now;
 mod entropy;
 mod label;
 mod trace;
+mod traceparent;
 mod validate;
 
 use entropy::entropy;
 pub use label::ShortLabel;
 pub use trace::TraceId;
+pub use traceparent::{ParseTraceParentError, TraceParent};
 use validate::Field;
 pub(crate) use validate::MAX_NODE_LEN;
 pub use validate::{validate_label, validate_node, ParseCallIdError};

@@ -22,8 +22,13 @@ impl TraceId {
         TraceId((u128::from(high) << 64) | u128::from(low))
     }
 
+    /// The traceId whose number is `v` (as `From<u128>`, in a `const`).
+    pub const fn from_u128(v: u128) -> TraceId {
+        TraceId(v)
+    }
+
     /// The traceId as a number.
-    pub fn as_u128(self) -> u128 {
+    pub const fn as_u128(self) -> u128 {
         self.0
     }
 }
