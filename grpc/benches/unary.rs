@@ -1,7 +1,8 @@
 //! The layers' added latency on a unary call, side by side in one run, over real gRPC on loopback: a
 //! bare tonic service; the same behind `CallContextLayer` + `IdempotencyLayer` (memory store) with a
 //! fresh `idempotency-key` per call (claim, run, store the reply); and with one key again and again
-//! (a replay: one read, the method does not run).
+//! (a replay: one read, the method does not run). One current-thread tokio runtime drives client
+//! and servers.
 //!
 //! ```text
 //! cargo bench -p samekey-grpc --bench unary

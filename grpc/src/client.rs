@@ -17,7 +17,8 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::metadata::{
-    GRPC_PREVIOUS_RPC_ATTEMPTS, IDEMPOTENCY_KEY, IDEMPOTENCY_LEVEL, X_CALL_ID, X_TRACE_ID,
+    GRPC_PREVIOUS_RPC_ATTEMPTS, IDEMPOTENCY_KEY, IDEMPOTENCY_LEVEL, TRACEPARENT, X_CALL_ID,
+    X_TRACE_ID,
 };
 use crate::methods::{DescriptorError, Methods};
 use crate::proto::receipt::State;
@@ -28,10 +29,12 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type KeyOf = Arc<dyn Fn(&Context) -> String + Send + Sync>;
 
 /// A tower layer for tonic channels (or a tonic interceptor, [`tonic::service::Interceptor`]): inside
-/// an `#[idempotent]` call, every request carries the call's identity — `x-call-id`, `x-trace-id` and
-/// `idempotency-key` (the callId, or what [`key`](CallMetadataLayer::key) maps the call to), the same
-/// on every attempt — and, from the second attempt on, gRFC A6's `grpc-previous-rpc-attempts`.
-/// Entries the request already has are left as they are; outside a call it adds nothing.
+/// an `#[idempotent]` call, every request carries the call's identity — `x-call-id`, `x-trace-id`, the
+/// W3C `traceparent` ([`Context::traceparent`]) and `idempotency-key` (the callId, or what
+/// [`key`](CallMetadataLayer::key) maps the call to), the same on every attempt — and, from the second
+/// attempt on, gRFC A6's `grpc-previous-rpc-attempts`. Entries the request already has are left as
+/// they are. Outside a call but inside a served call's context, it sends the trace only
+/// (`traceparent` and `x-trace-id`); outside both it adds nothing.
 ///
 /// As a layer it also marks a failed call of a method whose `idempotency_level` is `NO_SIDE_EFFECTS`
 /// or `IDEMPOTENT` (from the [`descriptors`](CallMetadataLayer::descriptors), from
@@ -94,6 +97,7 @@ impl CallMetadataLayer {
         let values = [
             (X_CALL_ID, cx.call_id().to_string()),
             (X_TRACE_ID, cx.trace_id().to_string()),
+            (TRACEPARENT, cx.traceparent().to_string()),
             (IDEMPOTENCY_KEY, key),
         ];
         for (name, value) in values {
@@ -110,15 +114,31 @@ impl CallMetadataLayer {
             );
         }
     }
+
+    /// Stamps a request: the call's identity inside a call, the trace only inside a served call.
+    fn stamp_current(&self, headers: &mut HeaderMap) {
+        if let Some(cx) = samekey_runtime::context::try_current() {
+            self.stamp(&cx, headers);
+        } else if let Some(tp) = samekey_runtime::context::outbound_traceparent() {
+            for (name, value) in [
+                (TRACEPARENT, tp.to_string()),
+                (X_TRACE_ID, tp.trace_id().to_string()),
+            ] {
+                if !headers.contains_key(name) {
+                    if let Ok(value) = HeaderValue::from_str(&value) {
+                        headers.insert(name, value);
+                    }
+                }
+            }
+        }
+    }
 }
 
 impl tonic::service::Interceptor for CallMetadataLayer {
     fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
-        if let Some(cx) = samekey_runtime::context::try_current() {
-            let mut headers = std::mem::take(request.metadata_mut()).into_headers();
-            self.stamp(&cx, &mut headers);
-            *request.metadata_mut() = tonic::metadata::MetadataMap::from_headers(headers);
-        }
+        let mut headers = std::mem::take(request.metadata_mut()).into_headers();
+        self.stamp_current(&mut headers);
+        *request.metadata_mut() = tonic::metadata::MetadataMap::from_headers(headers);
         Ok(request)
     }
 }
@@ -165,9 +185,7 @@ where
     }
 
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
-        if let Some(cx) = samekey_runtime::context::try_current() {
-            self.layer.stamp(&cx, request.headers_mut());
-        }
+        self.layer.stamp_current(request.headers_mut());
         let level = request
             .extensions()
             .get::<IdempotencyLevel>()

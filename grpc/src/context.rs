@@ -6,13 +6,13 @@ use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
 
 use http::{HeaderMap, HeaderValue, Request, Response};
-use samekey_runtime::{context::InboundCall, CallId, TraceId};
+use samekey_runtime::{context::InboundCall, CallId, TraceId, TraceParent};
 use tonic::Status;
 use tower_layer::Layer;
 use tower_service::Service;
 use tracing::Instrument as _;
 
-use crate::metadata::{X_CALL_ID, X_CALL_ID_SOURCE, X_TRACE_ID};
+use crate::metadata::{TRACEPARENT, X_CALL_ID, X_CALL_ID_SOURCE, X_TRACE_ID};
 
 /// Where a call's callId came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,10 +42,12 @@ impl CallIdSource {
 pub struct CallIds {
     /// The callId the call carried (or the gateway filled).
     pub call_id: Option<CallId>,
-    /// The traceId it carried, or a new one.
+    /// The traceId it carried (a valid `traceparent`'s trace-id, else `x-trace-id`), or a new one.
     pub trace_id: TraceId,
     /// Where the callId came from.
     pub source: CallIdSource,
+    /// The W3C `traceparent` it carried, when it was valid.
+    pub traceparent: Option<TraceParent>,
 }
 
 /// Adopts `x-call-id` and `x-trace-id` metadata into samekey's context for the method: the first
@@ -56,6 +58,13 @@ pub struct CallIds {
 ///
 /// In gateway mode ([`CallContextLayer::gateway`]) a call without a callId gets one, made here and
 /// marked `x-call-id-source: gateway` on the request passed on and on the reply.
+///
+/// A W3C `traceparent` entry (as OpenTelemetry's gRPC propagation sends it) gives the call its traceId
+/// and wins over `x-trace-id` when both arrive and disagree; the method's calls pass it on
+/// ([`CallMetadataLayer`](crate::CallMetadataLayer) sends it). A malformed `traceparent` is ignored,
+/// logged at debug (W3C Trace Context §3.2: the trace restarts), while a malformed `x-trace-id` is
+/// refused. With samekey-runtime's feature `opentelemetry`, the `samekey` span is a child of the active
+/// OpenTelemetry span, else of the remote span the inbound `traceparent` names.
 ///
 /// The method runs in a tracing span named `samekey` with the fields `call_id`, `trace_id` and
 /// `call_id_source`. Put it outside the [`IdempotencyLayer`](crate::IdempotencyLayer):
@@ -149,7 +158,11 @@ where
             Ok(ids) => ids,
             Err(status) => return Box::pin(std::future::ready(Ok(status.into_http()))),
         };
-        let trace_id = trace_id.unwrap_or_default();
+        let traceparent = read_traceparent(request.headers());
+        let trace_id = match traceparent {
+            Some(tp) => tp.trace_id(),
+            None => trace_id.unwrap_or_default(),
+        };
         let (call_id, source) = match (call_id, &self.gateway) {
             (Some(id), _) => (Some(id), CallIdSource::Caller),
             (None, Some((prefix, node))) => match CallId::new(prefix, node) {
@@ -162,9 +175,13 @@ where
             call_id,
             trace_id,
             source,
+            traceparent,
         };
         ids.stamp(request.headers_mut());
         let mut inbound = InboundCall::new().trace_id(trace_id);
+        if let Some(tp) = traceparent {
+            inbound = inbound.traceparent(tp);
+        }
         if let Some(id) = ids.call_id.clone() {
             inbound = inbound.call_id(id);
         }
@@ -175,12 +192,34 @@ where
             trace_id = %ids.trace_id,
             call_id_source = ids.source.as_str(),
         );
+        samekey_runtime::context::parent_span(&span, traceparent.as_ref());
         let handled = span.in_scope(|| self.inner.call(request));
         Box::pin(async move {
             let mut response = inbound.scope(handled).instrument(span).await?;
             ids.stamp(response.headers_mut());
             Ok(response)
         })
+    }
+}
+
+/// A call's `traceparent`, if it has one that parses; a malformed one (or several) is ignored.
+fn read_traceparent(headers: &HeaderMap) -> Option<TraceParent> {
+    let mut values = headers.get_all(TRACEPARENT).iter();
+    let value = values.next()?;
+    let parsed = if values.next().is_some() {
+        Err("more than one `traceparent` entry".to_owned())
+    } else {
+        value
+            .to_str()
+            .map_err(|_| "it is not visible ASCII".to_owned())
+            .and_then(|text| text.trim().parse().map_err(|e| format!("{e}")))
+    };
+    match parsed {
+        Ok(tp) => Some(tp),
+        Err(why) => {
+            tracing::debug!(%why, "samekey: a malformed `traceparent` is ignored (the trace restarts)");
+            None
+        }
     }
 }
 

@@ -4,6 +4,8 @@
 pub const X_CALL_ID: &str = "x-call-id";
 /// The traceId every hop of a logical call carries (32 lowercase hex digits).
 pub const X_TRACE_ID: &str = "x-trace-id";
+/// The W3C trace context (`00-<trace-id>-<parent-id>-<flags>`), as OpenTelemetry propagates it.
+pub const TRACEPARENT: &str = "traceparent";
 /// `gateway` when the callId was filled by a gateway's [`CallContextLayer`](crate::CallContextLayer).
 pub const X_CALL_ID_SOURCE: &str = "x-call-id-source";
 /// The key a client gives a unary call's effect: the same on every retry.

@@ -33,6 +33,7 @@ struct Seen {
     trace_id: Option<String>,
     key: Option<String>,
     previous_attempts: Option<String>,
+    traceparent: Option<String>,
     ids: Option<CallIds>,
 }
 
@@ -59,6 +60,7 @@ fn seen<T>(request: &Request<T>) -> Seen {
         trace_id: get(X_TRACE_ID),
         key: get(IDEMPOTENCY_KEY),
         previous_attempts: get(GRPC_PREVIOUS_RPC_ATTEMPTS),
+        traceparent: get("traceparent"),
         ids: request.extensions().get::<CallIds>().cloned(),
     }
 }
@@ -613,4 +615,76 @@ async fn retries_carry_one_call_id_and_their_previous_attempts() {
     assert!(seen[0].trace_id.is_some());
     let previous: Vec<_> = seen.iter().map(|s| s.previous_attempts.clone()).collect();
     assert_eq!(previous, [None, Some("1".into()), Some("2".into())]);
+}
+
+#[tokio::test]
+async fn traceparent_is_adopted_wins_over_x_trace_id_and_is_passed_on() {
+    let ledger = Arc::new(Ledger::default());
+    let (addr, _rt) = payment_service(ledger.clone()).await;
+    let mut client = PaymentsClient::new(channel(addr));
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let inbound = format!("00-{trace}-00f067aa0ba902b7-01");
+    // Adopted, over a disagreeing x-trace-id.
+    let mut request = Request::new(charge(20, 1));
+    request
+        .metadata_mut()
+        .insert("traceparent", inbound.parse().unwrap());
+    request.metadata_mut().insert(
+        X_TRACE_ID,
+        "0af7651916cd43dd8448eb211c80319c".parse().unwrap(),
+    );
+    let reply = client.charge(request).await.unwrap();
+    assert_eq!(
+        reply.metadata().get(X_TRACE_ID).unwrap(),
+        trace,
+        "echoed: the traceparent's"
+    );
+    let ids = ledger.seen.lock().unwrap()[0].ids.clone().unwrap();
+    assert_eq!(ids.trace_id.to_string(), trace);
+    assert_eq!(
+        ids.traceparent.map(|tp| tp.to_string()),
+        Some(inbound.clone())
+    );
+    // Malformed: ignored, the call runs under its x-trace-id.
+    let mut request = Request::new(charge(21, 1));
+    request
+        .metadata_mut()
+        .insert("traceparent", "00-not-a-trace".parse().unwrap());
+    request.metadata_mut().insert(
+        X_TRACE_ID,
+        "0af7651916cd43dd8448eb211c80319c".parse().unwrap(),
+    );
+    client.charge(request).await.unwrap();
+    let ids = ledger.seen.lock().unwrap()[1].ids.clone().unwrap();
+    assert_eq!(ids.trace_id.to_string(), "0af7651916cd43dd8448eb211c80319c");
+    assert!(ids.traceparent.is_none());
+    // Passed on by the client layer: from a served call's context, and from a call inside it.
+    let layered = PaymentsClient::new(
+        tower::ServiceBuilder::new()
+            .layer(CallMetadataLayer::new())
+            .service(channel(addr)),
+    );
+    let tp: samekey::TraceParent = inbound.parse().unwrap();
+    let flaky = Flaky {
+        rt: Runtime::builder().node("orders-3").build().unwrap(),
+        payments: layered.clone(),
+        attempts: AtomicUsize::new(2),
+    };
+    samekey::context::InboundCall::new()
+        .traceparent(tp)
+        .scope(async {
+            layered.clone().charge(charge(22, 1)).await.unwrap();
+            flaky.pay(23).await.unwrap();
+        })
+        .await;
+    let seen = ledger.seen.lock().unwrap().clone();
+    for passed in &seen[2..] {
+        let sent = passed.traceparent.clone().expect("a traceparent passed on");
+        assert_eq!(
+            sent, inbound,
+            "the inbound one, forwarded unchanged: {seen:?}"
+        );
+        assert_eq!(passed.trace_id.as_deref(), Some(trace));
+    }
+    assert_eq!(seen.len(), 4);
 }
