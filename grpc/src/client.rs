@@ -51,7 +51,7 @@ type KeyOf = Arc<dyn Fn(&Context) -> String + Send + Sync>;
 /// let client = samekey_grpc::proto::receipts_client::ReceiptsClient::new(channel);
 /// # let _ = client; }
 /// ```
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct CallMetadataLayer {
     key: Option<KeyOf>,
     methods: Methods,
@@ -63,10 +63,20 @@ impl std::fmt::Debug for CallMetadataLayer {
     }
 }
 
+impl Default for CallMetadataLayer {
+    fn default() -> Self {
+        CallMetadataLayer::new()
+    }
+}
+
 impl CallMetadataLayer {
-    /// The layer, with the callId as `idempotency-key`.
+    /// The layer, with the callId as `idempotency-key` (none on a `NO_SIDE_EFFECTS` method, samekey's
+    /// `Receipts/Get` among them).
     pub fn new() -> CallMetadataLayer {
-        CallMetadataLayer::default()
+        CallMetadataLayer {
+            key: None,
+            methods: Methods::samekey(),
+        }
     }
 
     /// Maps a call to the `idempotency-key` it sends (a business id, the key's digest) instead of its
@@ -89,7 +99,7 @@ impl CallMetadataLayer {
     }
 
     /// Sets the entries of `cx` on `headers`, leaving the ones already there.
-    fn stamp(&self, cx: &Context, headers: &mut HeaderMap) {
+    fn stamp(&self, cx: &Context, headers: &mut HeaderMap, level: IdempotencyLevel) {
         let key = match &self.key {
             Some(key) => key(cx),
             None => cx.call_id().to_string(),
@@ -101,6 +111,10 @@ impl CallMetadataLayer {
             (IDEMPOTENCY_KEY, key),
         ];
         for (name, value) in values {
+            // A read has no effect to deduplicate: it carries the call's ids, not a key.
+            if name == IDEMPOTENCY_KEY && level == IdempotencyLevel::NoSideEffects {
+                continue;
+            }
             if !headers.contains_key(name) {
                 if let Ok(value) = HeaderValue::from_str(&value) {
                     headers.insert(name, value);
@@ -116,9 +130,9 @@ impl CallMetadataLayer {
     }
 
     /// Stamps a request: the call's identity inside a call, the trace only inside a served call.
-    fn stamp_current(&self, headers: &mut HeaderMap) {
+    fn stamp_current(&self, headers: &mut HeaderMap, level: IdempotencyLevel) {
         if let Some(cx) = samekey_runtime::context::try_current() {
-            self.stamp(&cx, headers);
+            self.stamp(&cx, headers, level);
         } else if let Some(tp) = samekey_runtime::context::outbound_traceparent() {
             for (name, value) in [
                 (TRACEPARENT, tp.to_string()),
@@ -137,7 +151,7 @@ impl CallMetadataLayer {
 impl tonic::service::Interceptor for CallMetadataLayer {
     fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
         let mut headers = std::mem::take(request.metadata_mut()).into_headers();
-        self.stamp_current(&mut headers);
+        self.stamp_current(&mut headers, IdempotencyLevel::Unknown);
         *request.metadata_mut() = tonic::metadata::MetadataMap::from_headers(headers);
         Ok(request)
     }
@@ -185,7 +199,6 @@ where
     }
 
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
-        self.layer.stamp_current(request.headers_mut());
         let level = request
             .extensions()
             .get::<IdempotencyLevel>()
@@ -197,6 +210,7 @@ where
                     .map(|m| m.level)
             })
             .unwrap_or_default();
+        self.layer.stamp_current(request.headers_mut(), level);
         let called = self.inner.call(request);
         Box::pin(async move {
             let response = called.await?;

@@ -36,6 +36,13 @@ impl std::fmt::Display for DescriptorError {
 impl std::error::Error for DescriptorError {}
 
 impl Methods {
+    /// samekey's own methods (`samekey.v1.Receipts/Get`, `NO_SIDE_EFFECTS`).
+    pub fn samekey() -> Methods {
+        let mut methods = Methods::default();
+        methods.set_level("/samekey.v1.Receipts/Get", IdempotencyLevel::NoSideEffects);
+        methods
+    }
+
     /// Adds the methods of an encoded `FileDescriptorSet`.
     pub fn add_descriptor_set(&mut self, encoded: &[u8]) -> Result<(), DescriptorError> {
         let set = prost_types::FileDescriptorSet::decode(encoded)

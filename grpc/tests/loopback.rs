@@ -688,3 +688,57 @@ async fn traceparent_is_adopted_wins_over_x_trace_id_and_is_passed_on() {
     }
     assert_eq!(seen.len(), 4);
 }
+
+/// The receipt service is a read: asked with a key (a lookup through the client layer carries the
+/// call's ids), its answer is never the first one replayed.
+#[tokio::test]
+async fn a_receipt_asked_again_is_answered_afresh() {
+    use samekey_grpc::proto::receipts_client::ReceiptsClient;
+    use samekey_grpc::proto::{receipt::State, GetReceiptRequest};
+    let ledger = Arc::new(Ledger::default());
+    let (addr, _rt) = payment_service(ledger.clone()).await;
+    let call_id = samekey::CallId::new("ord", "n2").unwrap().to_string();
+    let ask = || {
+        let mut request = Request::new(GetReceiptRequest {
+            call_id: call_id.clone(),
+        });
+        request
+            .metadata_mut()
+            .insert(X_CALL_ID, call_id.parse().unwrap());
+        request
+            .metadata_mut()
+            .insert(IDEMPOTENCY_KEY, call_id.parse().unwrap());
+        request
+    };
+    let mut receipts = ReceiptsClient::new(channel(addr));
+    let before = receipts.get(ask()).await.unwrap().into_inner();
+    assert_eq!(before.state, State::NotReceived as i32);
+    let mut request = Request::new(charge(30, 1));
+    request
+        .metadata_mut()
+        .insert(X_CALL_ID, call_id.parse().unwrap());
+    PaymentsClient::new(channel(addr))
+        .charge(request)
+        .await
+        .unwrap();
+    let after = receipts.get(ask()).await.unwrap().into_inner();
+    assert_eq!(after.state, State::Succeeded as i32, "{after:?}");
+}
+
+/// A key a client picks never meets a callId used as a key, even when it spells the same.
+#[tokio::test]
+async fn an_idempotency_key_and_a_call_id_are_different_keys() {
+    let ledger = Arc::new(Ledger::default());
+    let (addr, _rt) = payment_service(ledger.clone()).await;
+    let mut client = PaymentsClient::new(channel(addr));
+    let call_id = samekey::CallId::new("ord", "n3").unwrap().to_string();
+    let mut by_call_id = Request::new(charge(31, 1));
+    by_call_id
+        .metadata_mut()
+        .insert(X_CALL_ID, call_id.parse().unwrap());
+    client.charge(by_call_id).await.unwrap();
+    for spelled in [call_id.clone(), format!("call:{call_id}")] {
+        client.charge(keyed(charge(32, 2), &spelled)).await.unwrap();
+    }
+    assert_eq!(ledger.charges.load(Ordering::SeqCst), 3);
+}

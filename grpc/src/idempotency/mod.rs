@@ -16,6 +16,7 @@ use http::{Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
 use samekey_runtime::at_most_once::{AtMostOnce, OnBusy, OnUnknown};
+use samekey_runtime::grpc_status::IdempotencyLevel;
 use samekey_runtime::{context::InboundCall, key::KeyBuilder, key::KeyBytes, CallId, Runtime};
 use tonic::{Code, Status};
 use tower_layer::Layer;
@@ -134,6 +135,7 @@ impl Config {
 /// | the key again after a reply the policy holds (`INTERNAL`, …) or a failed inner service | `ABORTED` (outcome unknown, with retry info); the method does not run again (unless [`rerun_unknown`](IdempotencyLayer::rerun_unknown)) |
 /// | a malformed key (not visible ASCII, over 255 characters) | `INVALID_ARGUMENT` |
 /// | a key on a streaming method (declared by the descriptors, or a request of other than one message) | `UNIMPLEMENTED`; nothing runs |
+/// | a method whose `idempotency_level` is `NO_SIDE_EFFECTS` (a read; `samekey.v1.Receipts/Get` always) | passed through: nothing to run once, and its answer stays current |
 /// | a request message over the limit (4 MiB by default) | `RESOURCE_EXHAUSTED`; nothing runs |
 /// | the store failing | `UNAVAILABLE`; nothing runs |
 ///
@@ -182,7 +184,7 @@ impl IdempotencyLayer {
                 retry_after: Duration::from_secs(1),
                 principal: None,
                 store_when: store_ok_and_caller_errors,
-                methods: Methods::default(),
+                methods: Methods::samekey(),
                 spec: OnceLock::new(),
             }),
         }
@@ -296,7 +298,8 @@ impl<S> std::fmt::Debug for Idempotency<S> {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-/// A call's key: its `idempotency-key`, else (unless [`IdempotencyLayer::key_only`]) its `x-call-id`.
+/// A call's key: its `idempotency-key`, else (unless [`IdempotencyLayer::key_only`]) its `x-call-id`,
+/// each tagged with where it came from, so that a client's key never meets another's callId.
 fn key_of(headers: &http::HeaderMap, config: &Config) -> Result<Option<String>, Status> {
     if let Some(value) = headers.get(IDEMPOTENCY_KEY) {
         let invalid = |why: &str| {
@@ -311,7 +314,7 @@ fn key_of(headers: &http::HeaderMap, config: &Config) -> Result<Option<String>, 
         if key.is_empty() || key.len() > MAX_KEY_LEN {
             return Err(invalid("its length"));
         }
-        return Ok(Some(key.to_owned()));
+        return Ok(Some(format!("key:{key}")));
     }
     if !config.key_from_call_id {
         return Ok(None);
@@ -368,7 +371,15 @@ where
             Err(status) => return refuse(status),
         };
         let path = request.uri().path().to_owned();
-        if config.methods.get(&path).is_some_and(|m| m.streaming) {
+        let method = config.methods.get(&path);
+        // A read changes nothing: nothing to run once, and its answer must stay current (a receipt
+        // asked again must not get the first answer replayed).
+        if method.is_some_and(|m| m.level == IdempotencyLevel::NoSideEffects) {
+            return Box::pin(
+                async move { Ok(inner.call(request).await?.map(tonic::body::Body::new)) },
+            );
+        }
+        if method.is_some_and(|m| m.streaming) {
             return refuse(streaming_refused(&path, "it is a streaming method"));
         }
         Box::pin(async move {

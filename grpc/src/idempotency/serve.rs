@@ -81,7 +81,12 @@ where
     let handle = async {
         match inner.call(request).await {
             Ok(response) => {
-                let reply = keep(response, &config).await;
+                let (reply, unreadable) = keep(response, &config).await;
+                if unreadable {
+                    // The method ran and its reply is lost: what is kept in its place is stored,
+                    // whatever the policy, so that a retry does not run it again.
+                    return Ok(reply);
+                }
                 let code = reply.code();
                 if reply.message().is_none() && frames_of(&reply) > 1 {
                     // A server stream: the first client gets all of it; a retry is refused.
@@ -137,8 +142,9 @@ fn frames_of(reply: &StoredReply) -> usize {
 }
 
 /// Buffers a method's reply (up to the limit). A reply that cannot be read, or is over the limit, is
-/// lost to its client too: an `INTERNAL` is kept in its place (the method ran; never run again).
-async fn keep<B>(response: Response<B>, config: &Config) -> StoredReply
+/// lost to its client too: an `INTERNAL` is kept in its place, flagged `true` (the method ran; it is
+/// stored and never run again).
+async fn keep<B>(response: Response<B>, config: &Config) -> (StoredReply, bool)
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -147,7 +153,8 @@ where
     match Limited::new(body, config.max_message).collect().await {
         Ok(collected) => {
             let trailers = collected.trailers().cloned();
-            StoredReply::keep(&parts.headers, &collected.to_bytes(), trailers.as_ref())
+            let reply = StoredReply::keep(&parts.headers, &collected.to_bytes(), trailers.as_ref());
+            (reply, false)
         }
         Err(e) => {
             let why = if e
@@ -158,12 +165,10 @@ where
             } else {
                 e.to_string()
             };
-            let mut reply = StoredReply::of_status(Status::internal(format!(
+            let reply = StoredReply::of_status(Status::internal(format!(
                 "the reply to this call could not be read ({why}); it is not run again for this idempotency-key"
             )));
-            // Stored in the reply's place: the method ran, a retry must not run it again.
-            reply.code = Code::Internal as i32;
-            reply
+            (reply, true)
         }
     }
 }
