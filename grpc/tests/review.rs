@@ -230,7 +230,11 @@ async fn two_principals_with_one_call_id_and_key_do_not_share_a_reply() {
         .await
         .expect("tenant b's own call must run");
     assert_eq!(a.get_ref().order_id, 1);
-    assert_eq!(b.get_ref().order_id, 2, "tenant b must not get tenant a's reply");
+    assert_eq!(
+        b.get_ref().order_id,
+        2,
+        "tenant b must not get tenant a's reply"
+    );
     assert!(b.metadata().get(IDEMPOTENT_REPLAYED).is_none());
     assert_eq!(ledger.charges.load(Ordering::SeqCst), 2);
 }
@@ -364,12 +368,7 @@ async fn an_undeclared_server_stream_over_the_limit_is_not_lost() {
 }
 
 /// Raw gRPC requests (frames built by hand), to the Charge method through the layers.
-async fn raw(
-    addr: SocketAddr,
-    path: &str,
-    key: &str,
-    body: Vec<u8>,
-) -> (Code, String) {
+async fn raw(addr: SocketAddr, path: &str, key: &str, body: Vec<u8>) -> (Code, String) {
     use http_body_util::BodyExt as _;
     use tower::ServiceExt as _;
     let request = http::Request::builder()
@@ -457,11 +456,21 @@ async fn a_receipt_lookup_with_the_calls_metadata_is_not_replayed_stale() {
     let id = call_id();
     let entries = [(X_CALL_ID, id.as_str()), (IDEMPOTENCY_KEY, id.as_str())];
     let mut receipts = ReceiptsClient::new(channel(addr));
-    let ask = || with(GetReceiptRequest { call_id: id.clone() }, &entries);
+    let ask = || {
+        with(
+            GetReceiptRequest {
+                call_id: id.clone(),
+            },
+            &entries,
+        )
+    };
     let before = receipts.get(ask()).await.unwrap().into_inner();
     let mut client = PaymentsClient::new(channel(addr));
     let charged = client.charge(with(charge(8, 800), &entries)).await;
-    assert!(charged.is_ok(), "the charge under the callId must run: {charged:?}");
+    assert!(
+        charged.is_ok(),
+        "the charge under the callId must run: {charged:?}"
+    );
     let after = receipts.get(ask()).await.unwrap();
     assert!(
         after.metadata().get(IDEMPOTENT_REPLAYED).is_none(),
