@@ -195,8 +195,8 @@ async fn two_methods_keyed_by_the_call_id_alone_each_run() {
     assert_eq!(ledger.gets.load(Ordering::SeqCst), 1);
 }
 
-/// (Passes today; pins no leak across principals.) The principal is part of the key, so two tenants that happen to send the same
-/// `x-call-id` and `idempotency-key` must not see each other's reply; each one's charge runs.
+/// (Passes today; pins no leak across principals.) The principal is part of the key, so two
+/// tenants that happen to send the same `x-call-id` and `idempotency-key` must not see each other's reply; each one's charge runs.
 #[tokio::test]
 async fn two_principals_with_one_call_id_and_key_do_not_share_a_reply() {
     let ledger = Arc::new(Ledger::default());
