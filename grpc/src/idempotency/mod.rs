@@ -135,6 +135,7 @@ impl Config {
 /// | the key again after a reply the policy holds (`INTERNAL`, …) or a failed inner service | `ABORTED` (outcome unknown, with retry info); the method does not run again (unless [`rerun_unknown`](IdempotencyLayer::rerun_unknown)) |
 /// | a malformed key (not visible ASCII, over 255 characters) | `INVALID_ARGUMENT` |
 /// | a key on a streaming method (declared by the descriptors, or a request of other than one message) | `UNIMPLEMENTED`; nothing runs |
+/// | a reply found to be a stream (a second message, or no end within 100 ms of its first), or over the limit | passed to the first client as it comes, not buffered; an `UNIMPLEMENTED` (not replayable) is stored for the key at once, so a retry never runs the method again |
 /// | a method whose `idempotency_level` is `NO_SIDE_EFFECTS` (a read; `samekey.v1.Receipts/Get` always) | passed through: nothing to run once, and its answer stays current |
 /// | a request message over the limit (4 MiB by default) | `RESOURCE_EXHAUSTED`; nothing runs |
 /// | the store failing | `UNAVAILABLE`; nothing runs |

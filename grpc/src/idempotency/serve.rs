@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use samekey_runtime::{
     key::KeyBuilder, observe::observed, observe::CallAnswer, Classify, Error, ErrorClass,
 };
@@ -17,7 +17,7 @@ use tower_service::Service;
 
 use super::stored::{frames, StoredReply};
 use super::{BoxError, Config, Keep};
-use crate::metadata::RETRY_PUSHBACK_MS;
+use crate::metadata::{ERROR_CLASS, RETRY_PUSHBACK_MS};
 use crate::once;
 
 /// Why the layer's call did not end with a reply to store.
@@ -72,30 +72,33 @@ pub(super) async fn serve<S, ResBody>(
 ) -> Result<Response<tonic::body::Body>, S::Error>
 where
     S: Service<Request<tonic::body::Body>, Response = Response<ResBody>>,
-    ResBody: Body<Data = Bytes>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
     let failed: Mutex<Option<S::Error>> = Mutex::new(None);
-    // The first client's own reply when it is not stored (held, or streamed), answered as it is.
+    // The first client's own reply when it is not stored (held), answered as it is.
     let answered: Mutex<Option<StoredReply>> = Mutex::new(None);
+    // A reply passed to its client as it comes (a stream, or over the limit).
+    let passed: Mutex<Option<Response<tonic::body::Body>>> = Mutex::new(None);
     let handle = async {
         match inner.call(request).await {
             Ok(response) => {
-                let (reply, unreadable) = keep(response, &config).await;
-                if unreadable {
+                let reply = match keep(response, &config).await {
+                    Kept::Reply(reply) => reply,
                     // The method ran and its reply is lost: what is kept in its place is stored,
                     // whatever the policy, so that a retry does not run it again.
-                    return Ok(reply);
-                }
+                    Kept::Unreadable(reply) => return Ok(reply),
+                    // A stream, or a reply over the limit: it goes to its first client as it comes,
+                    // and the key is settled with a refusal, so that a retry never runs it again.
+                    Kept::Passed(response, why) => {
+                        *passed.lock().unwrap_or_else(|p| p.into_inner()) = Some(response);
+                        return Ok(StoredReply::of_status(super::streaming_refused(
+                            "this method",
+                            why,
+                        )));
+                    }
+                };
                 let code = reply.code();
-                if reply.message().is_none() && frames_of(&reply) > 1 {
-                    // A server stream: the first client gets all of it; a retry is refused.
-                    *answered.lock().unwrap_or_else(|p| p.into_inner()) = Some(reply);
-                    return Ok(StoredReply::of_status(super::streaming_refused(
-                        "this method",
-                        "its first reply was a stream of messages",
-                    )));
-                }
                 match (config.store_when)(code) {
                     Keep::Store => Ok(reply),
                     Keep::GiveBack => Err(Refusal::GivenBack(reply)),
@@ -118,6 +121,9 @@ where
     if let Some(e) = failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
         return Err(e);
     }
+    if let Some(response) = passed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Ok(response);
+    }
     if let Some(reply) = answered.lock().unwrap_or_else(|p| p.into_inner()).take() {
         return Ok(reply.response(false).unwrap_or_else(|s| s.into_http()));
     }
@@ -132,44 +138,126 @@ where
     Ok(reply.response(replayed).unwrap_or_else(|s| s.into_http()))
 }
 
-fn frames_of(reply: &StoredReply) -> usize {
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD
-        .decode(&reply.body)
-        .ok()
-        .and_then(|body| frames(&body))
-        .unwrap_or(0)
+/// How long the layer waits, after a reply's first whole message, for its end before it takes the
+/// reply for a stream: a unary reply's trailers follow its message at once.
+const STREAM_GRACE: Duration = Duration::from_millis(100);
+
+/// A method's reply, as [`keep`] found it.
+enum Kept {
+    /// A unary reply, buffered whole.
+    Reply(StoredReply),
+    /// A reply that failed to be read: an `INTERNAL` in its place.
+    Unreadable(StoredReply),
+    /// A stream (a second message, or no end after the first) or a reply over the limit: the
+    /// response to hand its client, what was read so far in front of the rest.
+    Passed(Response<tonic::body::Body>, &'static str),
 }
 
-/// Buffers a method's reply (up to the limit). A reply that cannot be read, or is over the limit, is
-/// lost to its client too: an `INTERNAL` is kept in its place, flagged `true` (the method ran; it is
-/// stored and never run again).
-async fn keep<B>(response: Response<B>, config: &Config) -> (StoredReply, bool)
+/// Buffers a method's reply, up to the limit and while it looks unary (one message, then its end).
+async fn keep<B>(response: Response<B>, config: &Config) -> Kept
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let (parts, body) = response.into_parts();
+    let mut body = Box::pin(body);
+    let mut data = bytes::BytesMut::new();
+    let mut trailers = None;
+    let pass = |parts: http::response::Parts, data: bytes::BytesMut, rest, why| {
+        let body = PrefixedBody {
+            prefix: Some(data.freeze()).filter(|d| !d.is_empty()),
+            rest,
+        };
+        Kept::Passed(
+            Response::from_parts(parts, tonic::body::Body::new(body)),
+            why,
+        )
+    };
+    loop {
+        let next = if frames(&data) == Some(1) {
+            match tokio::time::timeout(STREAM_GRACE, body.frame()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    return pass(
+                        parts,
+                        data,
+                        body,
+                        "its reply is a stream (no end after its first message)",
+                    )
+                }
+            }
+        } else {
+            body.frame().await
+        };
+        match next {
+            None => break,
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(chunk) => {
+                    data.extend_from_slice(&chunk);
+                    if data.len() > config.max_message {
+                        return pass(
+                            parts,
+                            data,
+                            body,
+                            "its reply is over the size the layer stores",
+                        );
+                    }
+                    if second_message_started(&data) {
+                        return pass(parts, data, body, "its reply is a stream of messages");
+                    }
+                }
+                Err(frame) => {
+                    if let Ok(t) = frame.into_trailers() {
+                        trailers = Some(t);
+                    }
+                }
+            },
+            Some(Err(e)) => {
+                let e: BoxError = e.into();
+                let reply = StoredReply::of_status(Status::internal(format!(
+                    "the reply to this call could not be read ({e}); it is not run again for this idempotency-key"
+                )));
+                return Kept::Unreadable(reply);
+            }
+        }
+    }
+    Kept::Reply(StoredReply::keep(&parts.headers, &data, trailers.as_ref()))
+}
+
+/// Whether `data` holds more than its first gRPC message.
+fn second_message_started(data: &[u8]) -> bool {
+    if data.len() < 5 {
+        return false;
+    }
+    let len = u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize;
+    data.len() > 5 + len
+}
+
+/// What was read of a reply, then the rest of it as it comes.
+struct PrefixedBody<B> {
+    prefix: Option<Bytes>,
+    rest: std::pin::Pin<Box<B>>,
+}
+
+impl<B> Body for PrefixedBody<B>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
-    let (parts, body) = response.into_parts();
-    match Limited::new(body, config.max_message).collect().await {
-        Ok(collected) => {
-            let trailers = collected.trailers().cloned();
-            let reply = StoredReply::keep(&parts.headers, &collected.to_bytes(), trailers.as_ref());
-            (reply, false)
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        if let Some(prefix) = self.prefix.take() {
+            return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(prefix))));
         }
-        Err(e) => {
-            let why = if e
-                .downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some()
-            {
-                format!("it is over {} bytes", config.max_message)
-            } else {
-                e.to_string()
-            };
-            let reply = StoredReply::of_status(Status::internal(format!(
-                "the reply to this call could not be read ({why}); it is not run again for this idempotency-key"
-            )));
-            (reply, true)
-        }
+        self.rest
+            .as_mut()
+            .poll_frame(cx)
+            .map(|frame| frame.map(|f| f.map_err(Into::into)))
     }
 }
 
@@ -195,11 +283,19 @@ fn refused(error: &Error, retry_after: Duration) -> Status {
             "a call with this idempotency-key is still being processed: retry after the delay to get its reply".into(),
             retry_after,
         ),
-        Error::Unknown { call_id } => come_back(
-            Code::Aborted,
-            format!("the call first made with this idempotency-key (call {call_id}) ended without a reply that could be stored, and whether it took effect is not known; it is not run again, and is queued for resolution"),
-            retry_after,
-        ),
+        Error::Unknown { call_id } => {
+            let mut status = come_back(
+                Code::Aborted,
+                format!("the call first made with this idempotency-key (call {call_id}) ended without a reply that could be stored, and whether it took effect is not known; it is not run again, and is queued for resolution"),
+                retry_after,
+            );
+            // Come back later, but never read as "not run": the call may have taken effect.
+            status.metadata_mut().insert(
+                ERROR_CLASS,
+                tonic::metadata::MetadataValue::from_static("unknown"),
+            );
+            status
+        }
         Error::Overloaded { .. } => come_back(
             Code::ResourceExhausted,
             format!("the call was not run: {error}"),
