@@ -202,25 +202,9 @@ where
     }
 }
 
-/// A call's `traceparent`, if it has one that parses; a malformed one (or several) is ignored.
+/// A request's `traceparent`, if it has one that parses ([`TraceParent::from_header_values`]).
 fn read_traceparent(headers: &HeaderMap) -> Option<TraceParent> {
-    let mut values = headers.get_all(TRACEPARENT).iter();
-    let value = values.next()?;
-    let parsed = if values.next().is_some() {
-        Err("more than one `traceparent` entry".to_owned())
-    } else {
-        value
-            .to_str()
-            .map_err(|_| "it is not visible ASCII".to_owned())
-            .and_then(|text| text.trim().parse().map_err(|e| format!("{e}")))
-    };
-    match parsed {
-        Ok(tp) => Some(tp),
-        Err(why) => {
-            tracing::debug!(%why, "samekey: a malformed `traceparent` is ignored (the trace restarts)");
-            None
-        }
-    }
+    TraceParent::from_header_values(headers.get_all(TRACEPARENT).iter().map(|v| v.as_bytes()))
 }
 
 impl CallIds {

@@ -31,9 +31,9 @@ pub(crate) fn operation(
         .leak()
 }
 
-/// Claims `key` (checking `verify`), runs `work` if the call is the key's first, or answers the
-/// recorded outcome; failures are stored by their message. `work` runs at most once: with no retries,
-/// a second attempt is never asked for (were it, the call would end exhausted, nothing run again).
+/// Claims `key` (checking `verify`), runs `work` if the call is the key's first
+/// ([`Invocation::run_once`](samekey_runtime::at_most_once::Invocation::run_once)), or answers the
+/// recorded outcome; failures are stored by their message.
 pub(crate) async fn run<T, E, W, Fut>(
     runtime: Option<&Runtime>,
     op: &'static AtMostOnce,
@@ -47,22 +47,9 @@ where
     W: FnOnce() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
-    let mut work = Some(work);
-    let body = move || {
-        let work = work.take();
-        async move {
-            match work {
-                Some(work) => work().await,
-                None => Err(E::from(Error::Exhausted {
-                    call_id: samekey_runtime::current().call_id().clone(),
-                    attempts: 1,
-                })),
-            }
-        }
-    };
     let call = op.with_key(key).verify_with(verify);
     match runtime {
-        Some(runtime) => call.runtime(runtime).run(body).await,
-        None => call.run(body).await,
+        Some(runtime) => call.runtime(runtime).run_once(work).await,
+        None => call.run_once(work).await,
     }
 }

@@ -742,3 +742,41 @@ async fn an_idempotency_key_and_a_call_id_are_different_keys() {
     }
     assert_eq!(ledger.charges.load(Ordering::SeqCst), 3);
 }
+
+/// tower's `TimeoutLayer` between the idempotency layer and the method: the timeout drops the method
+/// wherever it was, so its outcome is unknown — the key is never given back, and the repeat is
+/// `ABORTED` classified `Unknown` (not "not run"), the method not run again.
+#[tokio::test]
+async fn a_timeout_under_the_layer_holds_the_key_as_unknown() {
+    let ledger = Arc::new(Ledger::default());
+    *ledger.slow.lock().unwrap() = Some(Duration::from_millis(300));
+    let rt = Runtime::builder().node("pay-t").build().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let router = Server::builder()
+        .layer(CallContextLayer::new())
+        .layer(IdempotencyLayer::new().runtime(&rt))
+        .layer(tower::timeout::TimeoutLayer::new(Duration::from_millis(50)))
+        .add_service(PaymentsServer::new(Pay(ledger.clone())));
+    tokio::spawn(
+        router.serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let mut client = PaymentsClient::new(channel(addr));
+    let first = client
+        .charge(keyed(charge(40, 1), "k-t"))
+        .await
+        .unwrap_err();
+    assert_ne!(first.code(), Code::Ok);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let again = client
+        .charge(keyed(charge(40, 1), "k-t"))
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), Code::Aborted, "{again:?}");
+    assert_eq!(again.classify(), ErrorClass::Unknown, "{again:?}");
+    assert_eq!(
+        ledger.seen.lock().unwrap().len(),
+        1,
+        "the method was not run again"
+    );
+}

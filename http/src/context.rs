@@ -229,26 +229,9 @@ where
     }
 }
 
-/// A request's `traceparent`, if it has one that parses (W3C Trace Context §3.2); a malformed one is
-/// ignored, logged at debug. Several are refused as one that does not parse (W3C: a list is invalid).
+/// A request's `traceparent`, if it has one that parses ([`TraceParent::from_header_values`]).
 fn read_traceparent(headers: &HeaderMap) -> Option<TraceParent> {
-    let mut values = headers.get_all(&TRACEPARENT).iter();
-    let value = values.next()?;
-    let parsed = if values.next().is_some() {
-        Err("more than one `traceparent` header".to_owned())
-    } else {
-        value
-            .to_str()
-            .map_err(|_| "it is not visible ASCII".to_owned())
-            .and_then(|text| text.trim().parse().map_err(|e| format!("{e}")))
-    };
-    match parsed {
-        Ok(tp) => Some(tp),
-        Err(why) => {
-            tracing::debug!(%why, "samekey: a malformed `traceparent` is ignored (the trace restarts)");
-            None
-        }
-    }
+    TraceParent::from_header_values(headers.get_all(&TRACEPARENT).iter().map(|v| v.as_bytes()))
 }
 
 impl RequestIds {

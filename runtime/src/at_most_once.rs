@@ -394,6 +394,34 @@ impl<'r, S> Invocation<'r, S> {
         .await
     }
 
+    /// Runs `work` at most once, for work that must never be attempted twice by this call (an inbound
+    /// request's handler, a message's work — give the operation `retries(0)`): the key's first call
+    /// runs it, a duplicate gets the recorded outcome. Should a second attempt be asked for all the
+    /// same, the call ends [`Error::Exhausted`] and nothing runs again.
+    pub async fn run_once<T, E, W, Fut>(self, work: W) -> Result<T, E>
+    where
+        S: ErrorStorage<E>,
+        T: CallOutput,
+        E: CallError,
+        W: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let mut work = Some(work);
+        let body = move || {
+            let work = work.take();
+            async move {
+                match work {
+                    Some(work) => work().await,
+                    None => Err(E::from(Error::Exhausted {
+                        call_id: crate::current().call_id().clone(),
+                        attempts: 1,
+                    })),
+                }
+            }
+        };
+        self.run(body).await
+    }
+
     /// Runs the call as [`run`](Invocation::run) does, asking `lookup` by the call's callId what
     /// became of an uncertain attempt (a timeout, a reset) before anything is sent again, as
     /// `#[idempotent(lookup = …)]` does: `Succeeded` and `Failed` are recorded, `NotReceived` lets

@@ -58,6 +58,31 @@ const SAMPLED: u8 = 0x01;
 const LEN: usize = 55;
 
 impl TraceParent {
+    /// A request's `traceparent` from the values its header (or gRPC metadata entry) holds, as a
+    /// receiver reads it (W3C Trace Context §3.2): the one value that parses, else `None` — a
+    /// malformed value, or several (a list is invalid), is ignored and logged at debug, and the trace
+    /// restarts.
+    pub fn from_header_values<'a>(
+        values: impl IntoIterator<Item = &'a [u8]>,
+    ) -> Option<TraceParent> {
+        let mut values = values.into_iter();
+        let value = values.next()?;
+        let parsed = if values.next().is_some() {
+            Err("more than one `traceparent` value".to_owned())
+        } else {
+            std::str::from_utf8(value)
+                .map_err(|_| "it is not visible ASCII".to_owned())
+                .and_then(|text| text.trim().parse().map_err(|e| format!("{e}")))
+        };
+        match parsed {
+            Ok(tp) => Some(tp),
+            Err(why) => {
+                tracing::debug!(%why, "samekey: a malformed `traceparent` is ignored (the trace restarts)");
+                None
+            }
+        }
+    }
+
     /// A `traceparent` for `trace_id` with `parent_id` and `flags`; a `parent_id` of 0 (which W3C
     /// forbids) is replaced by a random non-zero one.
     ///
