@@ -24,7 +24,6 @@ mod context;
 mod idempotency;
 pub mod metadata;
 mod methods;
-mod once;
 mod receipts;
 
 /// The generated code of `samekey.v1` (`proto/samekey/v1/receipts.proto`): the receipt service's

@@ -13,8 +13,9 @@
 //!   [`send`] classify reqwest's results for the retry loop ([`send_with`] with your own
 //!   classification); [`lookup_receipt`] asks a service's
 //!   receipt endpoint.
-//! * [`Envelope`] and [`Inbox`]: the callId, traceId and `traceparent` in a message's attributes and
-//!   body, and a consumer that does a redelivered message's work once.
+//!
+//! Messages (the envelope that carries a call's ids in a message, the consumer's inbox, brokers and
+//! the outbox) are in `samekey-messaging`.
 //!
 //! Feature `opentelemetry`: the `samekey` span of [`CallContextLayer`] is a child of the active
 //! OpenTelemetry span, else of the inbound `traceparent`'s remote span, and the `traceparent` sent
@@ -42,8 +43,6 @@ mod client;
 mod context;
 pub mod headers;
 mod idempotency;
-pub mod message;
-mod once;
 mod problem;
 mod receipt;
 
@@ -55,7 +54,6 @@ pub use context::{CallContext, CallContextLayer, CallIdSource, RequestIds};
 pub use idempotency::{
     store_2xx_and_4xx, Idempotency, IdempotencyLayer, StoredResponse, MAX_KEY_LEN,
 };
-pub use message::{AttributeError, Envelope, Inbox};
 pub use problem::Problem;
 #[cfg(feature = "axum")]
 pub use receipt::receipts;

@@ -212,6 +212,30 @@ impl AtMostOnce {
         self
     }
 
+    /// The operation of work that runs at most once per call and is never attempted twice by it: an
+    /// inbound request's handler, a message's work (what the HTTP and gRPC layers and the message
+    /// inbox run). Scope `samekey.once` (the integration scopes its keys itself, with
+    /// [`AtMostOnce::with_key`]), one attempt, no lookup, no per-attempt timeout (the lease is renewed
+    /// while the work runs); run its calls with [`Invocation::run_once`]. Leaked: make it once per
+    /// layer or inbox, not once per call.
+    pub fn inbound_work(
+        name: &'static str,
+        prefix: &'static str,
+        ttl: Duration,
+        on_busy: OnBusy,
+        on_unknown: OnUnknown,
+    ) -> &'static AtMostOnce {
+        AtMostOnce::new("samekey.once")
+            .name(name)
+            .prefix(prefix)
+            .retries(0)
+            .backoff(Duration::from_millis(100), Duration::from_secs(1))
+            .ttl(ttl)
+            .on_busy(on_busy)
+            .on_unknown(on_unknown)
+            .leak()
+    }
+
     /// Kept for the life of the process, for an operation whose settings are read at start-up (a
     /// layer's builder). Leak one per operation, not one per call.
     pub fn leak(self) -> &'static AtMostOnce {
@@ -329,6 +353,22 @@ impl<'r, S> Invocation<'r, S> {
             .get_or_insert_with(|| KeyBuilder::new(self.op.spec.scope))
             .part(part);
         self
+    }
+
+    /// On `runtime` when it is `Some`, else the ambient one (see [`runtime`](Invocation::runtime)):
+    /// for an integration that takes a runtime optionally.
+    pub fn runtime_or_ambient<'s>(self, runtime: Option<&'s Runtime>) -> Invocation<'s, S>
+    where
+        'r: 's,
+    {
+        Invocation {
+            op: self.op,
+            runtime: runtime.or(self.runtime),
+            key: self.key,
+            verify: self.verify,
+            inputs: self.inputs,
+            errors: self.errors,
+        }
     }
 
     /// `verify` parts built by hand (a request's method, path and body), in place of those given by

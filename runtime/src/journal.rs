@@ -153,6 +153,21 @@ pub enum EventKind {
         /// The state the callback reported.
         to: ReceiptState,
     },
+    /// A broker delivered the call's message to an inbox (a redelivery, or a delivery the inbox did
+    /// not acknowledge as worked), and what the inbox told the broker.
+    Delivered {
+        /// The broker's count of this message's deliveries, 1 for the first, where it keeps one
+        /// (a RabbitMQ quorum queue's `x-delivery-count` + 1, JetStream's `num_delivered`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        delivery: Option<u64>,
+        /// The broker's `redelivered` flag: it may have delivered the message before.
+        redelivered: bool,
+        /// What the inbox answered: `ack`, `requeue` or `dead-letter`.
+        disposition: String,
+        /// Why, for a requeue or a dead letter.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        detail: String,
+    },
     /// An owner fenced out of its key (it stalled past its lease, and another owner recorded the call
     /// `FAILED` meanwhile) knows its request took effect: it answered its success. Duplicates replay
     /// the recorded failure, so the call is queued `MANUAL` for a person to reconcile the two.
@@ -197,6 +212,21 @@ impl std::fmt::Display for EventKind {
             EventKind::Recorded { state, by } => write!(f, "recorded {state} by {by}"),
             EventKind::Unknown { reason } => write!(f, "left UNKNOWN for compensation ({reason})"),
             EventKind::Released { reason, by } => write!(f, "claim given back by {by} ({reason})"),
+            EventKind::Delivered {
+                delivery,
+                redelivered,
+                disposition,
+                detail,
+            } => {
+                f.write_str("delivered")?;
+                match (delivery, redelivered) {
+                    (Some(n), _) => write!(f, " (delivery {n})")?,
+                    (None, true) => f.write_str(" (redelivered)")?,
+                    (None, false) => {}
+                }
+                write!(f, ": {disposition}")?;
+                because(f, detail)
+            }
             EventKind::FencedOut => write!(f, "fenced out: another owner holds the key"),
             EventKind::Contradicted { recorded, known } => write!(
                 f,

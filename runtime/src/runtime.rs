@@ -396,6 +396,13 @@ pub(crate) fn ambient_runtime() -> Runtime {
         .unwrap_or_else(|_| default_runtime().clone())
 }
 
+/// The runtime a call without `runtime = …` uses here: the one of the enclosing [`Runtime::scope`],
+/// else the process-wide default ([`default_runtime`]). For an integration that reads the store its
+/// calls run on (a message inbox deciding what to tell the broker).
+pub fn ambient() -> Runtime {
+    ambient_runtime()
+}
+
 /// The process-wide default runtime: the installed one, else an in-memory one made on first use.
 pub fn default_runtime() -> &'static Runtime {
     DEFAULT.get_or_init(Runtime::new)

@@ -21,7 +21,7 @@ use samekey::{
     compensation::CompensationState, idempotent, CallId, Compensator, Error, ReceiptState,
     RemoteStatus, Runtime,
 };
-use samekey_http::{Envelope, Inbox};
+use samekey_messaging::{Envelope, Inbox};
 use support::{Fault, Remote, TestClock, TestError};
 
 // ---------------------------------------------------------------------------------------------

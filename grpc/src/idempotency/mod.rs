@@ -25,7 +25,6 @@ use tracing::Instrument as _;
 
 use crate::metadata::{IDEMPOTENCY_KEY, X_CALL_ID};
 use crate::methods::{DescriptorError, Methods};
-use crate::once;
 
 mod serve;
 mod stored;
@@ -118,7 +117,7 @@ impl Config {
             } else {
                 OnUnknown::Hold
             };
-            once::operation("idempotency-key", "grpc", self.ttl, on_busy, on_unknown)
+            AtMostOnce::inbound_work("idempotency-key", "grpc", self.ttl, on_busy, on_unknown)
         })
     }
 }

@@ -18,7 +18,6 @@ use tower_service::Service;
 use super::stored::{frames, StoredReply};
 use super::{BoxError, Config, Keep};
 use crate::metadata::{ERROR_CLASS, RETRY_PUSHBACK_MS};
-use crate::once;
 
 /// Why the layer's call did not end with a reply to store.
 #[derive(Debug)]
@@ -114,9 +113,12 @@ where
             }
         }
     };
-    let drive = once::run(config.runtime.as_ref(), config.spec(), key, verify, || {
-        handle
-    });
+    let drive = config
+        .spec()
+        .with_key(key)
+        .verify_with(verify)
+        .runtime_or_ambient(config.runtime.as_ref())
+        .run_once(|| handle);
     let (out, report) = observed(drive).await;
     if let Some(e) = failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
         return Err(e);

@@ -23,7 +23,6 @@ use tower_service::Service;
 use tracing::Instrument as _;
 
 use crate::headers::IDEMPOTENCY_KEY;
-use crate::once;
 use crate::problem::Problem;
 
 mod serve;
@@ -85,7 +84,7 @@ impl Config {
             } else {
                 OnUnknown::Hold
             };
-            once::operation("Idempotency-Key", "http", self.ttl, on_busy, on_unknown)
+            AtMostOnce::inbound_work("Idempotency-Key", "http", self.ttl, on_busy, on_unknown)
         })
     }
 }

@@ -17,7 +17,6 @@ use tower_service::Service;
 use super::stored::{StoredResponse, Unbuffered};
 use super::{BoxError, Config};
 use crate::headers::IDEMPOTENT_REPLAYED;
-use crate::once;
 use crate::problem::Problem;
 
 /// Why the layer's call did not end with a response to store.
@@ -103,9 +102,12 @@ where
             }
         }
     };
-    let drive = once::run(config.runtime.as_ref(), config.spec(), key, verify, || {
-        handle
-    });
+    let drive = config
+        .spec()
+        .with_key(key)
+        .verify_with(verify)
+        .runtime_or_ambient(config.runtime.as_ref())
+        .run_once(|| handle);
     let (out, report) = observed(drive).await;
     if let Some(e) = failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
         return Err(e);

@@ -1,10 +1,9 @@
-//! samekey across the wire, over real HTTP on loopback and through messages — one test binary.
+//! samekey across the wire, over real HTTP on loopback — one test binary.
 //!
 //! * [`server`]: the Idempotency-Key and call context layers (axum serving, reqwest asking), on the
 //!   memory store and, with their features, on SQLite, PostgreSQL and Redis.
 //! * [`client`]: the reqwest middleware, the classification of what comes back, the receipt lookup
 //!   (feature `reqwest`).
-//! * [`messages`]: message envelopes and the consumer's inbox.
 //! * [`traceparent`]: W3C trace context over HTTP — adopted, passed on, ignored when malformed,
 //!   winning over `X-Trace-Id` (feature `reqwest`).
 //! * [`two_services_example`]: the `two_services` example's scenario, checked (features `axum`,
@@ -16,7 +15,6 @@
 //! of the tests beside it would switch its spans off.
 
 mod client;
-mod messages;
 mod server;
 mod traceparent;
 mod two_services_example;

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use samekey::{idempotent, Classify, ErrorClass, Runtime, TraceId};
-use samekey_http::{Envelope, Inbox};
+use samekey_messaging::{Envelope, Inbox};
 
 #[derive(Debug, PartialEq, thiserror::Error)]
 enum ShipError {
@@ -183,8 +183,10 @@ async fn a_handler_that_asks_for_a_redelivery_runs_again() {
 async fn a_redelivery_after_a_restart_is_not_worked_again() {
     use samekey_runtime::store::SqliteStore;
 
-    let dir =
-        std::env::temp_dir().join(format!("samekey-http-inbox-{:x}", TraceId::new().as_u128()));
+    let dir = std::env::temp_dir().join(format!(
+        "samekey-messaging-inbox-{:x}",
+        TraceId::new().as_u128()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("inbox.db");
     let message = Envelope::new("o-4".to_owned());
@@ -385,7 +387,7 @@ async fn a_long_prefix_still_makes_a_call_id_per_message() {
     let mut chain = vec![call_id.clone()];
     for _ in 0..40 {
         let last = chain.last().unwrap().clone();
-        let work = samekey_http::Envelope {
+        let work = samekey_messaging::Envelope {
             call_id: last,
             seq: 0,
             trace_id: TraceId::new(),

@@ -1,5 +1,5 @@
-//! Messages: the callId and traceId of a logical call in a message's attributes and in its body, and
-//! an inbox that does a redelivered message's work once (seed 003 §4, the consumer's side).
+//! The envelope: the callId and traceId of a logical call in a message's attributes and in its body
+//! (seed 000 §2.3: a broker that redelivers a re-serialized body loses what only the body had).
 //!
 //! A message's identity is its call's callId and its number among the messages that call's attempt
 //! made (`seq`, from 0): the n-th message of every attempt of a call has the same identity, so a
@@ -7,19 +7,13 @@
 //! of one call (two line items, two events) have identities of their own.
 
 use std::fmt::{self, Display};
-use std::future::Future;
-use std::sync::OnceLock;
-use std::time::Duration;
 
-use samekey_runtime::at_most_once::{AtMostOnce, OnBusy, OnUnknown};
 use samekey_runtime::{
-    call_id::ParseCallIdError, context::Context, context::InboundCall, key::KeyBuilder,
-    key::KeyEncoder, CallId, Classify, Error, KeyPart, Runtime, TraceId, TraceParent,
+    call_id::ParseCallIdError, context::Context, context::InboundCall, CallId, TraceId, TraceParent,
 };
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::once;
+use crate::message::Message;
 
 /// The attribute (header) that carries a message's callId.
 pub const ATTR_CALL_ID: &str = "x-call-id";
@@ -97,6 +91,32 @@ impl<T> Envelope<T> {
                 }
             }
         }
+    }
+
+    /// The message's identity as one string, `<callId>/<seq>`: the broker's own message id (AMQP
+    /// `message_id`, NATS `Nats-Msg-Id`), so that a broker's duplicate window and a consumer that
+    /// reads no envelope still tell a copy from a new message.
+    pub fn message_id(&self) -> String {
+        format!("{}/{}", self.call_id, self.seq)
+    }
+
+    /// The message for a broker, to `destination` (a routing key, a subject): the envelope as its JSON
+    /// body, its identity as the broker's message id ([`Envelope::message_id`]), and its
+    /// [`attributes`](Envelope::attributes) as headers — the ids in both places.
+    pub fn to_message(&self, destination: impl Into<String>) -> Result<Message, serde_json::Error>
+    where
+        T: Serialize,
+    {
+        Ok(Message {
+            id: self.message_id(),
+            destination: destination.into(),
+            headers: self
+                .attributes()
+                .into_iter()
+                .map(|(name, value)| (name.to_owned(), value))
+                .collect(),
+            body: serde_json::to_vec(self)?,
+        })
     }
 
     /// The message's attributes: `x-call-id`, `x-message-seq`, `x-trace-id` and, when the envelope
@@ -241,150 +261,5 @@ impl std::error::Error for AttributeError {
 impl From<ParseCallIdError> for AttributeError {
     fn from(e: ParseCallIdError) -> AttributeError {
         AttributeError::Ids(e)
-    }
-}
-
-/// A payload's JSON value as a `verify` part: its kinds kept apart, an object's members in the order
-/// of their names (so that a map whose order varies, a `HashMap`, fingerprints alike), a number by its
-/// JSON text. `None` (no JSON encoding) refuses it: the delivery fails with `Error::InvalidKey`.
-struct Payload(Option<serde_json::Value>);
-
-impl KeyPart for Payload {
-    fn encode_key(&self, out: &mut KeyEncoder) {
-        match &self.0 {
-            Some(value) => json(value, out),
-            None => out.refuse("the message's payload has no JSON encoding"),
-        }
-    }
-}
-
-fn json(value: &serde_json::Value, out: &mut KeyEncoder) {
-    use serde_json::Value;
-    match value {
-        Value::Null => out.unit(),
-        Value::Bool(b) => out.boolean(*b),
-        Value::Number(n) => {
-            out.variant("number", 1);
-            out.str(&n.to_string());
-        }
-        Value::String(s) => out.str(s),
-        Value::Array(items) => {
-            out.seq(items.len());
-            for item in items {
-                json(item, out);
-            }
-        }
-        Value::Object(members) => {
-            let mut members: Vec<_> = members.iter().collect();
-            members.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            out.map(members.len());
-            for (name, value) in members {
-                out.str(name);
-                json(value, out);
-            }
-        }
-    }
-}
-
-/// A consumer's inbox: runs a message's handler **at most once per message identity** (its callId
-/// and [`seq`](Envelope::seq)) — a message redelivered (by the broker, or republished by a producer
-/// that retried) gets its first delivery's outcome without running again, and each message of a call
-/// that published several is worked — claimed and recorded in the runtime's store like any
-/// `#[idempotent]` call, under the callId of the message's work ([`Envelope::inbound`]).
-///
-/// | delivery | answer |
-/// |---|---|
-/// | a message's first | its handler runs, under the message's traceId |
-/// | the same message again (same callId, `seq`, payload) | the first delivery's outcome; the handler does not run |
-/// | another message of the same call (another `seq`) | its own handler run: a message of its own |
-/// | the identity of a message already delivered with another payload | `samekey::Error::KeyReuse`; nothing runs |
-/// | a payload with no JSON encoding | `samekey::Error::InvalidKey`; nothing runs |
-///
-/// The key is the inbox's scope, the callId and, from the second message of a call on, its `seq` (a
-/// call's first message keeps the key it had before messages were numbered); the payload's JSON
-/// value is the call's `verify` fingerprint (object members in name order).
-///
-/// The handler runs once per delivery; its error decides what the broker should do: a `Retryable`,
-/// `RateLimited` or `Rejected` one gives the key back (nack: the redelivery runs it again), a
-/// `Permanent` one is recorded (the redelivery gets it), an `Unknown` one leaves the message `UNKNOWN`
-/// for the compensation worker. A redelivery that arrives while the first still runs waits for its
-/// outcome.
-#[derive(Debug)]
-pub struct Inbox {
-    runtime: Option<Runtime>,
-    scope: String,
-    ttl: Duration,
-    spec: OnceLock<&'static AtMostOnce>,
-}
-
-impl Inbox {
-    /// The inbox of one consumer (`scope` names it: `"shipping.on_paid"`), on the ambient runtime,
-    /// remembering what it did for 7 days (longer than a broker keeps redelivering).
-    pub fn new(scope: impl Into<String>) -> Inbox {
-        Inbox {
-            runtime: None,
-            scope: scope.into(),
-            ttl: Duration::from_secs(7 * 24 * 60 * 60),
-            spec: OnceLock::new(),
-        }
-    }
-
-    /// On `runtime`'s store.
-    pub fn runtime(mut self, runtime: &Runtime) -> Inbox {
-        self.runtime = Some(runtime.clone());
-        self
-    }
-
-    /// How long a delivered message is remembered (default 7 days).
-    pub fn ttl(mut self, ttl: Duration) -> Inbox {
-        self.ttl = ttl;
-        self.spec = OnceLock::new();
-        self
-    }
-
-    fn spec(&self) -> &'static AtMostOnce {
-        self.spec.get_or_init(|| {
-            once::operation(
-                "Inbox::deliver",
-                "msg",
-                self.ttl,
-                OnBusy::Wait,
-                OnUnknown::Hold,
-            )
-        })
-    }
-
-    /// Runs `handler` on the message's payload, under the callId of its work and its traceId, unless a
-    /// delivery of the same message (callId and `seq`) already did: then answers that delivery's
-    /// outcome (a failure by its message, as `samekey::Error::Failed`, through
-    /// `E: From<samekey::Error>`). A delivery of that identity with another payload is
-    /// `samekey::Error::KeyReuse`, and nothing runs.
-    pub async fn deliver<T, R, E, F, Fut>(&self, message: Envelope<T>, handler: F) -> Result<R, E>
-    where
-        T: Serialize,
-        F: FnOnce(T) -> Fut,
-        Fut: Future<Output = Result<R, E>>,
-        R: Serialize + DeserializeOwned,
-        E: Classify + From<Error> + Display,
-    {
-        let inbound = message.inbound();
-        let Envelope {
-            call_id,
-            seq,
-            payload,
-            ..
-        } = message;
-        let mut key = KeyBuilder::new(&self.scope);
-        key.part(call_id.as_str());
-        if seq != 0 {
-            key.part(&seq);
-        }
-        let mut verify = KeyBuilder::new(&self.scope);
-        verify.verify_part(&Payload(serde_json::to_value(&payload).ok()), "payload");
-        let spec = self.spec();
-        let runtime = self.runtime.as_ref();
-        inbound
-            .scope(once::run(runtime, spec, key, verify, || handler(payload)))
-            .await
     }
 }

@@ -1,0 +1,416 @@
+//! The consumer's inbox: a message's work done once per message identity, whatever the broker
+//! redelivers (seed 003 §4, the consumer's side), and what to tell the broker afterwards.
+
+use std::fmt::Display;
+use std::future::Future;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use samekey_runtime::at_most_once::{AtMostOnce, OnBusy, OnUnknown};
+use samekey_runtime::journal::{Event, EventKind};
+use samekey_runtime::key::{Key, KeyBuilder, KeyEncoder};
+use samekey_runtime::{Classify, Error, KeyPart, ReceiptState, Runtime};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::delivery::{Delivery, Disposition, Handled, Identity, Read};
+use crate::envelope::Envelope;
+
+/// A payload's JSON value as a `verify` part: its kinds kept apart, an object's members in the order
+/// of their names (so that a map whose order varies, a `HashMap`, fingerprints alike), a number by its
+/// JSON text. `None` (no JSON encoding) refuses it: the delivery fails with `Error::InvalidKey`.
+struct Payload(Option<serde_json::Value>);
+
+impl KeyPart for Payload {
+    fn encode_key(&self, out: &mut KeyEncoder) {
+        match &self.0 {
+            Some(value) => json(value, out),
+            None => out.refuse("the message's payload has no JSON encoding"),
+        }
+    }
+}
+
+fn json(value: &serde_json::Value, out: &mut KeyEncoder) {
+    use serde_json::Value;
+    match value {
+        Value::Null => out.unit(),
+        Value::Bool(b) => out.boolean(*b),
+        Value::Number(n) => {
+            out.variant("number", 1);
+            out.str(&n.to_string());
+        }
+        Value::String(s) => out.str(s),
+        Value::Array(items) => {
+            out.seq(items.len());
+            for item in items {
+                json(item, out);
+            }
+        }
+        Value::Object(members) => {
+            let mut members: Vec<_> = members.iter().collect();
+            members.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            out.map(members.len());
+            for (name, value) in members {
+                out.str(name);
+                json(value, out);
+            }
+        }
+    }
+}
+
+/// A consumer's inbox: runs a message's handler **at most once per message identity** (its callId
+/// and [`seq`](Envelope::seq), or for a message without envelope the broker's message id) — a
+/// message redelivered (by the broker, or republished by a producer that retried) gets its first
+/// delivery's outcome without running again, and each message of a call that published several is
+/// worked — claimed and recorded in the runtime's store like any `#[idempotent]` call, under the
+/// callId of the message's work ([`Envelope::inbound`]).
+///
+/// | delivery | answer |
+/// |---|---|
+/// | a message's first | its handler runs, under the message's traceId |
+/// | the same message again (same callId, `seq`, payload) | the first delivery's outcome; the handler does not run |
+/// | another message of the same call (another `seq`) | its own handler run: a message of its own |
+/// | the identity of a message already delivered with another payload | `samekey::Error::KeyReuse`; nothing runs |
+/// | a payload with no JSON encoding | `samekey::Error::InvalidKey`; nothing runs |
+///
+/// The key is the inbox's scope, the callId and, from the second message of a call on, its `seq` (a
+/// call's first message keeps the key it had before messages were numbered); the payload's JSON
+/// value is the call's `verify` fingerprint (object members in name order). A message without
+/// envelope is keyed by its broker message id, apart from every envelope's key.
+///
+/// # What to tell the broker
+///
+/// [`Inbox::handle`] takes a broker's [`Delivery`] and answers a [`Handled`] whose
+/// [`Disposition`] the consumer carries out, judged by the store's record of the message — never by
+/// the error's type alone:
+///
+/// | the record after the delivery | disposition |
+/// |---|---|
+/// | `SUCCESS` (worked now, or before) | ack |
+/// | `FAILED` (the handler failed for good: a `Permanent` error, a reused identity) | dead-letter |
+/// | `UNKNOWN` (the handler's outcome is uncertain) | ack: the compensation worker owns it now |
+/// | none, or given back (a `Retryable`, `RateLimited` or `Rejected` error; the store unreachable) | requeue, until [`max_deliveries`](Inbox::max_deliveries), then dead-letter |
+/// | `PROCESSING` (another consumer works it now) | requeue |
+/// | a body that is not the handler's type, a message with no identity | dead-letter |
+///
+/// So a message is acknowledged only once its outcome is recorded; a consumer that crashes before
+/// leaves it unacknowledged, and the broker's redelivery is answered from the receipt. Every
+/// delivery that is not a first one acked is journaled ([`EventKind::Delivered`]: the broker's
+/// delivery count and `redelivered` flag, the disposition), under the message's key.
+///
+/// # Horizons
+///
+/// A broker's own duplicate detection is short: JetStream's duplicate window is 2 minutes by
+/// default, RabbitMQ keeps none. The inbox remembers a message for its [`ttl`](Inbox::ttl) (7 days
+/// by default): a copy republished an hour later (a relay that crashed between publish and mark, a
+/// producer retrying after an outage) is still dropped.
+#[derive(Debug)]
+pub struct Inbox {
+    runtime: Option<Runtime>,
+    scope: String,
+    ttl: Duration,
+    max_deliveries: u64,
+    spec: OnceLock<&'static AtMostOnce>,
+}
+
+impl Inbox {
+    /// The inbox of one consumer (`scope` names it: `"shipping.on_paid"`), on the ambient runtime,
+    /// remembering what it did for 7 days (longer than a broker keeps redelivering), giving a message
+    /// up to the dead letters after 5 deliveries that did not settle it.
+    pub fn new(scope: impl Into<String>) -> Inbox {
+        Inbox {
+            runtime: None,
+            scope: scope.into(),
+            ttl: Duration::from_secs(7 * 24 * 60 * 60),
+            max_deliveries: 5,
+            spec: OnceLock::new(),
+        }
+    }
+
+    /// On `runtime`'s store.
+    pub fn runtime(mut self, runtime: &Runtime) -> Inbox {
+        self.runtime = Some(runtime.clone());
+        self
+    }
+
+    /// How long a delivered message is remembered (default 7 days).
+    pub fn ttl(mut self, ttl: Duration) -> Inbox {
+        self.ttl = ttl;
+        self.spec = OnceLock::new();
+        self
+    }
+
+    /// How many deliveries of a message may end without settling it (requeued) before
+    /// [`Inbox::handle`] dead-letters it (default 5; at least 1).
+    pub fn max_deliveries(mut self, deliveries: u64) -> Inbox {
+        self.max_deliveries = deliveries.max(1);
+        self
+    }
+
+    /// The inbox's scope.
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    fn spec(&self) -> &'static AtMostOnce {
+        self.spec.get_or_init(|| {
+            AtMostOnce::inbound_work(
+                "Inbox::deliver",
+                "msg",
+                self.ttl,
+                OnBusy::Wait,
+                OnUnknown::Hold,
+            )
+        })
+    }
+
+    fn runtime_here(&self) -> Runtime {
+        match &self.runtime {
+            Some(runtime) => runtime.clone(),
+            None => samekey_runtime::runtime::ambient(),
+        }
+    }
+
+    /// The key of a message of this inbox (see the type's documentation).
+    fn key(&self, identity: &Identity) -> KeyBuilder {
+        let mut key = KeyBuilder::new(&self.scope);
+        match identity {
+            Identity::Envelope { call_id, seq } => {
+                key.part(call_id.as_str());
+                if *seq != 0 {
+                    key.part(seq);
+                }
+            }
+            // A tuple part of its own kind: never the key of an envelope.
+            Identity::Foreign(id) => key.part(&("foreign", id.as_str())),
+        }
+        key
+    }
+
+    /// The key under which this inbox records `message` (its receipt, its journal): for the
+    /// `samekey` command (`samekey history --key …`) and tests.
+    pub fn key_of<T>(&self, message: &Envelope<T>) -> Key {
+        self.key(&Identity::Envelope {
+            call_id: message.call_id.clone(),
+            seq: message.seq,
+        })
+        .finish()
+    }
+
+    /// The key under which this inbox records a message without envelope whose broker message id is
+    /// `id`.
+    pub fn key_of_foreign(&self, id: &str) -> Key {
+        self.key(&Identity::Foreign(id.to_owned())).finish()
+    }
+
+    /// Runs `handler` on the message's payload, under the callId of its work and its traceId, unless a
+    /// delivery of the same message (callId and `seq`) already did: then answers that delivery's
+    /// outcome (a failure by its message, as `samekey::Error::Failed`, through
+    /// `E: From<samekey::Error>`). A delivery of that identity with another payload is
+    /// `samekey::Error::KeyReuse`, and nothing runs.
+    pub async fn deliver<T, R, E, F, Fut>(&self, message: Envelope<T>, handler: F) -> Result<R, E>
+    where
+        T: Serialize,
+        F: FnOnce(T) -> Fut,
+        Fut: Future<Output = Result<R, E>>,
+        R: Serialize + DeserializeOwned,
+        E: Classify + From<Error> + Display,
+    {
+        let inbound = message.inbound();
+        let Envelope {
+            call_id,
+            seq,
+            payload,
+            ..
+        } = message;
+        let key = self.key(&Identity::Envelope { call_id, seq });
+        inbound.scope(self.run(key, payload, handler)).await
+    }
+
+    /// Runs `handler` on the payload of a message that came without envelope (from a producer that
+    /// does not use samekey), at most once per broker message `id` — AMQP `message_id`, NATS
+    /// `Nats-Msg-Id` — as [`Inbox::deliver`] does for an envelope. The handler's calls get a callId
+    /// of their own (the message brings none) and a new traceId.
+    pub async fn deliver_foreign<T, R, E, F, Fut>(
+        &self,
+        id: &str,
+        payload: T,
+        handler: F,
+    ) -> Result<R, E>
+    where
+        T: Serialize,
+        F: FnOnce(T) -> Fut,
+        Fut: Future<Output = Result<R, E>>,
+        R: Serialize + DeserializeOwned,
+        E: Classify + From<Error> + Display,
+    {
+        let key = self.key(&Identity::Foreign(id.to_owned()));
+        self.run(key, payload, handler).await
+    }
+
+    async fn run<T, R, E, F, Fut>(&self, key: KeyBuilder, payload: T, handler: F) -> Result<R, E>
+    where
+        T: Serialize,
+        F: FnOnce(T) -> Fut,
+        Fut: Future<Output = Result<R, E>>,
+        R: Serialize + DeserializeOwned,
+        E: Classify + From<Error> + Display,
+    {
+        let mut verify = KeyBuilder::new(&self.scope);
+        verify.verify_part(&Payload(serde_json::to_value(&payload).ok()), "payload");
+        self.spec()
+            .with_key(key)
+            .verify_with(verify)
+            .runtime_or_ambient(self.runtime.as_ref())
+            .run_once(|| handler(payload))
+            .await
+    }
+
+    /// Works a broker's delivery once and says what to tell the broker (see the type's
+    /// documentation): the body is read as an [`Envelope<T>`], else as a `T` whose ids are in the
+    /// headers ([`Envelope::from_attributes`]: a body a broker or a bridge re-serialized), else as a
+    /// `T` identified by the broker's message id ([`Inbox::deliver_foreign`]). A body that is none of
+    /// these, or a message with no identity at all, is dead-lettered without running anything.
+    pub async fn handle<T, R, E, F, Fut>(
+        &self,
+        delivery: &Delivery<'_>,
+        handler: F,
+    ) -> Handled<R, E>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce(T) -> Fut,
+        Fut: Future<Output = Result<R, E>>,
+        R: Serialize + DeserializeOwned,
+        E: Classify + From<Error> + Display,
+    {
+        let (identity, result) = match delivery.read::<T>() {
+            Err(reason) => {
+                tracing::warn!(target: "samekey", scope = %self.scope, id = ?delivery.message_id,
+                    %reason, "samekey: an unreadable message goes to the dead letters");
+                return Handled::Unreadable { reason };
+            }
+            Ok(Read::Envelope(envelope)) => {
+                let identity = Identity::Envelope {
+                    call_id: envelope.call_id.clone(),
+                    seq: envelope.seq,
+                };
+                (identity, self.deliver(envelope, handler).await)
+            }
+            Ok(Read::Foreign { id, payload }) => {
+                let result = self.deliver_foreign(&id, payload, handler).await;
+                (Identity::Foreign(id), result)
+            }
+        };
+        let key = self.key(&identity).finish();
+        let first = !delivery.redelivered && delivery.delivery.unwrap_or(1) <= 1;
+        match result {
+            Ok(reply) => {
+                if !first {
+                    self.journal(&key, delivery, &Disposition::Ack).await;
+                }
+                Handled::Done(reply)
+            }
+            Err(error) => {
+                let disposition = self.after_failure(&key, delivery, &error).await;
+                self.journal(&key, delivery, &disposition).await;
+                Handled::Failed { error, disposition }
+            }
+        }
+    }
+
+    /// What to tell the broker about a delivery that ended in `error`, from the store's record.
+    async fn after_failure<E: Display>(
+        &self,
+        key: &Key,
+        delivery: &Delivery<'_>,
+        error: &E,
+    ) -> Disposition {
+        let runtime = self.runtime_here();
+        let record = match runtime.store().get(key, runtime.now_ms()).await {
+            Ok(record) => record,
+            // Nothing is known: the broker keeps the message, and asks again later.
+            Err(e) => {
+                return Disposition::Requeue {
+                    reason: format!("{error}; the store cannot say what became of it: {e}"),
+                }
+            }
+        };
+        match record.map(|r| r.state) {
+            Some(ReceiptState::Success) => Disposition::Ack,
+            Some(ReceiptState::Unknown) => Disposition::Ack,
+            Some(ReceiptState::Failed) => Disposition::DeadLetter {
+                reason: format!("failed for good: {error}"),
+            },
+            Some(ReceiptState::Processing) => Disposition::Requeue {
+                reason: "another delivery of the message is being worked".to_owned(),
+            },
+            Some(ReceiptState::Received) | None => {
+                let deliveries = match delivery.delivery {
+                    Some(n) => n,
+                    None => self.requeues(key).await + 1,
+                };
+                if deliveries >= self.max_deliveries {
+                    Disposition::DeadLetter {
+                        reason: format!(
+                            "{error}; given up after {deliveries} deliveries (max_deliveries {})",
+                            self.max_deliveries
+                        ),
+                    }
+                } else {
+                    Disposition::Requeue {
+                        reason: error.to_string(),
+                    }
+                }
+            }
+        }
+    }
+
+    /// How many deliveries of the message under `key` the journal says were requeued: the count of
+    /// a broker that keeps none (a RabbitMQ classic queue).
+    async fn requeues(&self, key: &Key) -> u64 {
+        let runtime = self.runtime_here();
+        match runtime.store().journal(key, runtime.now_ms()).await {
+            Ok(events) => events
+                .iter()
+                .filter(|e| {
+                    matches!(&e.what, EventKind::Delivered { disposition, .. } if disposition == "requeue")
+                })
+                .count() as u64,
+            Err(_) => 0,
+        }
+    }
+
+    /// Journals a delivery under the message's key; a journal that cannot be written is logged (the
+    /// disposition stands: the receipt, not the journal, decides).
+    async fn journal(&self, key: &Key, delivery: &Delivery<'_>, disposition: &Disposition) {
+        let runtime = self.runtime_here();
+        let now = runtime.now_ms();
+        let call_id = match runtime.store().get(key, now).await {
+            Ok(Some(record)) => record.call_id,
+            _ => match samekey_runtime::CallId::new("msg", runtime.node()) {
+                Ok(call_id) => call_id,
+                Err(_) => return,
+            },
+        };
+        let event = Event {
+            call_id,
+            at_ms: now,
+            node: runtime.node().to_owned(),
+            what: EventKind::Delivered {
+                delivery: delivery.delivery,
+                redelivered: delivery.redelivered,
+                disposition: disposition.name().to_owned(),
+                detail: disposition.reason().unwrap_or_default().to_owned(),
+            },
+        };
+        let keep_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX);
+        if let Err(e) = runtime
+            .store()
+            .append_journal(key, &[event], keep_ms, now)
+            .await
+        {
+            tracing::warn!(target: "samekey", %key, error = %e,
+                "samekey: a delivery could not be journaled");
+        }
+    }
+}
