@@ -50,7 +50,7 @@
 //! * [`guide`]: one page per topic — [errors](guide::errors) (which class when, what samekey
 //!   answers), [keys](guide::keys), [stores](store), [limits] (retry budgets,
 //!   rate limits), [compensation], [callbacks](callback),
-//!   [metrics](guide::metrics), [testing](guide::testing), [HTTP and messages](guide::http), [gRPC](guide::grpc),
+//!   [metrics](guide::metrics), [testing](guide::testing), [HTTP](guide::http), [gRPC](guide::grpc), [messages](guide::messaging),
 //!   [compile-time errors](guide::compile_errors).
 //! * [`Runtime`]: the store, node name, clock and limits calls use; [`Runtime::scope`] for tests;
 //!   [`Runtime::stats`], [`Runtime::receipt`] and [`Runtime::compensations`] to see what happened.
@@ -167,6 +167,8 @@ pub mod guide {
     pub mod http {}
     #[doc = include_str!("../docs/grpc.md")]
     pub mod grpc {}
+    #[doc = include_str!("../docs/messaging.md")]
+    pub mod messaging {}
     #[doc = include_str!("../docs/compile_errors.md")]
     pub mod compile_errors {}
 }

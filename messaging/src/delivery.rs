@@ -18,7 +18,8 @@ pub struct Delivery<'a> {
     pub message_id: Option<&'a str>,
     /// The broker's count of this message's deliveries, 1 for the first, where it keeps one (a
     /// RabbitMQ quorum queue's `x-delivery-count` + 1, JetStream's `num_delivered`); `None` where
-    /// it keeps none (a RabbitMQ classic queue: the inbox counts from its journal).
+    /// it keeps none (a RabbitMQ classic queue). Journaled; the inbox counts the deliveries that
+    /// go toward its `max_deliveries` from its journal, whatever the broker.
     pub delivery: Option<u64>,
     /// The broker's `redelivered` flag: it may have delivered the message before.
     pub redelivered: bool,
@@ -91,11 +92,22 @@ pub(crate) enum Identity {
 pub enum Disposition {
     /// Acknowledge: the message's outcome is recorded (or owned by compensation).
     Ack,
-    /// Give it back for a redelivery (AMQP `basic.nack` with requeue, JetStream `nak`): nothing of it
-    /// was recorded.
+    /// Give it back for a redelivery after `delay` (AMQP `basic.nack` with requeue once the delay
+    /// passed, JetStream `nak` with the delay): nothing of it was recorded. Counts toward
+    /// [`Inbox::max_deliveries`](crate::Inbox::max_deliveries).
     Requeue {
         /// Why.
         reason: String,
+        /// How long to wait before the redelivery: the inbox's backoff, doubling with each
+        /// delivery.
+        delay: std::time::Duration,
+    },
+    /// Another delivery of the message is being worked right now (its claim is alive): give this
+    /// one back after `delay` without counting it; if that worker died, its lease runs out and a
+    /// later delivery takes the message over.
+    Busy {
+        /// How long to wait before the redelivery.
+        delay: std::time::Duration,
     },
     /// Move it to the dead letters (a dead-letter queue or subject) and acknowledge it: it failed
     /// for good, or ran out of deliveries, or cannot be read.
@@ -106,11 +118,12 @@ pub enum Disposition {
 }
 
 impl Disposition {
-    /// `ack`, `requeue` or `dead-letter`: as the journal names it.
+    /// `ack`, `requeue`, `busy` or `dead-letter`: as the journal names it.
     pub fn name(&self) -> &'static str {
         match self {
             Disposition::Ack => "ack",
             Disposition::Requeue { .. } => "requeue",
+            Disposition::Busy { .. } => "busy",
             Disposition::DeadLetter { .. } => "dead-letter",
         }
     }
@@ -119,7 +132,18 @@ impl Disposition {
     pub fn reason(&self) -> Option<&str> {
         match self {
             Disposition::Ack => None,
-            Disposition::Requeue { reason } | Disposition::DeadLetter { reason } => Some(reason),
+            Disposition::Busy { .. } => Some("another delivery of the message is being worked"),
+            Disposition::Requeue { reason, .. } | Disposition::DeadLetter { reason } => {
+                Some(reason)
+            }
+        }
+    }
+
+    /// How long to wait before giving the message back: for `Requeue` and `Busy`.
+    pub fn delay(&self) -> Option<std::time::Duration> {
+        match self {
+            Disposition::Requeue { delay, .. } | Disposition::Busy { delay } => Some(*delay),
+            Disposition::Ack | Disposition::DeadLetter { .. } => None,
         }
     }
 }

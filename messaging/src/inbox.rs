@@ -16,6 +16,18 @@ use serde::Serialize;
 use crate::delivery::{Delivery, Disposition, Handled, Identity, Read};
 use crate::envelope::Envelope;
 
+/// The pause before a busy delivery goes back to the broker.
+const BUSY_DELAY: Duration = Duration::from_secs(1);
+
+/// The pause before the redelivery of a message whose `deliveries`-th delivery was requeued: 100 ms,
+/// doubling, at most 10 s.
+fn requeue_delay(deliveries: u64) -> Duration {
+    let doublings = u32::try_from(deliveries.saturating_sub(1))
+        .unwrap_or(u32::MAX)
+        .min(7);
+    Duration::from_millis(100 << doublings).min(Duration::from_secs(10))
+}
+
 /// A payload's JSON value as a `verify` part: its kinds kept apart, an object's members in the order
 /// of their names (so that a map whose order varies, a `HashMap`, fingerprints alike), a number by its
 /// JSON text. `None` (no JSON encoding) refuses it: the delivery fails with `Error::InvalidKey`.
@@ -89,14 +101,25 @@ fn json(value: &serde_json::Value, out: &mut KeyEncoder) {
 /// | `SUCCESS` (worked now, or before) | ack |
 /// | `FAILED` (the handler failed for good: a `Permanent` error, a reused identity) | dead-letter |
 /// | `UNKNOWN` (the handler's outcome is uncertain) | ack: the compensation worker owns it now |
-/// | none, or given back (a `Retryable`, `RateLimited` or `Rejected` error; the store unreachable) | requeue, until [`max_deliveries`](Inbox::max_deliveries), then dead-letter |
-/// | `PROCESSING` (another consumer works it now) | requeue |
+/// | none, or given back (a `Retryable`, `RateLimited` or `Rejected` error; the store unreachable) | requeue after a backoff, until [`max_deliveries`](Inbox::max_deliveries), then dead-letter |
+/// | `PROCESSING` (another delivery is being worked, its claim alive) | busy: requeue after a pause, not counted |
 /// | a body that is not the handler's type, a message with no identity | dead-letter |
 ///
 /// So a message is acknowledged only once its outcome is recorded; a consumer that crashes before
 /// leaves it unacknowledged, and the broker's redelivery is answered from the receipt. Every
 /// delivery that is not a first one acked is journaled ([`EventKind::Delivered`]: the broker's
-/// delivery count and `redelivered` flag, the disposition), under the message's key.
+/// delivery count and `redelivered` flag, the disposition), under the message's key; the
+/// deliveries counted toward `max_deliveries` are the journal's requeues (a broker's own count, also
+/// journaled, counts busy deliveries too).
+///
+/// # A consumer that dies mid-work
+///
+/// Its claim stays `PROCESSING` until its lease (the runtime's) runs out; the broker's redelivery is
+/// answered busy meanwhile, and the first delivery after takes the message over. With the default
+/// [`OnUnknown::Hold`] the handler may have acted, so the message goes `UNKNOWN`, to compensation
+/// (and is acked). A handler whose writes commit together with its receipt
+/// (`PgStore::complete_in`, `SqliteStore::complete_in`: a crash leaves neither) can be run again
+/// safely: give the inbox [`OnUnknown::Rerun`] and the take-over works the message.
 ///
 /// # Horizons
 ///
@@ -110,6 +133,7 @@ pub struct Inbox {
     scope: String,
     ttl: Duration,
     max_deliveries: u64,
+    on_unknown: OnUnknown,
     spec: OnceLock<&'static AtMostOnce>,
 }
 
@@ -123,6 +147,7 @@ impl Inbox {
             scope: scope.into(),
             ttl: Duration::from_secs(7 * 24 * 60 * 60),
             max_deliveries: 5,
+            on_unknown: OnUnknown::Hold,
             spec: OnceLock::new(),
         }
     }
@@ -147,6 +172,16 @@ impl Inbox {
         self
     }
 
+    /// What a delivery that finds the message's earlier work uncertain does (a consumer died
+    /// mid-work and its lease ran out): [`OnUnknown::Hold`] (the default) leaves it `UNKNOWN` for
+    /// compensation; [`OnUnknown::Rerun`] runs the handler again under the same callId — only for a
+    /// handler whose writes commit with its receipt (see the type's documentation).
+    pub fn on_unknown(mut self, on_unknown: OnUnknown) -> Inbox {
+        self.on_unknown = on_unknown;
+        self.spec = OnceLock::new();
+        self
+    }
+
     /// The inbox's scope.
     pub fn scope(&self) -> &str {
         &self.scope
@@ -159,7 +194,7 @@ impl Inbox {
                 "msg",
                 self.ttl,
                 OnBusy::Wait,
-                OnUnknown::Hold,
+                self.on_unknown,
             )
         })
     }
@@ -311,7 +346,7 @@ impl Inbox {
                 Handled::Done(reply)
             }
             Err(error) => {
-                let disposition = self.after_failure(&key, delivery, &error).await;
+                let disposition = self.after_failure(&key, &error).await;
                 self.journal(&key, delivery, &disposition).await;
                 Handled::Failed { error, disposition }
             }
@@ -319,12 +354,7 @@ impl Inbox {
     }
 
     /// What to tell the broker about a delivery that ended in `error`, from the store's record.
-    async fn after_failure<E: Display>(
-        &self,
-        key: &Key,
-        delivery: &Delivery<'_>,
-        error: &E,
-    ) -> Disposition {
+    async fn after_failure<E: Display>(&self, key: &Key, error: &E) -> Disposition {
         let runtime = self.runtime_here();
         let record = match runtime.store().get(key, runtime.now_ms()).await {
             Ok(record) => record,
@@ -332,6 +362,7 @@ impl Inbox {
             Err(e) => {
                 return Disposition::Requeue {
                     reason: format!("{error}; the store cannot say what became of it: {e}"),
+                    delay: requeue_delay(1),
                 }
             }
         };
@@ -341,14 +372,9 @@ impl Inbox {
             Some(ReceiptState::Failed) => Disposition::DeadLetter {
                 reason: format!("failed for good: {error}"),
             },
-            Some(ReceiptState::Processing) => Disposition::Requeue {
-                reason: "another delivery of the message is being worked".to_owned(),
-            },
+            Some(ReceiptState::Processing) => Disposition::Busy { delay: BUSY_DELAY },
             Some(ReceiptState::Received) | None => {
-                let deliveries = match delivery.delivery {
-                    Some(n) => n,
-                    None => self.requeues(key).await + 1,
-                };
+                let deliveries = self.requeues(key).await + 1;
                 if deliveries >= self.max_deliveries {
                     Disposition::DeadLetter {
                         reason: format!(
@@ -359,14 +385,15 @@ impl Inbox {
                 } else {
                     Disposition::Requeue {
                         reason: error.to_string(),
+                        delay: requeue_delay(deliveries),
                     }
                 }
             }
         }
     }
 
-    /// How many deliveries of the message under `key` the journal says were requeued: the count of
-    /// a broker that keeps none (a RabbitMQ classic queue).
+    /// How many deliveries of the message under `key` the journal says were requeued (busy ones not
+    /// counted; a store that cannot say counts none).
     async fn requeues(&self, key: &Key) -> u64 {
         let runtime = self.runtime_here();
         match runtime.store().journal(key, runtime.now_ms()).await {
