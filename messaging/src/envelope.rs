@@ -196,7 +196,7 @@ impl<T> Envelope<T> {
     }
 
     /// The callId of the message's work (see [`Envelope::inbound`]); `None` if it cannot be made.
-    fn work_call_id(&self) -> Option<CallId> {
+    pub(crate) fn work_call_id(&self) -> Option<CallId> {
         let suffix = format!(".{}", self.seq);
         let prefix = self.call_id.prefix();
         // ASCII (a valid prefix): any byte is a character boundary.

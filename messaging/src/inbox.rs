@@ -9,7 +9,7 @@ use std::time::Duration;
 use samekey_runtime::at_most_once::{AtMostOnce, OnBusy, OnUnknown};
 use samekey_runtime::journal::{Event, EventKind};
 use samekey_runtime::key::{Key, KeyBuilder, KeyEncoder};
-use samekey_runtime::{Classify, Error, KeyPart, ReceiptState, Runtime};
+use samekey_runtime::{CallId, Classify, Error, KeyPart, ReceiptState, Runtime};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -318,7 +318,7 @@ impl Inbox {
         R: Serialize + DeserializeOwned,
         E: Classify + From<Error> + Display,
     {
-        let (identity, result) = match delivery.read::<T>() {
+        let (identity, work_call_id, result) = match delivery.read::<T>() {
             Err(reason) => {
                 tracing::warn!(target: "samekey", scope = %self.scope, id = ?delivery.message_id,
                     %reason, "samekey: an unreadable message goes to the dead letters");
@@ -329,11 +329,16 @@ impl Inbox {
                     call_id: envelope.call_id.clone(),
                     seq: envelope.seq,
                 };
-                (identity, self.deliver(envelope, handler).await)
+                let work_call_id = envelope.work_call_id();
+                (
+                    identity,
+                    work_call_id,
+                    self.deliver(envelope, handler).await,
+                )
             }
             Ok(Read::Foreign { id, payload }) => {
                 let result = self.deliver_foreign(&id, payload, handler).await;
-                (Identity::Foreign(id), result)
+                (Identity::Foreign(id), None, result)
             }
         };
         let key = self.key(&identity).finish();
@@ -341,13 +346,15 @@ impl Inbox {
         match result {
             Ok(reply) => {
                 if !first {
-                    self.journal(&key, delivery, &Disposition::Ack).await;
+                    self.journal(&key, work_call_id, delivery, &Disposition::Ack)
+                        .await;
                 }
                 Handled::Done(reply)
             }
             Err(error) => {
                 let disposition = self.after_failure(&key, &error).await;
-                self.journal(&key, delivery, &disposition).await;
+                self.journal(&key, work_call_id, delivery, &disposition)
+                    .await;
                 Handled::Failed { error, disposition }
             }
         }
@@ -392,29 +399,37 @@ impl Inbox {
         }
     }
 
-    /// How many deliveries of the message under `key` the journal says were requeued (busy ones not
-    /// counted; a store that cannot say counts none).
+    /// How many deliveries of the message under `key` the journal says were requeued since it was
+    /// last dead-lettered (a message moved back from the dead letters starts again; busy deliveries
+    /// are not counted; a store that cannot say counts none).
     async fn requeues(&self, key: &Key) -> u64 {
         let runtime = self.runtime_here();
-        match runtime.store().journal(key, runtime.now_ms()).await {
-            Ok(events) => events
-                .iter()
-                .filter(|e| {
-                    matches!(&e.what, EventKind::Delivered { disposition, .. } if disposition == "requeue")
-                })
-                .count() as u64,
-            Err(_) => 0,
-        }
+        let Ok(events) = runtime.store().journal(key, runtime.now_ms()).await else {
+            return 0;
+        };
+        events.iter().fold(0, |count, event| match &event.what {
+            EventKind::Delivered { disposition, .. } if disposition == "requeue" => count + 1,
+            EventKind::Delivered { disposition, .. } if disposition == "dead-letter" => 0,
+            _ => count,
+        })
     }
 
     /// Journals a delivery under the message's key; a journal that cannot be written is logged (the
     /// disposition stands: the receipt, not the journal, decides).
-    async fn journal(&self, key: &Key, delivery: &Delivery<'_>, disposition: &Disposition) {
+    async fn journal(
+        &self,
+        key: &Key,
+        work_call_id: Option<CallId>,
+        delivery: &Delivery<'_>,
+        disposition: &Disposition,
+    ) {
         let runtime = self.runtime_here();
         let now = runtime.now_ms();
-        let call_id = match runtime.store().get(key, now).await {
-            Ok(Some(record)) => record.call_id,
-            _ => match samekey_runtime::CallId::new("msg", runtime.node()) {
+        // The record's callId; once it was given back, the callId of the message's work.
+        let call_id = match (runtime.store().get(key, now).await, work_call_id) {
+            (Ok(Some(record)), _) => record.call_id,
+            (_, Some(call_id)) => call_id,
+            (_, None) => match CallId::new("msg", runtime.node()) {
                 Ok(call_id) => call_id,
                 Err(_) => return,
             },

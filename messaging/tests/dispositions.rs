@@ -316,3 +316,31 @@ async fn a_delivery_while_another_works_the_message_is_busy() {
         second.disposition()
     );
 }
+
+#[tokio::test]
+async fn a_message_moved_back_from_the_dead_letters_gets_its_deliveries_again() {
+    let rt = runtime();
+    let inbox = Inbox::new("shipping.on_charged")
+        .runtime(&rt)
+        .max_deliveries(2);
+    let message = message("o-9");
+    let fail = |_: String| async { Err::<String, _>(ShipError::CarrierDown) };
+    let first = inbox.handle(&delivery(&message, false), fail).await;
+    assert!(matches!(first.disposition(), Disposition::Requeue { .. }));
+    let second = inbox.handle(&delivery(&message, true), fail).await;
+    assert!(matches!(second.disposition(), Disposition::DeadLetter { .. }));
+    // An operator moves it back once the carrier is up again: its first new delivery is not the
+    // third of a message already given up, and a failure is requeued again.
+    let again = inbox.handle(&delivery(&message, false), fail).await;
+    assert!(
+        matches!(again.disposition(), Disposition::Requeue { .. }),
+        "{:?}",
+        again.disposition()
+    );
+    let shipped = inbox
+        .handle(&delivery(&message, true), |order: String| async move {
+            Ok::<_, ShipError>(order)
+        })
+        .await;
+    assert_eq!(shipped.disposition(), Disposition::Ack);
+}
