@@ -49,3 +49,5 @@ pub use envelope::{
 };
 pub use inbox::Inbox;
 pub use message::{Confirms, Message, Publish, PublishError};
+/// What [`Inbox::on_unknown`] takes: the at-most-once core's own setting.
+pub use samekey_runtime::at_most_once::OnUnknown;
