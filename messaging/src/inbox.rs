@@ -147,6 +147,13 @@ impl Inbox {
         self
     }
 
+    /// How many deliveries of a message may end without settling it before [`Inbox::handle`]
+    /// dead-letters it (set by [`Inbox::max_deliveries`]): a broker's own redelivery limit is set
+    /// above it (JetStream's `max_deliver`), so that the inbox, not the broker, decides.
+    pub fn delivery_limit(&self) -> u64 {
+        self.max_deliveries
+    }
+
     /// The inbox's scope.
     pub fn scope(&self) -> &str {
         &self.scope
