@@ -42,6 +42,8 @@ mod delivery;
 mod envelope;
 mod inbox;
 mod message;
+#[cfg(feature = "nats")]
+pub mod nats;
 
 pub use delivery::{Delivery, Disposition, Handled, HEADER_DEAD_LETTER_REASON};
 pub use envelope::{
