@@ -26,7 +26,7 @@ use samekey_messaging::amqp::lapin::options::{
 use samekey_messaging::amqp::lapin::types::{AMQPValue, FieldTable};
 use samekey_messaging::amqp::lapin::{Channel, Connection, ConnectionProperties};
 use samekey_messaging::amqp::{
-    declare_queue, AmqpConsumer, AmqpError, AmqpPublisher, QueueType, Settled, Settlement,
+    declare_queue, AmqpConsumer, AmqpError, AmqpPublisher, Endpoint, QueueType, Settled, Settlement,
 };
 use samekey_messaging::{
     Confirms, Disposition, Envelope, Inbox, Message, Publish, PublishError,
@@ -138,6 +138,23 @@ impl Broker {
             .await
             .expect("the queue exists")
             .message_count()
+    }
+
+    /// Waits until `queue` holds `n` ready messages (the broker requeues a closed channel's
+    /// unacknowledged deliveries on its own time).
+    async fn ready_eventually(&self, queue: &str, n: u32) {
+        let deadline = tokio::time::Instant::now() + WITHIN;
+        loop {
+            let ready = self.ready(queue).await;
+            if ready == n {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{queue} holds {ready} ready messages, not {n}, after {WITHIN:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Takes every message of `queue` (acknowledged): body, message id, text headers.
@@ -277,9 +294,9 @@ async fn delivered(rt: &Runtime, key: &samekey::Key) -> Vec<(Option<u64>, bool, 
         .collect()
 }
 
-/// A consumer of `queue` over `url`, its dead letters in `dead_letters`.
-fn consumer(url: &str, queue: &str, dead_letters: &str) -> AmqpConsumer {
-    AmqpConsumer::new(url, queue)
+/// A consumer of `queue` over `endpoint`, its dead letters in `dead_letters`.
+fn consumer(endpoint: impl Into<Endpoint>, queue: &str, dead_letters: &str) -> AmqpConsumer {
+    AmqpConsumer::new(endpoint, queue)
         .dead_letters(dead_letters)
         .prefetch(4)
 }
@@ -806,6 +823,85 @@ async fn an_unroutable_publish_is_refused() {
         }
         other => panic!("an unroutable message is refused, not {other:?}"),
     }
+}
+
+#[tokio::test]
+async fn a_publish_without_a_broker_is_unavailable() {
+    // A port nothing listens on: nothing can have been sent.
+    let publisher = AmqpPublisher::new("amqp://guest:guest@127.0.0.1:1/%2f")
+        .connect_timeout(Duration::from_secs(2));
+    let message = Envelope::new(order("o-8")).to_message("anywhere").unwrap();
+    match publisher.publish(&message).await {
+        Err(e @ PublishError::Unavailable(_)) => {
+            assert_eq!(e.classify(), ErrorClass::Retryable)
+        }
+        other => panic!("no broker is Unavailable, not {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_finishes_the_delivery_being_worked_and_gives_back_the_prefetched() {
+    let Some(url) = amqp_url() else { return };
+    let _shared = broker_lock().read().await;
+    let mut broker = Broker::open(&url).await;
+    let queue = broker.queue("shutdown", QueueType::Classic).await;
+    let dead = broker.queue("shutdown.dead", QueueType::Classic).await;
+
+    // Over connections the test opened: the consumer's and the publisher's channels are on them.
+    let publisher = AmqpPublisher::new(
+        Connection::connect(&url, ConnectionProperties::default())
+            .await
+            .unwrap(),
+    );
+    let messages: Vec<_> = (0..3)
+        .map(|n| Envelope::new(order(&format!("s-{n}"))))
+        .collect();
+    for message in &messages {
+        publisher.publish_envelope(&queue, message).await.unwrap();
+    }
+
+    let rt = Runtime::builder().node("shipping-1").build().unwrap();
+    let inbox = Arc::new(Inbox::new("shipping.on_paid").runtime(&rt));
+    let (in_work, mut working) = mpsc::unbounded_channel::<()>();
+    let release = Arc::new(tokio::sync::Notify::new());
+    let worked = Arc::new(AtomicU32::new(0));
+    let connection = Connection::connect(&url, ConnectionProperties::default())
+        .await
+        .unwrap();
+    let mut running = start(consumer(connection, &queue, &dead), inbox, {
+        let (release, worked) = (release.clone(), worked.clone());
+        move |_: Order| {
+            let (release, worked, in_work) = (release.clone(), worked.clone(), in_work.clone());
+            async move {
+                let wait = release.notified();
+                let _ = in_work.send(());
+                wait.await;
+                worked.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, WorkError>(())
+            }
+        }
+    });
+    tokio::time::timeout(WITHIN, working.recv())
+        .await
+        .expect("the first message is being worked");
+    // Shut down mid-work: the delivery is finished and acked, the consumer ends.
+    let stop = running.stop.take().unwrap();
+    let _ = stop.send(());
+    release.notify_one();
+    let settled = running.next(1).await;
+    assert_eq!(settled[0].settlement, Settlement::Acked);
+    assert_eq!(
+        settled[0].message_id.as_deref(),
+        Some(messages[0].message_id().as_str())
+    );
+    running.stop().await;
+    assert_eq!(
+        worked.load(Ordering::SeqCst),
+        1,
+        "one worked, none started after"
+    );
+    broker.ready_eventually(&queue, 2).await;
+    broker.delete_queues().await;
 }
 
 /// The Python peer: publishes `body` three times under `id`, then once under `other`.
