@@ -19,7 +19,9 @@ use samekey_runtime::{Classify, Error};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{bounded, declare_queue, header_text, short, AmqpError, Endpoint, QueueType};
+use super::{
+    bounded, broker_error, declare_queue, header_text, short, AmqpError, Endpoint, QueueType,
+};
 use crate::{Delivery, Disposition, Inbox, HEADER_DEAD_LETTER_REASON};
 
 /// The header in which a RabbitMQ quorum queue counts a message's earlier deliveries.
@@ -162,7 +164,8 @@ impl AmqpConsumer {
         self
     }
 
-    /// How long opening a connection or a channel may take (default 10 s).
+    /// How long connecting may take — the connection, its channels, the declarations, the
+    /// `basic.consume` (default 10 s); past it, the consumer tries again.
     pub fn connect_timeout(mut self, timeout: Duration) -> AmqpConsumer {
         self.connect_timeout = timeout;
         self
@@ -210,7 +213,12 @@ impl AmqpConsumer {
             let opened = tokio::select! {
                 biased;
                 () = shutdown.as_mut() => return Ok(()),
-                opened = self.open() => opened,
+                opened = tokio::time::timeout(self.connect_timeout, self.open()) => {
+                    opened.unwrap_or_else(|_| Err(AmqpError::Connect {
+                        reason: format!("not consuming within {:?}", self.connect_timeout),
+                        source: None,
+                    }))
+                }
             };
             match opened {
                 Ok(mut session) => {
@@ -254,17 +262,7 @@ impl AmqpConsumer {
             .channel(&mut connection, self.connect_timeout)
             .await?;
         let lost = |what: &str, e: lapin::Error| {
-            if e.is_amqp_soft_error() {
-                AmqpError::Broker {
-                    what: format!("{what} (queue `{}`)", self.queue),
-                    source: e,
-                }
-            } else {
-                AmqpError::Connect {
-                    reason: format!("{what}: {e}"),
-                    source: Some(e),
-                }
-            }
+            broker_error(format!("{what} (queue `{}`)", self.queue), e)
         };
         if let Some(kind) = self.declare {
             declare_queue(&channel, &self.queue, kind).await?;

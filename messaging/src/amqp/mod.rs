@@ -201,7 +201,8 @@ pub enum QueueType {
 }
 
 /// Declares a **durable** queue `name` of `kind` (a no-op when it exists with these settings; an
-/// [`AmqpError::Broker`] when it exists with others, such as another type).
+/// [`AmqpError::Broker`] when it exists with others, such as another type; an
+/// [`AmqpError::Connect`] when the connection was lost meanwhile).
 pub async fn declare_queue(
     channel: &Channel,
     name: &str,
@@ -225,10 +226,21 @@ pub async fn declare_queue(
         )
         .await
         .map(|_| ())
-        .map_err(|e| AmqpError::Broker {
-            what: format!("declare queue `{name}`"),
-            source: e,
-        })
+        .map_err(|e| broker_error(format!("declare queue `{name}`"), e))
+}
+
+/// lapin's error about `what`: [`AmqpError::Broker`] when the broker refused it (a channel-level
+/// AMQP error: not found, precondition failed, access refused), else [`AmqpError::Connect`] (the
+/// connection was lost: try again).
+fn broker_error(what: String, e: lapin::Error) -> AmqpError {
+    if e.is_amqp_soft_error() {
+        AmqpError::Broker { what, source: e }
+    } else {
+        AmqpError::Connect {
+            reason: format!("{what}: {e}"),
+            source: Some(e),
+        }
+    }
 }
 
 /// Waits for `operation` on `channel` — an acknowledgement, a publish's confirm — for at most
