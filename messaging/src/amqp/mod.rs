@@ -29,6 +29,9 @@
 //!   queue. It is the inbox, for its [`ttl`](crate::Inbox::ttl), that tells it from a new one — by
 //!   the envelope's identity, or for a producer without samekey by its `message_id`.
 //!
+//! lapin is built without TLS: for `amqps://` URLs, enable one of its TLS features (`rustls`,
+//! `native-tls`, `openssl`) in your own `Cargo.toml` — features add up.
+//!
 //! A classic queue keeps no count of a message's deliveries (only its `redelivered` flag): the inbox
 //! counts them from its journal. A quorum queue ([`QueueType::Quorum`]) counts them in
 //! `x-delivery-count`, which the consumer passes on as [`Delivery::delivery`](crate::Delivery).
@@ -41,6 +44,7 @@
 //!
 //! # async fn producer() -> Result<(), samekey_messaging::amqp::AmqpError> {
 //! let publisher = AmqpPublisher::new("amqp://guest:guest@127.0.0.1:5672/%2f");
+//! declare_queue(&publisher.channel().await?, "orders.charged", QueueType::Quorum).await?;
 //! // Inside an #[idempotent] call, every attempt publishes the same ids.
 //! let charged = Envelope::new(("order-7".to_owned(), 4200u64));
 //! // Confirmed, or published again under the same message id.
