@@ -38,6 +38,8 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "rabbitmq")]
+pub mod amqp;
 mod delivery;
 mod envelope;
 mod inbox;
