@@ -31,7 +31,7 @@ pub const ATTR_TRACEPARENT: &str = "traceparent";
 ///
 /// Publish from inside an `#[idempotent]` call: every attempt of that call (a publish retried after a
 /// timeout) sends its messages with the same identities — the call's callId and each message's
-/// [`seq`](Envelope::seq) — and the consumer's [`Inbox`] does each message's work once.
+/// [`seq`](Envelope::seq) — and the consumer's [`Inbox`](crate::Inbox) does each message's work once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Envelope<T> {
     /// The callId of the logical call the message belongs to.

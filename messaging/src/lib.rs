@@ -42,6 +42,8 @@ mod delivery;
 mod envelope;
 mod inbox;
 mod message;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub mod outbox;
 
 pub use delivery::{Delivery, Disposition, Handled, HEADER_DEAD_LETTER_REASON};
 pub use envelope::{
