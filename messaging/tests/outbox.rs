@@ -868,3 +868,58 @@ outbox_suite!(
     samekey_runtime::sqlx::Sqlite,
     samekey_runtime::store::SqliteStore
 );
+
+/// On PostgreSQL, two transactions staging under one key are published in the order they commit:
+/// the second waits for the first's lock on the key (seen in `pg_locks`), so it cannot commit a
+/// later message with an earlier id, and a relay in between publishes nothing out of order.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_stagings_under_one_key_are_ordered_by_their_commits() {
+    use samekey_messaging::outbox::Relay;
+    use samekey_runtime::sqlx;
+
+    let Some(setup) = pg_setup::open("lockkey").await else {
+        return;
+    };
+    let outbox = setup.outbox.clone();
+    let mut first = outbox.pool().begin().await.unwrap();
+    outbox
+        .stage(&mut first, "k", &message("k", 0))
+        .await
+        .unwrap();
+    let second = tokio::spawn({
+        let outbox = outbox.clone();
+        async move {
+            let mut tx = outbox.pool().begin().await.unwrap();
+            outbox.stage(&mut tx, "k", &message("k", 1)).await.unwrap();
+            tx.commit().await.unwrap();
+        }
+    });
+    // Bounded: the second stage waits for the first transaction's lock on the key.
+    let mut waiting = 0i64;
+    for _ in 0..400 {
+        waiting = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+        )
+        .fetch_one(outbox.pool())
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(waiting > 0, "the second stage waits for the key");
+    let broker = Broker::reliable();
+    let relay = Relay::new(outbox.clone(), broker.clone());
+    assert_eq!(
+        relay.run_once().await.unwrap().taken,
+        0,
+        "nothing committed yet"
+    );
+    first.commit().await.unwrap();
+    second.await.unwrap();
+    poll_until(&relay, &broker, 2).await;
+    assert_eq!(by_key(&broker.log())["k"], [0, 1]);
+    setup.cleanup().await;
+}

@@ -239,6 +239,10 @@ impl<DB: Backend> Outbox<DB> {
     /// (`pg_advisory_xact_lock`), so that two transactions staging under one key are published in the
     /// order they commit; a transaction that stages under several keys should take them in one order
     /// (by name), or two of them may deadlock — PostgreSQL then aborts one, which rolls back.
+    ///
+    /// On SQLite, with [`Outbox::max_pending`] set, the stage reads before it writes: begin the
+    /// transaction with a write (the business row) or `BEGIN IMMEDIATE`, as any SQLite transaction
+    /// that reads then writes, or a concurrent writer may make it fail with `SQLITE_BUSY`.
     pub async fn stage(
         &self,
         conn: &mut DB::Connection,
