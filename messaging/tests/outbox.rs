@@ -40,6 +40,8 @@ struct Broker {
     plan: Mutex<Plan>,
     taken: watch::Sender<usize>,
     hung: Notify,
+    in_flight: AtomicU64,
+    most_in_flight: AtomicU64,
 }
 
 impl Broker {
@@ -50,6 +52,8 @@ impl Broker {
             plan: Mutex::new(Box::new(plan)),
             taken: watch::channel(0).0,
             hung: Notify::new(),
+            in_flight: AtomicU64::new(0),
+            most_in_flight: AtomicU64::new(0),
         })
     }
 
@@ -89,7 +93,10 @@ impl Publish for Broker {
                 Ok(())
             }
             Fault::Slow(latency) => {
+                let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                self.most_in_flight.fetch_max(now, Ordering::SeqCst);
                 tokio::time::sleep(latency).await;
+                self.in_flight.fetch_sub(1, Ordering::SeqCst);
                 self.take(message);
                 Ok(())
             }
@@ -668,7 +675,10 @@ macro_rules! outbox_suite {
                         }
                     })
                 };
-                let relay = Relay::new(outbox.clone(), broker.clone()).batch_size(8);
+                // One publish at a time: a batch stops at the first that finds the broker down.
+                let relay = Relay::new(outbox.clone(), broker.clone())
+                    .batch_size(8)
+                    .concurrency(1);
                 let mut staged = 0u32;
                 for poll in 0..40u32 {
                     let key = format!("key-{}", poll % 3);
@@ -805,6 +815,29 @@ macro_rules! outbox_suite {
                 let keys = by_key(&broker.log());
                 assert_eq!(keys["a"], [0, 1]);
                 assert_eq!(keys["b"], [0]);
+                setup.cleanup().await;
+            }
+
+            /// A batch's heads are of distinct keys, published `concurrency` at once.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_batch_publishes_its_heads_concurrency_at_once() {
+                let Some(setup) = $setup::open("concurrent").await else {
+                    return;
+                };
+                let outbox = &setup.outbox;
+                for k in 0..8 {
+                    stage(
+                        outbox,
+                        &format!("key-{k}"),
+                        &message(&format!("key-{k}"), 0),
+                    )
+                    .await;
+                }
+                let broker = Broker::new(|_, _| Fault::Slow(Duration::from_millis(20)));
+                let relay = Relay::new(outbox.clone(), broker.clone()).concurrency(4);
+                let batch = relay.run_once().await.unwrap();
+                assert_eq!((batch.taken, batch.published), (8, 8), "{batch:?}");
+                assert_eq!(broker.most_in_flight.load(Ordering::SeqCst), 4);
                 setup.cleanup().await;
             }
 

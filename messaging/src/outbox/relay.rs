@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use super::backend::Row;
 use super::{Backend, Outbox, OutboxError};
 use crate::message::{Publish, PublishError};
 
@@ -29,8 +30,8 @@ pub struct Batch {
 /// [module documentation](super) for the guarantees.
 ///
 /// Each batch takes the heads of up to [`batch_size`](Relay::batch_size) keys — each key's oldest
-/// unsent message, none another relay holds — publishes them one by one, oldest first, and marks each
-/// sent once confirmed. A key's next message is taken by a later batch, after this one was marked:
+/// unsent message, none another relay holds — publishes them, oldest first, up to
+/// [`concurrency`](Relay::concurrency) at once, and marks each sent once confirmed. A key's next message is taken by a later batch, after this one was marked:
 ///
 /// | publish of a key's head | the row | the key's later messages |
 /// |---|---|---|
@@ -55,6 +56,7 @@ pub struct Relay<DB: Backend, P: Publish> {
     retry_backoff: (Duration, Duration),
     lease: Duration,
     keep_sent: Duration,
+    concurrency: usize,
 }
 
 impl<DB: Backend, P: Publish> std::fmt::Debug for Relay<DB, P> {
@@ -67,12 +69,14 @@ impl<DB: Backend, P: Publish> std::fmt::Debug for Relay<DB, P> {
             .field("retry_backoff", &self.retry_backoff)
             .field("lease", &self.lease)
             .field("keep_sent", &self.keep_sent)
+            .field("concurrency", &self.concurrency)
             .finish_non_exhaustive()
     }
 }
 
 impl<DB: Backend, P: Publish> Relay<DB, P> {
-    /// A relay of `outbox` through `publisher`: batches of 64 keys' heads, polled every 200 ms, backing
+    /// A relay of `outbox` through `publisher`: batches of 64 keys' heads, 16 publishes in flight at
+    /// once, polled every 200 ms, backing
     /// off up to 30 s while the broker is unreachable, a refused message retried after 1 s doubling
     /// up to 5 min, a 60 s lease (SQLite), sent rows kept 1 h.
     pub fn new(outbox: Outbox<DB>, publisher: P) -> Relay<DB, P> {
@@ -85,7 +89,16 @@ impl<DB: Backend, P: Publish> Relay<DB, P> {
             retry_backoff: (Duration::from_secs(1), Duration::from_secs(300)),
             lease: Duration::from_secs(60),
             keep_sent: Duration::from_secs(60 * 60),
+            concurrency: 16,
         }
+    }
+
+    /// How many publishes a batch has in flight at once (default 16; at least 1): each is the head of
+    /// another key, so a key's order is kept whatever it is; 1 publishes one message at a time. The
+    /// rows are marked in the order of their ids once their publishes ended.
+    pub fn concurrency(mut self, n: usize) -> Relay<DB, P> {
+        self.concurrency = n.max(1);
+        self
     }
 
     /// How many keys' heads one batch takes (default 64; at least 1). On PostgreSQL, one batch is one
@@ -149,44 +162,25 @@ impl<DB: Backend, P: Publish> Relay<DB, P> {
             taken: rows.len(),
             ..Batch::default()
         };
-        for row in &rows {
+        // The heads are of distinct keys: publishing several at once keeps each key's order.
+        for chunk in rows.chunks(self.concurrency) {
             if batch.broker_down {
-                batch.left += 1;
+                batch.left += chunk.len();
                 continue;
             }
-            let message = match &row.message {
-                Ok(message) => message,
-                Err(reason) => {
-                    tracing::error!(target: "samekey", id = row.id, ordering_key = %row.ordering_key,
-                        %reason, "samekey: an outbox row cannot be read; its key waits");
-                    let retry = self.retry_ms(row.attempts);
-                    DB::mark_failed(&mut taking, pool, row.id, reason, retry).await?;
-                    batch.failed += 1;
-                    continue;
+            let outcomes = join_all(chunk.iter().map(|row| async move {
+                match &row.message {
+                    Ok(message) => self
+                        .publisher
+                        .publish(message)
+                        .await
+                        .map_err(Failure::Publish),
+                    Err(reason) => Err(Failure::Unreadable(reason.clone())),
                 }
-            };
-            match self.publisher.publish(message).await {
-                Ok(()) => {
-                    DB::mark_sent(&mut taking, pool, row.id, self.keep_sent.is_zero()).await?;
-                    batch.published += 1;
-                    tracing::debug!(target: "samekey", id = %message.id, ordering_key = %row.ordering_key,
-                        destination = %message.destination, attempts = row.attempts + 1,
-                        "samekey: outbox message published");
-                }
-                Err(error) => {
-                    let retry = match error {
-                        PublishError::Unavailable(_) => {
-                            batch.broker_down = true;
-                            0
-                        }
-                        _ => self.retry_ms(row.attempts),
-                    };
-                    DB::mark_failed(&mut taking, pool, row.id, &error.to_string(), retry).await?;
-                    batch.failed += 1;
-                    tracing::warn!(target: "samekey", id = %message.id, ordering_key = %row.ordering_key,
-                        attempts = row.attempts + 1, retry_in_ms = retry, %error,
-                        "samekey: outbox message not published; its key waits");
-                }
+            }))
+            .await;
+            for (row, outcome) in chunk.iter().zip(outcomes) {
+                self.settle(&mut taking, row, outcome, &mut batch).await?;
             }
         }
         DB::finish(taking, pool).await?;
@@ -194,6 +188,42 @@ impl<DB: Backend, P: Publish> Relay<DB, P> {
             batch.purged = DB::purge(pool, millis(self.keep_sent), 1_000).await?;
         }
         Ok(batch)
+    }
+
+    /// Marks a row after its publish: sent, or failed (and when, then, it is due again).
+    async fn settle(
+        &self,
+        taking: &mut DB::Taking,
+        row: &Row,
+        outcome: Result<(), Failure>,
+        batch: &mut Batch,
+    ) -> Result<(), OutboxError> {
+        let pool = self.outbox.pool();
+        let id = row.message.as_ref().map(|m| m.id.as_str()).unwrap_or("?");
+        match outcome {
+            Ok(()) => {
+                DB::mark_sent(taking, pool, row.id, self.keep_sent.is_zero()).await?;
+                batch.published += 1;
+                tracing::debug!(target: "samekey", id, ordering_key = %row.ordering_key,
+                    attempts = row.attempts + 1, "samekey: outbox message published");
+            }
+            Err(failure) => {
+                let retry = match failure {
+                    Failure::Publish(PublishError::Unavailable(_)) => {
+                        batch.broker_down = true;
+                        0
+                    }
+                    _ => self.retry_ms(row.attempts),
+                };
+                let error = failure.to_string();
+                DB::mark_failed(taking, pool, row.id, &error, retry).await?;
+                batch.failed += 1;
+                tracing::warn!(target: "samekey", id, row = row.id, ordering_key = %row.ordering_key,
+                    attempts = row.attempts + 1, retry_in_ms = retry, %error,
+                    "samekey: outbox message not published; its key waits");
+            }
+        }
+        Ok(())
     }
 
     /// Publishes batches until `shutdown` completes: the next batch at once after a full one, after
@@ -244,6 +274,44 @@ impl<DB: Backend, P: Publish> Relay<DB, P> {
         let doublings = u32::try_from(attempts.clamp(0, 30)).unwrap_or(30);
         millis(base.saturating_mul(1u32 << doublings).min(max))
     }
+}
+
+/// Why a taken row was not published.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    /// The publisher's error.
+    #[error(transparent)]
+    Publish(PublishError),
+    /// The row does not decode.
+    #[error("the row cannot be read: {0}")]
+    Unreadable(String),
+}
+
+/// Runs `futures` at once, and answers their outputs in their order.
+async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let mut futures: Vec<_> = futures.into_iter().map(|f| Some(Box::pin(f))).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if let Some(f) = future {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(out) => {
+                        *output = Some(out);
+                        *future = None;
+                    }
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
 }
 
 /// A duration in ms, saturating.
