@@ -29,6 +29,8 @@ enum Fault {
     HangBefore,
     /// Takes the message, then never answers: the relay dies between the publish and its mark.
     HangAfter,
+    /// Says so (`hung`), waits until the test opens the gate, then takes the message and confirms.
+    Held,
 }
 
 type Plan = Box<dyn FnMut(u64, &Message) -> Fault + Send>;
@@ -40,6 +42,7 @@ struct Broker {
     plan: Mutex<Plan>,
     taken: watch::Sender<usize>,
     hung: Notify,
+    gate: Notify,
     in_flight: AtomicU64,
     most_in_flight: AtomicU64,
 }
@@ -52,6 +55,7 @@ impl Broker {
             plan: Mutex::new(Box::new(plan)),
             taken: watch::channel(0).0,
             hung: Notify::new(),
+            gate: Notify::new(),
             in_flight: AtomicU64::new(0),
             most_in_flight: AtomicU64::new(0),
         })
@@ -109,6 +113,12 @@ impl Publish for Broker {
                 self.take(message);
                 self.hung.notify_one();
                 std::future::pending().await
+            }
+            Fault::Held => {
+                self.hung.notify_one();
+                self.gate.notified().await;
+                self.take(message);
+                Ok(())
             }
         }
     }
@@ -818,6 +828,43 @@ macro_rules! outbox_suite {
                 setup.cleanup().await;
             }
 
+            /// A publisher that never answers is given up after `publish_timeout` (Unconfirmed,
+            /// recorded in the row), and the message is published again, under the same id.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_publish_that_never_answers_is_timed_out_and_tried_again() {
+                let Some(setup) = $setup::open("timeout").await else {
+                    return;
+                };
+                let outbox = &setup.outbox;
+                stage(outbox, "k", &message("k", 0)).await;
+                let broker = Broker::new(|n, _| {
+                    if n == 0 {
+                        Fault::HangBefore
+                    } else {
+                        Fault::Deliver
+                    }
+                });
+                let relay = Relay::new(outbox.clone(), broker.clone())
+                    .publish_timeout(Duration::from_millis(50))
+                    .retry_backoff(Duration::ZERO, Duration::ZERO);
+                let first = relay.run_once().await.unwrap();
+                assert_eq!(
+                    (first.taken, first.published, first.failed),
+                    (1, 0, 1),
+                    "{first:?}"
+                );
+                let error: Option<String> =
+                    sqlx::query_scalar("SELECT last_error FROM samekey_outbox")
+                        .fetch_one(outbox.pool())
+                        .await
+                        .unwrap();
+                assert!(error.unwrap_or_default().contains("no confirmation"));
+                assert_eq!(relay.run_once().await.unwrap().published, 1);
+                assert_eq!(broker.log()[0].id, "k/0");
+                assert_eq!(outbox.pending().await.unwrap(), 0);
+                setup.cleanup().await;
+            }
+
             /// A batch's heads are of distinct keys, published `concurrency` at once.
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_batch_publishes_its_heads_concurrency_at_once() {
@@ -954,5 +1001,55 @@ async fn postgres_stagings_under_one_key_are_ordered_by_their_commits() {
     second.await.unwrap();
     poll_until(&relay, &broker, 2).await;
     assert_eq!(by_key(&broker.log())["k"], [0, 1]);
+    setup.cleanup().await;
+}
+
+/// On SQLite, a batch renews its lease before each group of publishes, and leaves the rows another
+/// relay took once its lease ended: it does not publish them again.
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_batch_whose_lease_ended_leaves_the_rows_another_relay_took() {
+    use samekey_messaging::outbox::Relay;
+    use samekey_runtime::sqlx;
+
+    let Some(setup) = sqlite_setup::open("lease").await else {
+        return;
+    };
+    let outbox = setup.outbox.clone();
+    for key in ["a", "b"] {
+        let mut tx = outbox.pool().begin().await.unwrap();
+        outbox.stage(&mut tx, key, &message(key, 0)).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    let broker = Broker::new(|n, _| if n == 0 { Fault::Held } else { Fault::Deliver });
+    let slow = Relay::new(outbox.clone(), broker.clone()).concurrency(1);
+    let other = Relay::new(outbox.clone(), broker.clone());
+    let slow_batch = async {
+        let batch = slow.run_once().await.unwrap();
+        assert_eq!(
+            (batch.taken, batch.published, batch.left),
+            (2, 1, 1),
+            "{batch:?}"
+        );
+    };
+    let meanwhile = async {
+        broker.hung.notified().await; // the slow relay is publishing "a/0"
+                                      // Its lease ends (a publish slower than the lease): the other relay takes both heads.
+        sqlx::query("UPDATE samekey_outbox SET lease_until = '2000-01-01 00:00:00.000'")
+            .execute(outbox.pool())
+            .await
+            .unwrap();
+        let batch = other.run_once().await.unwrap();
+        broker.gate.notify_one();
+        batch
+    };
+    let ((), other_batch) = tokio::join!(slow_batch, meanwhile);
+    assert_eq!(other_batch.published, 2, "{other_batch:?}");
+    let log = broker.log();
+    let ids: Vec<&str> = log.iter().map(|m| m.id.as_str()).collect();
+    // "a/0" twice under its id (the window a lease shorter than a publish opens); "b/0", which the
+    // slow relay no longer held when it came to it, once.
+    assert_eq!(ids, ["a/0", "b/0", "a/0"]);
+    assert_eq!(outbox.pending().await.unwrap(), 0);
     setup.cleanup().await;
 }

@@ -369,6 +369,15 @@ pub(crate) mod backend {
             lease_ms: u64,
         ) -> impl Future<Output = Result<(Self::Taking, Vec<Row>), sqlx::Error>> + Send;
 
+        /// Holds taken rows `ids` for another `lease_ms` (SQLite: the lease renewed; PostgreSQL:
+        /// the transaction holds them): the ids still held.
+        fn hold(
+            taking: &mut Self::Taking,
+            pool: &Pool<Self>,
+            ids: &[i64],
+            lease_ms: u64,
+        ) -> impl Future<Output = Result<Vec<i64>, sqlx::Error>> + Send;
+
         /// Marks a taken row sent (deletes it when `delete`).
         fn mark_sent(
             taking: &mut Self::Taking,

@@ -16,7 +16,8 @@ pub struct Batch {
     pub published: usize,
     /// Publishes that failed: recorded in the row (`attempts`, `last_error`), to be tried again.
     pub failed: usize,
-    /// Taken but not tried, because the broker was unreachable: given back as they were.
+    /// Taken but not tried: the broker was unreachable (given back as they were), or, on SQLite, the
+    /// batch's lease ended and another relay took them.
     pub left: usize,
     /// Sent rows deleted, past [`Relay::keep_sent`].
     pub purged: u64,
@@ -45,8 +46,10 @@ pub struct Batch {
 /// ones it published are published again, under their ids) and other relays skip them meanwhile.
 /// On SQLite a batch takes its heads under a lease ([`lease`](Relay::lease)) in one
 /// `UPDATE … RETURNING`, and marks each in a statement of its own; the heads of a relay that died
-/// are taken again once the lease ended, by the database's clock. The lease must outlast a batch's
-/// publishes, or a head could be published by another relay while its first relay still works.
+/// are taken again once the lease ended, by the database's clock. The lease is renewed before each
+/// group of [`concurrency`](Relay::concurrency) publishes, and must outlast one group (it does by
+/// default: a 60 s lease, a 30 s [`publish_timeout`](Relay::publish_timeout)), or a head could be
+/// published by another relay while its first relay still works.
 pub struct Relay<DB: Backend, P: Publish> {
     outbox: Outbox<DB>,
     publisher: P,
@@ -57,6 +60,7 @@ pub struct Relay<DB: Backend, P: Publish> {
     lease: Duration,
     keep_sent: Duration,
     concurrency: usize,
+    publish_timeout: Duration,
 }
 
 impl<DB: Backend, P: Publish> std::fmt::Debug for Relay<DB, P> {
@@ -70,6 +74,7 @@ impl<DB: Backend, P: Publish> std::fmt::Debug for Relay<DB, P> {
             .field("lease", &self.lease)
             .field("keep_sent", &self.keep_sent)
             .field("concurrency", &self.concurrency)
+            .field("publish_timeout", &self.publish_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -90,7 +95,18 @@ impl<DB: Backend, P: Publish> Relay<DB, P> {
             lease: Duration::from_secs(60),
             keep_sent: Duration::from_secs(60 * 60),
             concurrency: 16,
+            publish_timeout: Duration::from_secs(30),
         }
+    }
+
+    /// How long the relay waits for one publish to end (default 30 s, longer than a publisher's own
+    /// confirmation timeouts and republishes, [`Confirms`](crate::Confirms)): a publish that has not
+    /// ended by then is [`PublishError::Unconfirmed`] — the broker may have the message — and is
+    /// tried again later under the same id, so that a publisher that hangs does not hold its
+    /// batch's keys for ever.
+    pub fn publish_timeout(mut self, timeout: Duration) -> Relay<DB, P> {
+        self.publish_timeout = timeout;
+        self
     }
 
     /// How many publishes a batch has in flight at once (default 16; at least 1): each is the head of
@@ -131,8 +147,9 @@ impl<DB: Backend, P: Publish> Relay<DB, P> {
         self
     }
 
-    /// On SQLite, how long a batch holds its heads (default 60 s): longer than its publishes take. A
-    /// relay that dies leaves its heads to the others when it ends. (On PostgreSQL the batch's
+    /// On SQLite, how long a batch holds its heads (default 60 s), renewed before each
+    /// [`concurrency`](Relay::concurrency) publishes: longer than [`publish_timeout`](Relay::publish_timeout).
+    /// A relay that dies leaves its heads to the others when it ends. (On PostgreSQL the batch's
     /// transaction holds them: unused.)
     pub fn lease(mut self, lease: Duration) -> Relay<DB, P> {
         self.lease = lease;
@@ -163,23 +180,23 @@ impl<DB: Backend, P: Publish> Relay<DB, P> {
             ..Batch::default()
         };
         // The heads are of distinct keys: publishing several at once keeps each key's order.
-        for chunk in rows.chunks(self.concurrency) {
+        for (n, chunk) in rows.chunks(self.concurrency).enumerate() {
             if batch.broker_down {
                 batch.left += chunk.len();
                 continue;
             }
-            let outcomes = join_all(chunk.iter().map(|row| async move {
-                match &row.message {
-                    Ok(message) => self
-                        .publisher
-                        .publish(message)
-                        .await
-                        .map_err(Failure::Publish),
-                    Err(reason) => Err(Failure::Unreadable(reason.clone())),
-                }
-            }))
-            .await;
-            for (row, outcome) in chunk.iter().zip(outcomes) {
+            // After the first chunk, hold the next one's rows again (SQLite: the lease renewed),
+            // and leave those another relay took meanwhile.
+            let chunk: Vec<&Row> = if n == 0 {
+                chunk.iter().collect()
+            } else {
+                let ids: Vec<i64> = chunk.iter().map(|row| row.id).collect();
+                let held = DB::hold(&mut taking, pool, &ids, lease_ms).await?;
+                batch.left += chunk.len() - held.len();
+                chunk.iter().filter(|row| held.contains(&row.id)).collect()
+            };
+            let outcomes = join_all(chunk.iter().map(|row| self.publish(row))).await;
+            for (row, outcome) in chunk.into_iter().zip(outcomes) {
                 self.settle(&mut taking, row, outcome, &mut batch).await?;
             }
         }
@@ -188,6 +205,24 @@ impl<DB: Backend, P: Publish> Relay<DB, P> {
             batch.purged = DB::purge(pool, millis(self.keep_sent), 1_000).await?;
         }
         Ok(batch)
+    }
+
+    /// Publishes a taken row, within [`publish_timeout`](Relay::publish_timeout).
+    async fn publish(&self, row: &Row) -> Result<(), Failure> {
+        let message = row
+            .message
+            .as_ref()
+            .map_err(|reason| Failure::Unreadable(reason.clone()))?;
+        match tokio::time::timeout(self.publish_timeout, self.publisher.publish(message)).await {
+            Ok(published) => published.map_err(Failure::Publish),
+            Err(_) => Err(Failure::Publish(PublishError::Unconfirmed {
+                id: message.id.clone(),
+                reason: format!(
+                    "no answer from the publisher within {:?}",
+                    self.publish_timeout
+                ),
+            })),
+        }
     }
 
     /// Marks a row after its publish: sent, or failed (and when, then, it is due again).

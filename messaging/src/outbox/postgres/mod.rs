@@ -120,6 +120,16 @@ impl Ops for Postgres {
         Ok((tx, rows))
     }
 
+    async fn hold(
+        _tx: &mut Self::Taking,
+        _pool: &Pool<Postgres>,
+        ids: &[i64],
+        _lease_ms: u64,
+    ) -> Result<Vec<i64>, sqlx::Error> {
+        // Locked until the transaction ends.
+        Ok(ids.to_vec())
+    }
+
     async fn mark_sent(
         tx: &mut Self::Taking,
         _pool: &Pool<Postgres>,

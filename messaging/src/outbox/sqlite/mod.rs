@@ -28,6 +28,7 @@ const MARK_SENT: &str = include_str!("mark_sent.sql");
 const DELETE_SENT: &str = include_str!("delete_sent.sql");
 const MARK_FAILED: &str = include_str!("mark_failed.sql");
 const RELEASE: &str = include_str!("release.sql");
+const RENEW: &str = include_str!("renew.sql");
 const PURGE: &str = include_str!("purge.sql");
 
 /// A batch on SQLite: its token, and the rows it took and has not marked.
@@ -127,6 +128,26 @@ impl Ops for Sqlite {
             unmarked: rows.iter().map(|row| row.id).collect(),
         };
         Ok((taking, rows))
+    }
+
+    async fn hold(
+        taking: &mut Taking,
+        pool: &Pool<Sqlite>,
+        ids: &[i64],
+        lease_ms: u64,
+    ) -> Result<Vec<i64>, sqlx::Error> {
+        let list = serde_json::to_string(ids).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+        let held: Vec<i64> = sqlx::query_scalar(RENEW)
+            .bind(taking.taker)
+            .bind(list)
+            .bind(bigint(lease_ms))
+            .fetch_all(pool)
+            .await?;
+        // Those another batch took are no longer this one's to give back.
+        taking
+            .unmarked
+            .retain(|id| !ids.contains(id) || held.contains(id));
+        Ok(held)
     }
 
     async fn mark_sent(
