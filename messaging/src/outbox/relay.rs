@@ -37,7 +37,7 @@ pub struct Batch {
 /// | publish of a key's head | the row | the key's later messages |
 /// |---|---|---|
 /// | confirmed | marked sent (deleted after `keep_sent`) | the next is the key's head |
-/// | [`Unavailable`](PublishError::Unavailable) (no broker) | `attempts` + 1, `last_error`; due again at once | wait; the batch stops, the relay backs off |
+/// | [`Unavailable`](PublishError::Unavailable) (no broker) | `attempts` + 1, `last_error`; due again at once | wait; the batch starts no further publishes, the relay backs off |
 /// | [`Refused`](PublishError::Refused), [`Unconfirmed`](PublishError::Unconfirmed) | `attempts` + 1, `last_error`; due again after [`retry_backoff`](Relay::retry_backoff) | wait |
 /// | the relay dies before the mark | unsent: published again under the same id | wait |
 ///
