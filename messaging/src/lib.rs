@@ -46,6 +46,8 @@ mod inbox;
 mod message;
 #[cfg(feature = "nats")]
 pub mod nats;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub mod outbox;
 
 pub use delivery::{Delivery, Disposition, Handled, HEADER_DEAD_LETTER_REASON};
 pub use envelope::{

@@ -14,6 +14,8 @@
 //!   statement (the journal's append one transaction).
 //! * **Waiting for a busy key polls** ([`poll_settled`]): SQLite has no notifications across
 //!   processes.
+//! * **A receipt may commit with the business row**, in the caller's transaction
+//!   ([`SqliteStore::complete_in`]).
 //!
 //! # Layout
 //!
@@ -25,16 +27,20 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use serde::Serialize;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
+};
 use sqlx::Sqlite;
 
 use super::sql::rows::{driver, fence_of, int};
 use super::sql::{Dialect, SqlStore, Statements};
-use super::{poll_settled, Claim, Claimed};
+use super::{poll_settled, Claim, Claimed, Completion};
+use crate::context::Context;
 use crate::error::StoreError;
 use crate::journal::{self, Event, JOURNAL_LIMIT};
 use crate::key::Key;
-use crate::receipt::Receipt;
+use crate::receipt::{Receipt, ReceiptState, Transition};
 
 /// The schema, idempotent (`schema.sql`): run by [`SqliteStore::open`] and [`SqliteStore::migrate`].
 const SCHEMA: &str = include_str!("schema.sql");
@@ -50,6 +56,13 @@ const SCHEMA: &str = include_str!("schema.sql");
 /// A claim is one `INSERT … ON CONFLICT DO UPDATE … WHERE <free> RETURNING` statement: it creates the
 /// row, or reuses a released or expired one, or changes nothing and the record is read back. Waiting for
 /// a busy key polls (the trait's default), as SQLite has no notifications across processes.
+///
+/// # Receipts in your own transaction
+///
+/// [`SqliteStore::complete_in`] writes the call's outcome inside a transaction of yours, so the
+/// business row and the receipt commit or roll back together (seed 000 §5.3), as
+/// [`PgStore::complete_in`](super::PgStore::complete_in) does on PostgreSQL. The runtime's own
+/// completion afterwards finds the receipt written and changes nothing.
 pub type SqliteStore = SqlStore<Sqlite>;
 
 impl SqliteStore {
@@ -97,6 +110,36 @@ impl SqliteStore {
 
     /// Keeps a key's latest journal events (`$1` key, `$2` how many).
     const TRIM_JOURNAL_SQL: &'static str = include_str!("statements/trim_journal.sql");
+
+    /// Records the running call's success inside the caller's transaction (`&mut *tx`), so that the
+    /// business rows written in it and the receipt commit or roll back together. Call it in the body of
+    /// an `#[idempotent]` function, with `samekey::current()`, just before committing, and return the
+    /// same value from the body. The receipt is dated by the attempt's start
+    /// ([`Context::started_ms`]) and expires at [`Context::expires_at_ms`], in the runtime's clock
+    /// (the clock this store judges by).
+    ///
+    /// Refused with [`StoreError::Fenced`] when another owner took the key over: then roll back. A call
+    /// that runs unprotected ([`Context::is_protected`] is `false`: a missing key part and
+    /// `on_missing_key = "run"`) has no receipt: nothing is written, and the answer is
+    /// [`Transition::AlreadyApplied`].
+    pub async fn complete_in<T: Serialize>(
+        conn: &mut SqliteConnection,
+        call: &Context,
+        value: &T,
+    ) -> Result<Transition, StoreError> {
+        if !call.is_protected() {
+            return Ok(Transition::AlreadyApplied);
+        }
+        let outcome = serde_json::to_vec(value)
+            .map_err(|e| StoreError::Corrupt(format!("the outcome cannot be encoded: {e}")))?;
+        let now = call.started_ms();
+        let completion = Completion {
+            state: ReceiptState::Success,
+            outcome: Some(outcome.into()),
+            ttl_ms: call.expires_at_ms().saturating_sub(now),
+        };
+        SqliteStore::complete_on(conn, call.key(), call.fence(), completion, now).await
+    }
 
     /// The columns of the compensation queue added since its first release, and how to add each.
     const ADDED_COLUMNS: [(&'static str, &'static str); 4] = [

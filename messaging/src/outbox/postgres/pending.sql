@@ -1,0 +1,2 @@
+-- How many messages wait.
+SELECT count(*) FROM samekey_outbox WHERE sent IS NULL
