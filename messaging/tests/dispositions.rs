@@ -328,7 +328,10 @@ async fn a_message_moved_back_from_the_dead_letters_gets_its_deliveries_again() 
     let first = inbox.handle(&delivery(&message, false), fail).await;
     assert!(matches!(first.disposition(), Disposition::Requeue { .. }));
     let second = inbox.handle(&delivery(&message, true), fail).await;
-    assert!(matches!(second.disposition(), Disposition::DeadLetter { .. }));
+    assert!(matches!(
+        second.disposition(),
+        Disposition::DeadLetter { .. }
+    ));
     // An operator moves it back once the carrier is up again: its first new delivery is not the
     // third of a message already given up, and a failure is requeued again.
     let again = inbox.handle(&delivery(&message, false), fail).await;

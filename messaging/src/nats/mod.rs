@@ -77,9 +77,7 @@ use async_nats::jetstream::context::CreateStreamError;
 use async_nats::jetstream::stream::{self, ConsumerError, StorageType};
 use async_nats::jetstream::Context;
 
-pub use consumer::{
-    JetStreamConsumer, JetStreamConsumerBuilder, Received, Settled,
-};
+pub use consumer::{JetStreamConsumer, JetStreamConsumerBuilder, Received, Settled};
 pub use publisher::{Acked, JetStreamPublisher};
 
 /// The async-nats this module is built on, for its `Client`, `jetstream::Context` and settings.
