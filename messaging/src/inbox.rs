@@ -425,13 +425,16 @@ impl Inbox {
     ) {
         let runtime = self.runtime_here();
         let now = runtime.now_ms();
-        // The record's callId; once it was given back, the callId of the message's work.
-        let call_id = match (runtime.store().get(key, now).await, work_call_id) {
-            (Ok(Some(record)), _) => record.call_id,
-            (_, Some(call_id)) => call_id,
-            (_, None) => match CallId::new("msg", runtime.node()) {
-                Ok(call_id) => call_id,
-                Err(_) => return,
+        // An envelope's work has its callId from the message (the record's, also after a
+        // take-over, which keeps it): no read. A foreign message's is the record's, if it has one.
+        let call_id = match work_call_id {
+            Some(call_id) => call_id,
+            None => match runtime.store().get(key, now).await {
+                Ok(Some(record)) => record.call_id,
+                _ => match CallId::new("msg", runtime.node()) {
+                    Ok(call_id) => call_id,
+                    Err(_) => return,
+                },
             },
         };
         let event = Event {

@@ -97,6 +97,16 @@ async fn a_redelivery_is_acked_from_the_receipt_and_journaled() {
         vec![("ack".to_owned(), true), ("ack".to_owned(), true)],
         "the first delivery writes nothing; each redelivery is journaled"
     );
+    let history = rt.history_of_key(&key).await.unwrap();
+    let receipt = history.receipt.expect("the receipt");
+    assert!(
+        history
+            .events
+            .iter()
+            .filter(|e| matches!(e.what, EventKind::Delivered { .. }))
+            .all(|e| e.call_id == receipt.call_id),
+        "the deliveries are journaled under the work's callId"
+    );
 }
 
 #[tokio::test]

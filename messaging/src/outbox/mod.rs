@@ -378,11 +378,11 @@ pub(crate) mod backend {
             lease_ms: u64,
         ) -> impl Future<Output = Result<Vec<i64>, sqlx::Error>> + Send;
 
-        /// Marks a taken row sent (deletes it when `delete`).
+        /// Marks taken rows `ids` sent (deletes them when `delete`), in one statement.
         fn mark_sent(
             taking: &mut Self::Taking,
             pool: &Pool<Self>,
-            id: i64,
+            ids: &[i64],
             delete: bool,
         ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 

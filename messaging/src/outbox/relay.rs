@@ -196,9 +196,14 @@ impl<DB: Backend, P: Publish> Relay<DB, P> {
                 chunk.iter().filter(|row| held.contains(&row.id)).collect()
             };
             let outcomes = join_all(chunk.iter().map(|row| self.publish(row))).await;
+            let mut sent = Vec::with_capacity(chunk.len());
             for (row, outcome) in chunk.into_iter().zip(outcomes) {
-                self.settle(&mut taking, row, outcome, &mut batch).await?;
+                match outcome {
+                    Ok(()) => sent.push(row),
+                    Err(failure) => self.failed(&mut taking, row, failure, &mut batch).await?,
+                }
             }
+            self.sent(&mut taking, &sent, &mut batch).await?;
         }
         DB::finish(taking, pool).await?;
         if !self.keep_sent.is_zero() {
@@ -225,39 +230,50 @@ impl<DB: Backend, P: Publish> Relay<DB, P> {
         }
     }
 
-    /// Marks a row after its publish: sent, or failed (and when, then, it is due again).
-    async fn settle(
+    /// Marks the rows the broker confirmed sent, in one statement.
+    async fn sent(
+        &self,
+        taking: &mut DB::Taking,
+        rows: &[&Row],
+        batch: &mut Batch,
+    ) -> Result<(), OutboxError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<i64> = rows.iter().map(|row| row.id).collect();
+        DB::mark_sent(taking, self.outbox.pool(), &ids, self.keep_sent.is_zero()).await?;
+        batch.published += rows.len();
+        for row in rows {
+            let id = row.message.as_ref().map(|m| m.id.as_str()).unwrap_or("?");
+            tracing::debug!(target: "samekey", id, ordering_key = %row.ordering_key,
+                attempts = row.attempts + 1, "samekey: outbox message published");
+        }
+        Ok(())
+    }
+
+    /// Records a row's failed publish (and when it is due again).
+    async fn failed(
         &self,
         taking: &mut DB::Taking,
         row: &Row,
-        outcome: Result<(), Failure>,
+        failure: Failure,
         batch: &mut Batch,
     ) -> Result<(), OutboxError> {
         let pool = self.outbox.pool();
         let id = row.message.as_ref().map(|m| m.id.as_str()).unwrap_or("?");
-        match outcome {
-            Ok(()) => {
-                DB::mark_sent(taking, pool, row.id, self.keep_sent.is_zero()).await?;
-                batch.published += 1;
-                tracing::debug!(target: "samekey", id, ordering_key = %row.ordering_key,
-                    attempts = row.attempts + 1, "samekey: outbox message published");
+        let retry = match failure {
+            Failure::Publish(PublishError::Unavailable(_)) => {
+                batch.broker_down = true;
+                0
             }
-            Err(failure) => {
-                let retry = match failure {
-                    Failure::Publish(PublishError::Unavailable(_)) => {
-                        batch.broker_down = true;
-                        0
-                    }
-                    _ => self.retry_ms(row.attempts),
-                };
-                let error = failure.to_string();
-                DB::mark_failed(taking, pool, row.id, &error, retry).await?;
-                batch.failed += 1;
-                tracing::warn!(target: "samekey", id, row = row.id, ordering_key = %row.ordering_key,
-                    attempts = row.attempts + 1, retry_in_ms = retry, %error,
-                    "samekey: outbox message not published; its key waits");
-            }
-        }
+            _ => self.retry_ms(row.attempts),
+        };
+        let error = failure.to_string();
+        DB::mark_failed(taking, pool, row.id, &error, retry).await?;
+        batch.failed += 1;
+        tracing::warn!(target: "samekey", id, row = row.id, ordering_key = %row.ordering_key,
+            attempts = row.attempts + 1, retry_in_ms = retry, %error,
+            "samekey: outbox message not published; its key waits");
         Ok(())
     }
 

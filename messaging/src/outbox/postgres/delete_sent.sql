@@ -1,2 +1,2 @@
--- Deletes a message the broker confirmed (keep_sent 0). $1 its id.
-DELETE FROM samekey_outbox WHERE id = $1
+-- Deletes messages the broker confirmed (keep_sent 0). $1 their ids.
+DELETE FROM samekey_outbox WHERE id = ANY($1)

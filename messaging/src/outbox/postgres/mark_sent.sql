@@ -1,2 +1,2 @@
--- Marks a message sent (the broker confirmed it). $1 its id.
-UPDATE samekey_outbox SET sent = statement_timestamp(), next_at = NULL WHERE id = $1
+-- Marks messages sent (the broker confirmed them). $1 their ids.
+UPDATE samekey_outbox SET sent = statement_timestamp(), next_at = NULL WHERE id = ANY($1)

@@ -133,11 +133,11 @@ impl Ops for Postgres {
     async fn mark_sent(
         tx: &mut Self::Taking,
         _pool: &Pool<Postgres>,
-        id: i64,
+        ids: &[i64],
         delete: bool,
     ) -> Result<(), sqlx::Error> {
         let statement = if delete { DELETE_SENT } else { MARK_SENT };
-        sqlx::query(statement).bind(id).execute(&mut **tx).await?;
+        sqlx::query(statement).bind(ids).execute(&mut **tx).await?;
         Ok(())
     }
 

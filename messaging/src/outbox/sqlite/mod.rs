@@ -153,20 +153,23 @@ impl Ops for Sqlite {
     async fn mark_sent(
         taking: &mut Taking,
         pool: &Pool<Sqlite>,
-        id: i64,
+        ids: &[i64],
         delete: bool,
     ) -> Result<(), sqlx::Error> {
         let statement = if delete { DELETE_SENT } else { MARK_SENT };
+        let list = serde_json::to_string(ids).unwrap_or_else(|_| "[]".to_owned());
         let done = sqlx::query(statement)
-            .bind(id)
+            .bind(list)
             .bind(taking.taker)
             .execute(pool)
             .await?;
-        if done.rows_affected() == 0 {
-            tracing::warn!(target: "samekey", id,
-                "samekey: an outbox row's lease ended before it was marked sent; another relay publishes it again, under the same id");
+        if done.rows_affected() < ids.len() as u64 {
+            tracing::warn!(target: "samekey", marked = done.rows_affected(), sent = ids.len(),
+                "samekey: outbox rows' lease ended before they were marked sent; another relay publishes them again, under the same ids");
         }
-        taking.marked(id);
+        for &id in ids {
+            taking.marked(id);
+        }
         Ok(())
     }
 

@@ -34,7 +34,7 @@ use sqlx::Postgres;
 
 use super::sql::rows::{driver, int, receipt};
 use super::sql::{Dialect, SqlStore, Statements};
-use super::{Claim, Claimed, Completion};
+use super::{Claim, Claimed};
 use crate::context::Context;
 use crate::error::StoreError;
 use crate::journal::{self, Event, JOURNAL_LIMIT};
@@ -137,18 +137,7 @@ impl PgStore {
         call: &Context,
         value: &T,
     ) -> Result<Transition, StoreError> {
-        if !call.is_protected() {
-            return Ok(Transition::AlreadyApplied);
-        }
-        let outcome = serde_json::to_vec(value)
-            .map_err(|e| StoreError::Corrupt(format!("the outcome cannot be encoded: {e}")))?;
-        let now = call.started_ms();
-        let completion = Completion {
-            state: ReceiptState::Success,
-            outcome: Some(outcome.into()),
-            ttl_ms: call.expires_at_ms().saturating_sub(now),
-        };
-        PgStore::complete_on(conn, call.key(), call.fence(), completion, now).await
+        PgStore::complete_call_on(conn, call, value).await
     }
 }
 

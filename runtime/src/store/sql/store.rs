@@ -107,6 +107,28 @@ where
         Self::row_on(&mut conn, key).await
     }
 
+    /// Records the running `call`'s success with `value` on `conn`, the caller's transaction: what
+    /// `PgStore::complete_in` and `SqliteStore::complete_in` do. Nothing is written for an unprotected
+    /// call ([`Transition::AlreadyApplied`]).
+    pub(crate) async fn complete_call_on<T: serde::Serialize>(
+        conn: &mut D::Connection,
+        call: &crate::context::Context,
+        value: &T,
+    ) -> Result<Transition, StoreError> {
+        if !call.is_protected() {
+            return Ok(Transition::AlreadyApplied);
+        }
+        let outcome = serde_json::to_vec(value)
+            .map_err(|e| StoreError::Corrupt(format!("the outcome cannot be encoded: {e}")))?;
+        let now = call.started_ms();
+        let completion = Completion {
+            state: crate::receipt::ReceiptState::Success,
+            outcome: Some(outcome.into()),
+            ttl_ms: call.expires_at_ms().saturating_sub(now),
+        };
+        Self::complete_on(conn, call.key(), call.fence(), completion, now).await
+    }
+
     /// Writes a completion on `conn`: a pooled connection, or the caller's transaction.
     pub(crate) async fn complete_on(
         conn: &mut D::Connection,

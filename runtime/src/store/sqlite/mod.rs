@@ -35,12 +35,12 @@ use sqlx::Sqlite;
 
 use super::sql::rows::{driver, fence_of, int};
 use super::sql::{Dialect, SqlStore, Statements};
-use super::{poll_settled, Claim, Claimed, Completion};
+use super::{poll_settled, Claim, Claimed};
 use crate::context::Context;
 use crate::error::StoreError;
 use crate::journal::{self, Event, JOURNAL_LIMIT};
 use crate::key::Key;
-use crate::receipt::{Receipt, ReceiptState, Transition};
+use crate::receipt::{Receipt, Transition};
 
 /// The schema, idempotent (`schema.sql`): run by [`SqliteStore::open`] and [`SqliteStore::migrate`].
 const SCHEMA: &str = include_str!("schema.sql");
@@ -127,18 +127,7 @@ impl SqliteStore {
         call: &Context,
         value: &T,
     ) -> Result<Transition, StoreError> {
-        if !call.is_protected() {
-            return Ok(Transition::AlreadyApplied);
-        }
-        let outcome = serde_json::to_vec(value)
-            .map_err(|e| StoreError::Corrupt(format!("the outcome cannot be encoded: {e}")))?;
-        let now = call.started_ms();
-        let completion = Completion {
-            state: ReceiptState::Success,
-            outcome: Some(outcome.into()),
-            ttl_ms: call.expires_at_ms().saturating_sub(now),
-        };
-        SqliteStore::complete_on(conn, call.key(), call.fence(), completion, now).await
+        SqliteStore::complete_call_on(conn, call, value).await
     }
 
     /// The columns of the compensation queue added since its first release, and how to add each.
