@@ -410,7 +410,11 @@ async fn odd_broker_input_never_panics() {
     let inbox = Inbox::new(unique("review.odd")).runtime(&rt);
     let base = message("o-10");
     let call_id = base.header("x-call-id").unwrap().to_owned();
-    let long_prefix = format!("{}{}", "p".repeat(32), &call_id[call_id.find('-').unwrap()..]);
+    let long_prefix = format!(
+        "{}{}",
+        "p".repeat(32),
+        &call_id[call_id.find('-').unwrap()..]
+    );
     let cases: Vec<(Vec<u8>, Vec<(String, String)>, Option<String>)> = vec![
         (
             b"\"o\"".to_vec(),
@@ -549,5 +553,118 @@ async fn a_consumer_that_died_mid_work_is_taken_over_as_its_policy_says() {
                 assert_eq!(record.state, ReceiptState::Success);
             }
         }
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// The outbox with `complete_in`: commit or nothing, under a rerun.
+// ------------------------------------------------------------------------------------------------
+
+#[cfg(feature = "sqlite")]
+mod outbox_rerun {
+    use super::*;
+    use samekey_messaging::outbox::SqliteOutbox;
+    use samekey_runtime::sqlx;
+    use samekey_runtime::store::SqliteStore;
+
+    #[derive(Debug, thiserror::Error)]
+    enum ChargeError {
+        #[error("database: {0}")]
+        Database(String),
+        #[error(transparent)]
+        Samekey(#[from] samekey::Error),
+    }
+
+    impl Classify for ChargeError {
+        fn classify(&self) -> ErrorClass {
+            match self {
+                // As the order_pipeline example says: the transaction may or may not have committed.
+                ChargeError::Database(_) => ErrorClass::Unknown,
+                ChargeError::Samekey(e) => e.classify(),
+            }
+        }
+    }
+
+    fn db(e: impl std::fmt::Display) -> ChargeError {
+        ChargeError::Database(e.to_string())
+    }
+
+    struct Orders {
+        rt: Runtime,
+        outbox: SqliteOutbox,
+        /// The first COMMIT's answer is lost: it committed, and the call hears an error.
+        lose_commit_answer: std::sync::atomic::AtomicBool,
+    }
+
+    impl Orders {
+        /// The order_pipeline example's charge, on SQLite: the business row (no unique index, as the
+        /// example's `pipeline_orders`), the message and the receipt in one transaction; an
+        /// uncertain database error is rerun under the same callId.
+        #[idempotent(key = "order", scope = "review.outbox.charge", runtime = &self.rt,
+                     on_unknown = "rerun", retries = 3, backoff = "1ms..2ms")]
+        async fn charge(&self, order: i64) -> Result<i64, ChargeError> {
+            let mut tx = self.outbox.pool().begin().await.map_err(db)?;
+            sqlx::query("INSERT INTO review_orders (order_id) VALUES ($1)")
+                .bind(order)
+                .execute(&mut *tx)
+                .await
+                .map_err(db)?;
+            let charged = Envelope::new(order);
+            self.outbox
+                .stage_envelope(&mut tx, "orders.charged", &order.to_string(), &charged)
+                .await
+                .map_err(db)?;
+            SqliteStore::complete_in(&mut tx, &samekey::current(), &order)
+                .await
+                .map_err(|e| ChargeError::Samekey(samekey::Error::Store(e)))?;
+            tx.commit().await.map_err(db)?;
+            if self.lose_commit_answer.swap(false, Ordering::SeqCst) {
+                return Err(db("connection reset while reading COMMIT's answer"));
+            }
+            Ok(order)
+        }
+    }
+
+    /// A COMMIT whose answer is lost (it committed: business row, message and receipt) is an unknown
+    /// outcome; under `on_unknown = "rerun"` (the example's charge) the call would run its body again
+    /// under the same callId and fence, where `complete_in` answers `Ok(AlreadyApplied)` and a second
+    /// business row could commit. Held: before the retry the core renews its lease under the fence,
+    /// finds the receipt `SUCCESS`, and answers it without running the body again.
+    #[tokio::test]
+    async fn a_rerun_after_a_lost_commit_answer_does_not_commit_twice() {
+        let dir = std::env::temp_dir().join(unique("samekey-review-outbox"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = SqliteStore::open(dir.join("outbox.db")).await.unwrap();
+        let outbox = SqliteOutbox::from_pool(store.pool().clone());
+        outbox.migrate().await.unwrap();
+        sqlx::query("CREATE TABLE IF NOT EXISTS review_orders (order_id BIGINT)")
+            .execute(outbox.pool())
+            .await
+            .unwrap();
+        let orders = Orders {
+            rt: Runtime::builder()
+                .node("orders-1")
+                .store(store.clone())
+                .build()
+                .unwrap(),
+            outbox: outbox.clone(),
+            lose_commit_answer: std::sync::atomic::AtomicBool::new(true),
+        };
+        let charged = orders.charge(7).await;
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM review_orders WHERE order_id = 7")
+            .fetch_one(outbox.pool())
+            .await
+            .unwrap();
+        let staged: i64 = sqlx::query_scalar("SELECT count(*) FROM samekey_outbox")
+            .fetch_one(outbox.pool())
+            .await
+            .unwrap();
+        store.pool().close().await;
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(staged, 1, "one message");
+        assert_eq!(
+            rows, 1,
+            "the order is charged once (the call answered {charged:?})"
+        );
     }
 }
