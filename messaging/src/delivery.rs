@@ -54,17 +54,26 @@ impl<'a> Delivery<'a> {
         let payload: T = serde_json::from_slice(self.body).map_err(|e| {
             format!("the body is neither a samekey envelope nor the handler's payload: {e}")
         })?;
-        if self.header(ATTR_CALL_ID).is_some() {
-            return Envelope::from_attributes(payload, |name| self.header(name).map(str::to_owned))
-                .map(Read::Envelope)
-                .map_err(|e| format!("the message's ids are invalid: {e}"));
-        }
-        match self.message_id {
-            Some(id) if !id.is_empty() => Ok(Read::Foreign {
+        // Ids in the headers; a header of that name that is not samekey's (another system's
+        // `X-Call-Id`, a UUID) leaves the message to its broker message id, when it has one.
+        let ids = self.header(ATTR_CALL_ID).map(|_| {
+            Envelope::<()>::from_attributes((), |name| self.header(name).map(str::to_owned))
+        });
+        let foreign = self.message_id.filter(|id| !id.is_empty());
+        match (ids, foreign) {
+            (Some(Ok(ids)), _) => Ok(Read::Envelope(Envelope {
+                call_id: ids.call_id,
+                seq: ids.seq,
+                trace_id: ids.trace_id,
+                traceparent: ids.traceparent,
+                payload,
+            })),
+            (_, Some(id)) => Ok(Read::Foreign {
                 id: id.to_owned(),
                 payload,
             }),
-            _ => Err(format!(
+            (Some(Err(e)), None) => Err(format!("the message's ids are invalid: {e}")),
+            (None, None) => Err(format!(
                 "the message has no identity: no samekey envelope, no `{ATTR_CALL_ID}` header and no message id"
             )),
         }

@@ -8,13 +8,17 @@ use std::time::Duration;
 
 use samekey_runtime::at_most_once::{AtMostOnce, OnBusy, OnUnknown};
 use samekey_runtime::journal::{Event, EventKind};
-use samekey_runtime::key::{Key, KeyBuilder, KeyEncoder};
+use samekey_runtime::key::{Fingerprint, Key, KeyBuilder, KeyEncoder};
 use samekey_runtime::{CallId, Classify, Error, KeyPart, ReceiptState, Runtime};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::delivery::{Delivery, Disposition, Handled, Identity, Read};
 use crate::envelope::Envelope;
+
+/// The largest [`Inbox::max_deliveries`]: well inside the journal's bound, so that its requeues are
+/// all still there to count.
+pub const MAX_DELIVERIES: u64 = 100;
 
 /// The pause before a busy delivery goes back to the broker.
 const BUSY_DELAY: Duration = Duration::from_secs(1);
@@ -99,18 +103,19 @@ fn json(value: &serde_json::Value, out: &mut KeyEncoder) {
 /// | the record after the delivery | disposition |
 /// |---|---|
 /// | `SUCCESS` (worked now, or before) | ack |
-/// | `FAILED` (the handler failed for good: a `Permanent` error, a reused identity) | dead-letter |
-/// | `UNKNOWN` (the handler's outcome is uncertain) | ack: the compensation worker owns it now |
+/// | `FAILED` (the handler failed for good: a `Permanent` error) | dead-letter |
+/// | another message's (its identity reused with another payload: `KeyReuse`) | dead-letter; nothing runs |
+/// | `UNKNOWN` (the handler's outcome is uncertain) | ack: the compensation worker owns it now; with [`OnUnknown::Rerun`], requeue (counted) so that the next delivery takes it over |
 /// | none, or given back (a `Retryable`, `RateLimited` or `Rejected` error; the store unreachable) | requeue after a backoff, until [`max_deliveries`](Inbox::max_deliveries), then dead-letter |
 /// | `PROCESSING` (another delivery is being worked, its claim alive) | busy: requeue after a pause, not counted |
 /// | a body that is not the handler's type, a message with no identity | dead-letter |
 ///
 /// So a message is acknowledged only once its outcome is recorded; a consumer that crashes before
 /// leaves it unacknowledged, and the broker's redelivery is answered from the receipt. Every
-/// delivery that is not a first one acked is journaled ([`EventKind::Delivered`]: the broker's
-/// delivery count and `redelivered` flag, the disposition), under the message's key; the
-/// deliveries counted toward `max_deliveries` are the journal's requeues (a broker's own count, also
-/// journaled, counts busy deliveries too).
+/// delivery that is not a first one acked, nor a busy one, is journaled ([`EventKind::Delivered`]:
+/// the broker's delivery count and `redelivered` flag, the disposition), under the message's key;
+/// the deliveries counted toward `max_deliveries` are the journal's requeues (a broker's own count,
+/// also journaled, counts busy deliveries too).
 ///
 /// # A consumer that dies mid-work
 ///
@@ -166,9 +171,11 @@ impl Inbox {
     }
 
     /// How many deliveries of a message may end without settling it (requeued) before
-    /// [`Inbox::handle`] dead-letters it (default 5; at least 1).
+    /// [`Inbox::handle`] dead-letters it (default 5; 1 to [`MAX_DELIVERIES`], clamped: the
+    /// requeues are counted in the message's journal, which keeps its latest
+    /// [`JOURNAL_LIMIT`](samekey_runtime::journal::JOURNAL_LIMIT) events).
     pub fn max_deliveries(mut self, deliveries: u64) -> Inbox {
-        self.max_deliveries = deliveries.max(1);
+        self.max_deliveries = deliveries.clamp(1, MAX_DELIVERIES);
         self
     }
 
@@ -283,6 +290,13 @@ impl Inbox {
         self.run(key, payload, handler).await
     }
 
+    /// The `verify` parts of a message: its payload's JSON value.
+    fn verify<T: Serialize>(&self, payload: &T) -> KeyBuilder {
+        let mut verify = KeyBuilder::new(&self.scope);
+        verify.verify_part(&Payload(serde_json::to_value(payload).ok()), "payload");
+        verify
+    }
+
     async fn run<T, R, E, F, Fut>(&self, key: KeyBuilder, payload: T, handler: F) -> Result<R, E>
     where
         T: Serialize,
@@ -291,11 +305,9 @@ impl Inbox {
         R: Serialize + DeserializeOwned,
         E: Classify + From<Error> + Display,
     {
-        let mut verify = KeyBuilder::new(&self.scope);
-        verify.verify_part(&Payload(serde_json::to_value(&payload).ok()), "payload");
         self.spec()
             .with_key(key)
-            .verify_with(verify)
+            .verify_with(self.verify(&payload))
             .runtime_or_ambient(self.runtime.as_ref())
             .run_once(|| handler(payload))
             .await
@@ -318,7 +330,7 @@ impl Inbox {
         R: Serialize + DeserializeOwned,
         E: Classify + From<Error> + Display,
     {
-        let (identity, work_call_id, result) = match delivery.read::<T>() {
+        let (identity, work_call_id, fingerprint, result) = match delivery.read::<T>() {
             Err(reason) => {
                 tracing::warn!(target: "samekey", scope = %self.scope, id = ?delivery.message_id,
                     %reason, "samekey: an unreadable message goes to the dead letters");
@@ -330,15 +342,14 @@ impl Inbox {
                     seq: envelope.seq,
                 };
                 let work_call_id = envelope.work_call_id();
-                (
-                    identity,
-                    work_call_id,
-                    self.deliver(envelope, handler).await,
-                )
+                let fingerprint = self.verify(&envelope.payload).fingerprint();
+                let result = self.deliver(envelope, handler).await;
+                (identity, work_call_id, fingerprint, result)
             }
             Ok(Read::Foreign { id, payload }) => {
+                let fingerprint = self.verify(&payload).fingerprint();
                 let result = self.deliver_foreign(&id, payload, handler).await;
-                (Identity::Foreign(id), None, result)
+                (Identity::Foreign(id), None, fingerprint, result)
             }
         };
         let key = self.key(&identity).finish();
@@ -352,16 +363,30 @@ impl Inbox {
                 Handled::Done(reply)
             }
             Err(error) => {
-                let disposition = self.after_failure(&key, &error).await;
-                self.journal(&key, work_call_id, delivery, &disposition)
-                    .await;
+                let disposition = self.after_failure(&key, fingerprint, &error).await;
+                if let Disposition::Busy { .. } = disposition {
+                    // Not journaled: a dead consumer's lease can make many, and the journal is
+                    // bounded; the requeues it counts must stay in it.
+                    tracing::debug!(target: "samekey", %key, redelivered = delivery.redelivered,
+                        delivery = ?delivery.delivery,
+                        "samekey: a delivery of a message being worked is given back");
+                } else {
+                    self.journal(&key, work_call_id, delivery, &disposition)
+                        .await;
+                }
                 Handled::Failed { error, disposition }
             }
         }
     }
 
-    /// What to tell the broker about a delivery that ended in `error`, from the store's record.
-    async fn after_failure<E: Display>(&self, key: &Key, error: &E) -> Disposition {
+    /// What to tell the broker about a delivery that ended in `error`, from the store's record (of
+    /// this message, or — `fingerprint` differs — of another message under its identity).
+    async fn after_failure<E: Display>(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        error: &E,
+    ) -> Disposition {
         let runtime = self.runtime_here();
         let record = match runtime.store().get(key, runtime.now_ms()).await {
             Ok(record) => record,
@@ -373,14 +398,25 @@ impl Inbox {
                 }
             }
         };
+        if let Some(theirs) = record.as_ref().and_then(|r| r.fingerprint) {
+            if theirs != fingerprint {
+                return Disposition::DeadLetter {
+                    reason: format!(
+                        "{error}; another message was worked under this identity (its id reused \
+                         with another payload): this one is not worked"
+                    ),
+                };
+            }
+        }
         match record.map(|r| r.state) {
             Some(ReceiptState::Success) => Disposition::Ack,
-            Some(ReceiptState::Unknown) => Disposition::Ack,
+            // Compensation owns it; with `Rerun`, the broker's next delivery takes it over.
+            Some(ReceiptState::Unknown) if self.on_unknown != OnUnknown::Rerun => Disposition::Ack,
             Some(ReceiptState::Failed) => Disposition::DeadLetter {
                 reason: format!("failed for good: {error}"),
             },
             Some(ReceiptState::Processing) => Disposition::Busy { delay: BUSY_DELAY },
-            Some(ReceiptState::Received) | None => {
+            Some(ReceiptState::Unknown | ReceiptState::Received) | None => {
                 let deliveries = self.requeues(key).await + 1;
                 if deliveries >= self.max_deliveries {
                     Disposition::DeadLetter {

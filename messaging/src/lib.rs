@@ -53,7 +53,7 @@ pub use delivery::{Delivery, Disposition, Handled, HEADER_DEAD_LETTER_REASON};
 pub use envelope::{
     AttributeError, Envelope, ATTR_CALL_ID, ATTR_MESSAGE_SEQ, ATTR_TRACEPARENT, ATTR_TRACE_ID,
 };
-pub use inbox::Inbox;
+pub use inbox::{Inbox, MAX_DELIVERIES};
 pub use message::{Confirms, Message, Publish, PublishError};
 /// What [`Inbox::on_unknown`] takes: the at-most-once core's own setting.
 pub use samekey_runtime::at_most_once::OnUnknown;

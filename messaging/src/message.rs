@@ -118,8 +118,10 @@ impl Default for Confirms {
 impl Confirms {
     /// Publishes `message` through `publish` (one send and its confirmation), again under the same id
     /// when the confirmation did not come or the broker was unreachable, up to
-    /// [`republishes`](Confirms::republishes) times; a refusal is answered at once. The last error
-    /// is the caller's: `Unconfirmed` if any send may have reached the broker.
+    /// [`republishes`](Confirms::republishes) times; a refusal ends it at once. The caller gets
+    /// `Unconfirmed` if any send may have reached the broker — also when a later one was refused or
+    /// found the broker unreachable — and never an error that says "not taken" after one that may
+    /// have been.
     pub async fn publish<F, Fut>(
         &self,
         message: &Message,
@@ -138,7 +140,13 @@ impl Confirms {
             }
             let error = match tokio::time::timeout(self.timeout, publish()).await {
                 Ok(Ok(())) => return Ok(()),
-                Ok(Err(e @ PublishError::Refused { .. })) => return Err(e),
+                // Refused now, but an earlier send may have reached the broker: still unknown.
+                Ok(Err(e @ PublishError::Refused { .. })) => {
+                    return Err(match uncertain {
+                        Some(u @ PublishError::Unconfirmed { .. }) => u,
+                        _ => e,
+                    })
+                }
                 Ok(Err(e)) => e,
                 Err(_) => PublishError::Unconfirmed {
                     id: message.id.clone(),

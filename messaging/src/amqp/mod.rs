@@ -36,6 +36,15 @@
 //! counts them from its journal. A quorum queue ([`QueueType::Quorum`]) counts them in
 //! `x-delivery-count`, which the consumer passes on as [`Delivery::delivery`](crate::Delivery).
 //!
+//! **A quorum queue's delivery limit.** RabbitMQ 4 gives every quorum queue a delivery limit of 20
+//! by default (3.x: none), and it counts *every* requeue — also the busy ones the inbox answers while
+//! a dead consumer's claim waits for its lease to end — so a message never worked can be dropped, or
+//! sent to the queue's own dead-letter exchange, behind the inbox's back. The inbox is meant to decide
+//! (its [`max_deliveries`](crate::Inbox::max_deliveries), counted without the busy deliveries):
+//! lift the broker's limit with a policy, `rabbitmqctl set_policy samekey-unlimited "^orders\."
+//! '{"delivery-limit": -1}' --apply-to quorum_queues` on RabbitMQ 4, or keep it well above
+//! `max_deliveries` plus the runtime's lease over the inbox's one-second busy pause.
+//!
 //! # A producer
 //!
 //! ```no_run
