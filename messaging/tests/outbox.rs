@@ -890,6 +890,39 @@ macro_rules! outbox_suite {
 
             /// Sent rows: kept for `keep_sent` (readable, `sent` set), deleted past it; deleted at
             /// once with `keep_sent(0)`.
+            #[tokio::test]
+            async fn a_relay_takes_only_its_destinations_and_order_holds_across_them() {
+                let Some(setup) = $setup::open("destinations").await else {
+                    return;
+                };
+                let outbox = &setup.outbox;
+                let to = |destination: &str, key: &str, n: u32| Message {
+                    destination: destination.to_owned(),
+                    ..message(key, n)
+                };
+                // One key, a message for each broker in turn; another key for the second only.
+                stage(outbox, "k", &to("amqp.orders", "k", 0)).await;
+                stage(outbox, "k", &to("nats.orders", "k", 1)).await;
+                stage(outbox, "j", &to("nats.orders", "j", 0)).await;
+                let amqp = Broker::reliable();
+                let nats = Broker::reliable();
+                let amqp_relay = Relay::new(outbox.clone(), amqp.clone()).destinations("amqp.");
+                let nats_relay = Relay::new(outbox.clone(), nats.clone()).destinations("nats.");
+                // The NATS relay may take j's message, but not k's second before k's first is out.
+                nats_relay.run_once().await.unwrap();
+                let ids = |b: &Broker| b.log().into_iter().map(|m| m.id).collect::<Vec<_>>();
+                assert_eq!(
+                    ids(&nats),
+                    ["j/0"],
+                    "k/1 waits behind k/0, which is not NATS's"
+                );
+                amqp_relay.run_once().await.unwrap();
+                assert_eq!(ids(&amqp), ["k/0"], "never another broker's message");
+                nats_relay.run_once().await.unwrap();
+                assert_eq!(ids(&nats), ["j/0", "k/1"]);
+                setup.cleanup().await;
+            }
+
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn sent_rows_are_purged_after_keep_sent() {
                 let Some(setup) = $setup::open("purge").await else {

@@ -97,12 +97,17 @@ impl Broker {
     }
 }
 
+/// Where every message of a run goes starts with this: its relay takes those only.
+pub(super) fn destinations(run: i64) -> String {
+    format!("pipeline.{run}.")
+}
+
 fn queue(run: i64) -> String {
-    format!("pipeline.shipping.{run}")
+    format!("pipeline.{run}.shipping")
 }
 
 fn dead_letters(run: i64) -> String {
-    format!("pipeline.shipping.{run}.dead")
+    format!("pipeline.{run}.shipping.dead")
 }
 
 fn stream(run: i64) -> String {
@@ -193,6 +198,7 @@ pub(super) async fn relay(
                 outbox,
                 Faulty::new(AmqpPublisher::new(url), &pool, run, crash_after, lose_every),
             )
+            .destinations(destinations(run))
             .interval(Duration::from_millis(50))
             .retry_backoff(Duration::from_millis(50), Duration::from_millis(500));
             relay.run(forever).await;
@@ -208,6 +214,7 @@ pub(super) async fn relay(
                     lose_every,
                 ),
             )
+            .destinations(destinations(run))
             .interval(Duration::from_millis(50))
             .retry_backoff(Duration::from_millis(50), Duration::from_millis(500));
             relay.run(forever).await;

@@ -184,7 +184,12 @@ impl Orders {
             amount_cents,
         });
         self.outbox
-            .stage_envelope(&mut tx, &self.destination, &order_id.to_string(), &charged)
+            .stage_envelope(
+                &mut tx,
+                &self.destination,
+                &format!("{run}/{order_id}"),
+                &charged,
+            )
             .await
             .map_err(db)?;
         PgStore::complete_in(&mut tx, &samekey::current(), &amount_cents)
@@ -195,8 +200,14 @@ impl Orders {
     }
 }
 
-/// The tables of the example (rows of every run, told apart by `run`).
+/// The tables of the example (rows of every run, told apart by `run`), made under a lock: two runs
+/// starting at once (the test runs both brokers' scenarios side by side) would race in PostgreSQL's
+/// `CREATE TABLE IF NOT EXISTS`.
 async fn create_tables(pool: &PgPool) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('samekey.example.pipeline'))")
+        .execute(&mut *tx)
+        .await?;
     for ddl in [
         "CREATE TABLE IF NOT EXISTS pipeline_orders (run BIGINT, order_id BIGINT, amount_cents BIGINT)",
         // No unique index on purpose: the inbox alone keeps an order from shipping twice.
@@ -204,9 +215,9 @@ async fn create_tables(pool: &PgPool) -> Result<(), sqlx::Error> {
         "CREATE TABLE IF NOT EXISTS pipeline_deliveries (run BIGINT, message_id TEXT, redelivered BOOLEAN, disposition TEXT)",
         "CREATE TABLE IF NOT EXISTS pipeline_publishes (run BIGINT, message_id TEXT, confirmed BOOLEAN)",
     ] {
-        sqlx::query(ddl).execute(pool).await?;
+        sqlx::query(ddl).execute(&mut *tx).await?;
     }
-    Ok(())
+    tx.commit().await
 }
 
 /// What the run did, and what it must show.

@@ -367,6 +367,7 @@ pub(crate) mod backend {
             pool: &Pool<Self>,
             limit: u32,
             lease_ms: u64,
+            destinations: &str,
         ) -> impl Future<Output = Result<(Self::Taking, Vec<Row>), sqlx::Error>> + Send;
 
         /// Holds taken rows `ids` for another `lease_ms` (SQLite: the lease renewed; PostgreSQL:

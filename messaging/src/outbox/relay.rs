@@ -59,6 +59,7 @@ pub struct Relay<DB: Backend, P: Publish> {
     retry_backoff: (Duration, Duration),
     lease: Duration,
     keep_sent: Duration,
+    destinations: String,
     concurrency: usize,
     publish_timeout: Duration,
 }
@@ -73,6 +74,7 @@ impl<DB: Backend, P: Publish> std::fmt::Debug for Relay<DB, P> {
             .field("retry_backoff", &self.retry_backoff)
             .field("lease", &self.lease)
             .field("keep_sent", &self.keep_sent)
+            .field("destinations", &self.destinations)
             .field("concurrency", &self.concurrency)
             .field("publish_timeout", &self.publish_timeout)
             .finish_non_exhaustive()
@@ -94,6 +96,7 @@ impl<DB: Backend, P: Publish> Relay<DB, P> {
             retry_backoff: (Duration::from_secs(1), Duration::from_secs(300)),
             lease: Duration::from_secs(60),
             keep_sent: Duration::from_secs(60 * 60),
+            destinations: String::new(),
             concurrency: 16,
             publish_timeout: Duration::from_secs(30),
         }
@@ -156,6 +159,16 @@ impl<DB: Backend, P: Publish> Relay<DB, P> {
         self
     }
 
+    /// Takes only the messages whose destination starts with `prefix` (default: all): the relay of
+    /// one broker, where one table stages messages for several (`"orders."` for RabbitMQ's queues,
+    /// `"events."` for JetStream's subjects) — a publisher must never be handed another broker's
+    /// message, which it could only refuse. Order per key still holds across them: a key whose oldest
+    /// unsent message goes elsewhere waits for the other relay to publish it.
+    pub fn destinations(mut self, prefix: impl Into<String>) -> Relay<DB, P> {
+        self.destinations = prefix.into();
+        self
+    }
+
     /// How long a sent row stays in the table, for people to read (default 1 h): the relay deletes
     /// older ones, a bounded number per batch. Zero deletes a row when it is marked sent.
     pub fn keep_sent(mut self, keep: Duration) -> Relay<DB, P> {
@@ -173,7 +186,8 @@ impl<DB: Backend, P: Publish> Relay<DB, P> {
     pub async fn run_once(&self) -> Result<Batch, OutboxError> {
         let pool = self.outbox.pool();
         let lease_ms = millis(self.lease);
-        let (mut taking, mut rows) = DB::take(pool, self.batch_size, lease_ms).await?;
+        let (mut taking, mut rows) =
+            DB::take(pool, self.batch_size, lease_ms, &self.destinations).await?;
         rows.sort_unstable_by_key(|row| row.id);
         let mut batch = Batch {
             taken: rows.len(),

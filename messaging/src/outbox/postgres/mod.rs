@@ -91,10 +91,12 @@ impl Ops for Postgres {
         pool: &Pool<Postgres>,
         limit: u32,
         _lease_ms: u64,
+        destinations: &str,
     ) -> Result<(Self::Taking, Vec<Row>), sqlx::Error> {
         let mut tx = pool.begin().await?;
         let rows = sqlx::query(TAKE)
             .bind(i64::from(limit))
+            .bind(destinations)
             .fetch_all(&mut *tx)
             .await?;
         let rows = rows

@@ -92,6 +92,7 @@ impl Ops for Sqlite {
         pool: &Pool<Sqlite>,
         limit: u32,
         lease_ms: u64,
+        destinations: &str,
     ) -> Result<(Taking, Vec<Row>), sqlx::Error> {
         // A token of the batch's own: random bits, positive.
         let taker = (TraceId::new().as_u128() as i64) & i64::MAX;
@@ -101,6 +102,7 @@ impl Ops for Sqlite {
             .bind(i64::from(limit))
             .bind(bigint(lease_ms))
             .bind(taker)
+            .bind(destinations)
             .fetch_all(pool)
             .await?;
         let rows = rows
