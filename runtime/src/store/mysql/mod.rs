@@ -2,9 +2,10 @@
 //!
 //! # Guarantees
 //!
-//! * **One statement claims a free key.** A claim inserts the key's row, or takes a released or
-//!   expired one, in one `INSERT … ON DUPLICATE KEY UPDATE`; only when a live row holds the key is
-//!   that row read next. The key's digest is the primary key.
+//! * **One round trip claims.** A claim inserts the key's row, or takes a released or expired one,
+//!   in one `INSERT … ON DUPLICATE KEY UPDATE`, and reads the live row that holds the key in the same
+//!   batch; the key's digest is the primary key. The batch's values are literals of hexadecimal and
+//!   decimal digits only (`inline.rs`).
 //! * **A key's fences never repeat**, not even after its row was purged: a new row takes the fence
 //!   floor + 1 (`samekey_fence`), a take-over its fence + 1, and a purge raises the floor to the
 //!   fences of the rows it deletes before deleting them.
@@ -22,13 +23,19 @@
 //! each, in the dialect MySQL 8 and MariaDB 10.6+ share); this file gives them to [`SqlStore`],
 //! which does the rest.
 
+mod inline;
+
 use std::time::Duration;
 
 use serde::Serialize;
 use sqlx::mysql::{MySqlConnection, MySqlPoolOptions};
 use sqlx::MySql;
 
-use super::sql::rows::{compensation, driver, fence_of, int};
+use futures_util::StreamExt as _;
+use sqlx::Either;
+
+use self::inline::{inline, Literal};
+use super::sql::rows::{compensation, driver, fence_of, int, receipt};
 use super::sql::{Dialect, SqlStore, Statements};
 use super::{poll_settled, Claim, Claimed};
 use crate::compensation::CompensationEntry;
@@ -37,7 +44,6 @@ use crate::error::StoreError;
 use crate::journal::{self, Event, JOURNAL_LIMIT};
 use crate::key::Key;
 use crate::receipt::{Fence, Receipt, Transition};
-use crate::store::Store as _;
 
 /// A [`Store`](crate::Store) in a MySQL 8 or MariaDB 10.6+ database.
 ///
@@ -51,12 +57,15 @@ use crate::store::Store as _;
 ///
 /// # Round trips
 ///
-/// A fresh call costs two statements (claim, complete): the claim is one `INSERT … ON DUPLICATE KEY
-/// UPDATE` whose assignments take the row only when it is free, and whose OK packet answers the new
-/// fence (`LAST_INSERT_ID(expr)`). A replay costs two: the same statement finds the key held and
-/// changes nothing, then the record is read. (PostgreSQL answers the record in the claim itself;
-/// MySQL's `INSERT` cannot return rows.) A take-over is one statement; taking due compensation
-/// entries is a transaction of three statements.
+/// A fresh call costs two round trips (claim, complete) and a replay one, counted on the wire
+/// (`tests/mysql_round_trips.rs`). The claim is one text batch of two statements: an `INSERT … ON
+/// DUPLICATE KEY UPDATE` whose assignments take the row only when it is free, and whose OK packet
+/// answers the new fence (`LAST_INSERT_ID(expr)`), then a read of the key's live row, which answers a
+/// replay. MySQL's `INSERT` cannot return rows and its prepared statements run one statement each:
+/// the batch is a text query, its values written as hexadecimal and decimal literals only, so that
+/// nothing a caller gives is ever read as SQL. Every other statement is prepared (and cached per
+/// connection). A take-over is one round trip; taking due compensation entries is a transaction of
+/// three statements.
 ///
 /// # Time
 ///
@@ -139,6 +148,10 @@ pub type MySqlStore = SqlStore<MySql>;
 /// The schema, idempotent (`schema.sql`): run by [`MySqlStore::migrate`] under `GET_LOCK`.
 const SCHEMA: &str = include_str!("schema.sql");
 
+/// How long a pooled connection may have been idle before [`MySqlStore::connect`]'s pool pings it
+/// as it is taken out.
+const IDLE_BEFORE_PING: Duration = Duration::from_secs(10);
+
 /// The MySQL error codes of a lock conflict that a claim retries: a deadlock (1213) and a lock wait
 /// timeout (1205). Concurrent inserts of one new key can deadlock on its unique index.
 const RETRIED: [&str; 2] = ["1213", "1205"];
@@ -155,11 +168,25 @@ fn lock_conflict(e: &sqlx::Error) -> bool {
 
 impl MySqlStore {
     /// Connects to `url` (`mysql://user:password@host:port/db`) with a pool of up to 16 connections,
-    /// and runs the migration.
+    /// and runs the migration. A connection is pinged as it goes back to the pool (sqlx does) and, if
+    /// it was idle for 10 s or more, as it is taken out; a connection the server closed meanwhile makes
+    /// the statement fail ([`StoreError::Unavailable`]: the call fails closed) and is replaced.
     pub async fn connect(url: &str) -> Result<MySqlStore, StoreError> {
         let pool = MySqlPoolOptions::new()
             .max_connections(16)
             .acquire_timeout(Duration::from_secs(5))
+            // sqlx pings a connection as it goes back to the pool; a second ping as it is taken out
+            // would be a round trip on every call's path. Only a connection idle for a while (the
+            // server may have closed it) is pinged first.
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for < IDLE_BEFORE_PING {
+                        return Ok(true);
+                    }
+                    Ok(sqlx::Connection::ping(conn).await.is_ok())
+                })
+            })
             .connect(url)
             .await
             .map_err(driver)?;
@@ -168,8 +195,9 @@ impl MySqlStore {
         Ok(store)
     }
 
-    /// The statement a claim sends: it takes the key (a new row, or a released or expired one) and
-    /// answers its fence as the last insert id, or changes nothing (`0`), in one round trip.
+    /// The statement a claim sends, first in its batch: it takes the key (a new row, or a released or
+    /// expired one) and answers its fence as the last insert id, or changes nothing (`0`); the batch's
+    /// second statement reads the key's live row.
     pub const CLAIM_SQL: &'static str = include_str!("statements/claim.sql");
 
     const TAKE_OVER_SQL: &'static str = include_str!("statements/take_over.sql");
@@ -228,29 +256,49 @@ impl MySqlStore {
         tx: &mut MySqlConnection,
         limit: usize,
         lease_ms: u64,
-    ) -> Result<Vec<CompensationEntry>, StoreError> {
+    ) -> Result<Vec<CompensationEntry>, TakeError> {
         let due: Vec<String> = sqlx::query_scalar(Self::DUE_SQL)
-            .bind(int(lease_ms)?)
+            .bind(int(lease_ms).map_err(TakeError::Store)?)
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .fetch_all(&mut *tx)
             .await
-            .map_err(driver)?;
+            .map_err(TakeError::of)?;
         if due.is_empty() {
             return Ok(Vec::new());
         }
-        let ids = serde_json::to_string(&due).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let ids = serde_json::to_string(&due)
+            .map_err(|e| TakeError::Store(StoreError::Corrupt(e.to_string())))?;
         sqlx::query(MySql::SQL.take_due)
-            .bind(int(lease_ms)?)
             .bind(ids.as_str())
+            .bind(int(lease_ms).map_err(TakeError::Store)?)
             .execute(&mut *tx)
             .await
-            .map_err(driver)?;
+            .map_err(TakeError::of)?;
         let rows = sqlx::query(Self::ENTRIES_SQL)
             .bind(ids.as_str())
             .fetch_all(&mut *tx)
             .await
-            .map_err(driver)?;
-        rows.iter().map(compensation).collect()
+            .map_err(TakeError::of)?;
+        rows.iter()
+            .map(compensation)
+            .collect::<Result<_, _>>()
+            .map_err(TakeError::Store)
+    }
+}
+
+/// Why a take of due entries failed: a lock conflict (taken again), or anything else.
+enum TakeError {
+    Conflict(sqlx::Error),
+    Store(StoreError),
+}
+
+impl TakeError {
+    fn of(e: sqlx::Error) -> TakeError {
+        if lock_conflict(&e) {
+            TakeError::Conflict(e)
+        } else {
+            TakeError::Store(driver(e))
+        }
     }
 }
 
@@ -294,28 +342,69 @@ impl Dialect for MySql {
         done.rows_affected()
     }
 
+    /// One round trip: the claim statement and a read of the key's live row, as one text batch
+    /// (values as hexadecimal and decimal literals only, see `inline.rs`). The statement's OK packet
+    /// says whether it took the key; the row answers when it did not.
     async fn claim(store: &MySqlStore, claim: Claim) -> Result<Claimed, StoreError> {
+        let call_id = claim.call_id.to_string();
+        let digest = claim.key.digest();
+        let taking = inline(
+            MySqlStore::CLAIM_SQL,
+            &[
+                Literal::Bytes(digest.as_slice()),
+                Literal::Text(claim.key.scope()),
+                Literal::Text(&call_id),
+                Literal::Int(int(claim.lease_ms)?),
+                claim
+                    .fingerprint
+                    .as_ref()
+                    .map_or(Literal::Null, |f| Literal::Bytes(f.0.as_slice())),
+            ],
+        )?;
+        let reading = inline(
+            MySql::SQL.live_row,
+            &[Literal::Bytes(digest.as_slice()), Literal::Int(0)],
+        )?;
+        let batch = format!("{taking};\n{reading}");
         // A row that vanishes between the statement and the read (released, purged), or a lock
         // conflict of two first claims of one key, is claimed again.
         for _ in 0..5 {
-            let done = sqlx::query(MySqlStore::CLAIM_SQL)
-                .bind(claim.key.digest().as_slice())
-                .bind(claim.key.scope())
-                .bind(claim.call_id.to_string())
-                .bind(int(claim.lease_ms)?)
-                .bind(claim.fingerprint.as_ref().map(|f| f.0.as_slice()))
-                .execute(store.pool())
-                .await;
-            let done = match done {
-                Err(e) if lock_conflict(&e) => continue,
-                other => other.map_err(driver)?,
-            };
-            // 1 inserted, 2 taken; 1 also for a held row (found rows), whose last insert id is 0.
-            let fence = done.last_insert_id();
-            if fence > 0 && matches!(done.rows_affected(), 1 | 2) {
-                return Ok(Claimed::Acquired(Fence(fence)));
+            let mut answers =
+                sqlx::raw_sql(sqlx::AssertSqlSafe(batch.as_str())).fetch_many(store.pool());
+            let mut taken = None;
+            let mut row = None;
+            let mut failed = None;
+            while let Some(answer) = answers.next().await {
+                match answer {
+                    // The claim's OK packet comes first (the read's own comes after its row).
+                    Ok(Either::Left(done)) if taken.is_none() => {
+                        taken = Some((done.rows_affected(), done.last_insert_id()));
+                    }
+                    Ok(Either::Left(_)) => {}
+                    Ok(Either::Right(r)) => row = Some(r),
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
             }
-            if let Some(existing) = store.get(&claim.key, claim.now_ms).await? {
+            drop(answers);
+            match failed {
+                Some(e) if lock_conflict(&e) => continue,
+                Some(e) => return Err(driver(e)),
+                None => {}
+            }
+            // 1 inserted, 2 taken; 1 also for a held row (found rows), whose last insert id is 0.
+            match taken {
+                Some((1 | 2, fence)) if fence > 0 => return Ok(Claimed::Acquired(Fence(fence))),
+                Some(_) => {}
+                None => {
+                    return Err(StoreError::Unavailable(
+                        "the claim's batch answered no result".into(),
+                    ))
+                }
+            }
+            if let Some(existing) = row.as_ref().map(receipt).transpose()?.flatten() {
                 return Ok(Claimed::Existing(existing));
             }
         }
@@ -356,10 +445,20 @@ impl Dialect for MySql {
         limit: usize,
         lease_ms: u64,
     ) -> Result<Vec<CompensationEntry>, StoreError> {
-        let mut tx = store.pool().begin().await.map_err(driver)?;
-        let taken = MySqlStore::take_due_in(&mut tx, limit, lease_ms).await?;
-        tx.commit().await.map_err(driver)?;
-        Ok(taken)
+        // A deadlock rolls the transaction back, and nothing was taken: take again.
+        let mut conflicts = 0;
+        loop {
+            let mut tx = store.pool().begin().await.map_err(driver)?;
+            match MySqlStore::take_due_in(&mut tx, limit, lease_ms).await {
+                Ok(taken) => {
+                    tx.commit().await.map_err(driver)?;
+                    return Ok(taken);
+                }
+                Err(TakeError::Conflict(_)) if conflicts < 3 => conflicts += 1,
+                Err(TakeError::Conflict(e)) => return Err(driver(e)),
+                Err(TakeError::Store(e)) => return Err(e),
+            }
+        }
     }
 
     /// Appends journal rows and trims the key's journal to its latest events, in one transaction.

@@ -6,7 +6,7 @@ SELECT r.`key`, r.scope, r.call_id, r.state, r.fence,
     r.fingerprint, r.outcome,
     TIMESTAMPDIFF(MICROSECOND, TIMESTAMP '1970-01-01 00:00:00', r.created) DIV 1000 AS created,
     TIMESTAMPDIFF(MICROSECOND, TIMESTAMP '1970-01-01 00:00:00', r.updated) DIV 1000 AS updated
-FROM samekey_receipts r
-WHERE r.call_id IN (SELECT j.id COLLATE utf8mb4_bin
-        FROM JSON_TABLE(?, '$[*]' COLUMNS (id VARCHAR(255) CHARACTER SET utf8mb4 PATH '$')) AS j)
-    AND r.state <> 'RELEASED'
+FROM (SELECT DISTINCT j.id FROM
+        JSON_TABLE(?, '$[*]' COLUMNS (id VARCHAR(255) CHARACTER SET utf8mb4 PATH '$')) AS j) AS ids
+    JOIN samekey_receipts r ON r.call_id = ids.id COLLATE utf8mb4_bin
+    WHERE r.state <> 'RELEASED'

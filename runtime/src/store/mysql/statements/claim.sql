@@ -1,4 +1,4 @@
--- Claims a key in one statement: inserts its row (the fence floor + 1 as its fence), or takes a
+-- Claims a key in one statement (sent in one batch with live_row.sql, its values as literals): inserts its row (the fence floor + 1 as its fence), or takes a
 -- released or expired row (its fence + 1), or changes nothing when a live row holds the key. The
 -- answer is in the statement's OK packet: the new fence as its last insert id (LAST_INSERT_ID(expr)),
 -- 0 when nothing was taken (then the row is read). rows affected: 1 inserted, 2 taken, 1 held (the
