@@ -186,3 +186,55 @@ async fn fences_never_repeat_across_a_purge() {
     };
     assert!(second > first, "{second:?} after {first:?}");
 }
+
+/// A waiter on a busy key hears the owner's completion by polling (no `LISTEN` on MySQL): within
+/// the poll's interval, which doubles from 20 ms to at most 1 s, so a wait of a few hundred ms hears
+/// the outcome within as long again. Real time: the server's clock judges the lease.
+#[tokio::test]
+async fn a_waiter_hears_the_completion_by_polling() {
+    let Some(store) = mysql().await else { return };
+    let key = Key::build("mysql_durability", unique("wait").as_str());
+    let now = store.now_ms(0).await.expect("now");
+    let claimed = store
+        .claim(Claim {
+            key: key.clone(),
+            call_id: CallId::new("wai", "test").expect("a callId"),
+            fingerprint: None,
+            lease_ms: 10_000,
+            now_ms: now,
+        })
+        .await
+        .expect("claim");
+    let Claimed::Acquired(fence) = claimed else {
+        panic!("a fresh key is acquired");
+    };
+    let owner = store.clone();
+    let owner_key = key.clone();
+    let started = std::time::Instant::now();
+    let completing = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let done = Completion {
+            state: ReceiptState::Success,
+            outcome: Some(b"1".as_slice().into()),
+            ttl_ms: 60_000,
+        };
+        owner
+            .complete(&owner_key, fence, done, now)
+            .await
+            .expect("complete");
+        std::time::Instant::now()
+    });
+    let heard = store
+        .wait_settled(&key, Duration::from_secs(5), now)
+        .await
+        .expect("wait");
+    let heard_at = std::time::Instant::now();
+    let completed_at = completing.await.expect("join");
+    assert_eq!(heard.map(|r| r.state), Some(ReceiptState::Success));
+    let late = heard_at.saturating_duration_since(completed_at);
+    println!(
+        "completed {:?} into the wait, heard {late:?} later",
+        completed_at - started
+    );
+    assert!(late < Duration::from_millis(600), "heard {late:?} late");
+}
