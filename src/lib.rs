@@ -69,6 +69,7 @@
 //! |---|---|
 //! | `sqlite` | [`store::SqliteStore`]: one file, durable across restarts |
 //! | `postgres` | [`store::PgStore`]: many instances, receipts in your transaction |
+//! | `mysql` | [`store::MySqlStore`]: MySQL 8 or MariaDB 10.6+, many instances, receipts in your transaction |
 //! | `redis` | [`store::RedisStore`] (one server or a cluster) and [`store::CachedStore`] |
 //! | `uuid` | `uuid::Uuid` as a key part |
 //! | `chrono` | `chrono::NaiveDate` as a key part |

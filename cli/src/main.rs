@@ -1,6 +1,6 @@
 //! `samekey`: what an operator asks a samekey store at 3 a.m. — what happened to this call, what the
 //! store holds, what needs a person — and what they do about it, over any store URL (`sqlite:PATH`,
-//! `postgres://…`, `redis://…`, a Redis Cluster as a comma-separated list), given by `--store` or
+//! `postgres://…`, `mysql://…`, `redis://…`, a Redis Cluster as a comma-separated list), given by `--store` or
 //! `SAMEKEY_STORE`.
 
 mod args;
@@ -28,7 +28,7 @@ use crate::output::{Format, Out};
 #[derive(Parser)]
 #[command(name = "samekey", version, about, long_about)]
 struct Cli {
-    /// The store: `sqlite:PATH`, `postgres://USER@HOST/DB`, `redis://HOST:PORT`, or a Redis Cluster
+    /// The store: `sqlite:PATH`, `postgres://USER@HOST/DB`, `mysql://USER@HOST/DB`, `redis://HOST:PORT`, or a Redis Cluster
     /// as `redis://A,redis://B,…`.
     #[arg(long, env = "SAMEKEY_STORE", global = true)]
     store: Option<String>,
@@ -201,7 +201,7 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> Result<Verdict, Failure> {
     let Some(url) = cli.store.clone() else {
         return Err(Failure::usage(
-            "no store: give --store URL or set SAMEKEY_STORE (sqlite:PATH, postgres://…, redis://…)",
+            "no store: give --store URL or set SAMEKEY_STORE (sqlite:PATH, postgres://…, mysql://…, redis://…)",
         ));
     };
     let format = if cli.json {

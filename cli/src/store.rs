@@ -14,7 +14,7 @@ fn never_migrated(url: &str) -> Failure {
     ))
 }
 
-/// Opens the store `url` names. An SQLite file or a PostgreSQL database must hold samekey's tables (a
+/// Opens the store `url` names. An SQLite file, a PostgreSQL or a MySQL database must hold samekey's tables (a
 /// typo must not create an empty store); an older schema is brought up to date, as a service of this
 /// version does when it starts.
 pub async fn open(url: &str, redis_prefix: &str) -> Result<Arc<dyn Store>, Failure> {
@@ -84,6 +84,37 @@ pub async fn open(url: &str, redis_prefix: &str) -> Result<Arc<dyn Store>, Failu
             "this build has no PostgreSQL (feature `postgres`)",
         ));
     }
+    if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+        #[cfg(feature = "mysql")]
+        {
+            // sqlx reads `mysql://`; `mariadb://` names the same protocol.
+            let url = match url.strip_prefix("mariadb://") {
+                Some(rest) => format!("mysql://{rest}"),
+                None => url.to_owned(),
+            };
+            let pool = samekey_runtime::sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(4)
+                .acquire_timeout(std::time::Duration::from_secs(5))
+                .connect(&url)
+                .await
+                .map_err(|e| unreachable(&e))?;
+            let tables: i64 = samekey_runtime::sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.tables
+                 WHERE table_schema = DATABASE() AND table_name = 'samekey_receipts'",
+            )
+            .fetch_one(&pool)
+            .await
+            .map_err(|e| unreachable(&e))?;
+            if tables == 0 {
+                return Err(never_migrated(&url));
+            }
+            let store = samekey_runtime::store::MySqlStore::from_pool(pool);
+            store.migrate().await.map_err(|e| unreachable(&e))?;
+            return Ok(Arc::new(store));
+        }
+        #[cfg(not(feature = "mysql"))]
+        return Err(Failure::usage("this build has no MySQL (feature `mysql`)"));
+    }
     if url.starts_with("redis://") || url.starts_with("rediss://") {
         #[cfg(feature = "redis")]
         {
@@ -101,6 +132,6 @@ pub async fn open(url: &str, redis_prefix: &str) -> Result<Arc<dyn Store>, Failu
     }
     let _ = redis_prefix;
     Err(Failure::usage(format!(
-        "{url:?} is not a store URL: sqlite:PATH, postgres://USER@HOST/DB, redis://HOST:PORT"
+        "{url:?} is not a store URL: sqlite:PATH, postgres://USER@HOST/DB, mysql://USER@HOST/DB, redis://HOST:PORT"
     )))
 }

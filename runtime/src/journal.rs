@@ -420,14 +420,26 @@ impl CallHistory {
 }
 
 /// The serialized form of an event, as the stores that serialize keep it.
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis", test))]
+#[cfg(any(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "redis",
+    test
+))]
 pub(crate) fn encode(event: &Event) -> Result<String, crate::error::StoreError> {
     serde_json::to_string(event)
         .map_err(|e| crate::error::StoreError::Corrupt(format!("a journal event: {e}")))
 }
 
 /// An event from its serialized form.
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis", test))]
+#[cfg(any(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "redis",
+    test
+))]
 pub(crate) fn decode(text: &[u8]) -> Result<Event, crate::error::StoreError> {
     serde_json::from_slice(text)
         .map_err(|e| crate::error::StoreError::Corrupt(format!("a journal event: {e}")))

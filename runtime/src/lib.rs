@@ -55,7 +55,7 @@ pub use store::{MemoryStore, Store};
 
 /// The SQL driver the SQLite and PostgreSQL stores use, re-exported so that the pools and transactions
 /// you hand them (`PgStore::complete_in(&mut tx, …)`) come from the same version.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use sqlx;
 
 /// The Redis client the Redis store uses, re-exported so that the connections you hand it come from the

@@ -1,7 +1,8 @@
-//! The built `samekey` binary against the shared stores: PostgreSQL (`SAMEKEY_PG_URL`), Redis
-//! (`SAMEKEY_REDIS_URL`) and a Redis Cluster (`SAMEKEY_REDIS_CLUSTER_URLS`), each walked through
+//! The built `samekey` binary against the shared stores: PostgreSQL (`SAMEKEY_PG_URL`), MySQL
+//! (`SAMEKEY_MYSQL_URL`), Redis (`SAMEKEY_REDIS_URL`) and a Redis Cluster
+//! (`SAMEKEY_REDIS_CLUSTER_URLS`), each walked through
 //! what an operator does: audit, list, inspect, resolve, reconcile, forget, purge. Each suite says
-//! `skipped:` when its server is not given (`scripts/services start` gives all three).
+//! `skipped:` when its server is not given (`scripts/services start` gives them all).
 #![cfg(all(feature = "postgres", feature = "redis"))]
 
 use crate::support;
@@ -181,6 +182,40 @@ async fn on_postgres() {
         err.contains("holds no samekey tables"),
         "nothing was created: {err}"
     );
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn on_mysql() {
+    let Ok(url) = std::env::var("SAMEKEY_MYSQL_URL") else {
+        println!(
+            "skipped: set SAMEKEY_MYSQL_URL (scripts/services start) to run the command on MySQL"
+        );
+        return;
+    };
+    let store = samekey_runtime::store::MySqlStore::connect(&url)
+        .await
+        .unwrap();
+    walk(&url, &store, &[]).await;
+
+    // A database without samekey's tables (information_schema, which every user may read), a server
+    // that is not there: each a one-line message and exit 3, and nothing created.
+    let (base, _) = url.rsplit_once('/').unwrap();
+    let other = format!("{base}/information_schema");
+    for (url, says) in [
+        (other.as_str(), "holds no samekey tables"),
+        (
+            "mysql://samekey@127.0.0.1:1/samekey",
+            "cannot open the store",
+        ),
+    ] {
+        let (code, _, err) = run(samekey(url).arg("ls"));
+        assert_eq!(code, 3, "{url}: {err}");
+        assert!(
+            err.starts_with("samekey: ") && err.contains(says),
+            "{url}: {err}"
+        );
+    }
 }
 
 #[tokio::test]

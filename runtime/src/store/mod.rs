@@ -97,14 +97,21 @@ mod contract;
 mod forward;
 mod local;
 mod memory;
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod query;
 #[cfg(feature = "redis")]
 mod redis;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+#[cfg(any(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "redis"
+))]
 mod refused;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
@@ -119,10 +126,17 @@ pub use contract::{poll_settled, Claim, Claimed, Completion, Store, StoreClock};
 pub use forward::{StoreFuture, StoreWrapper};
 pub use local::{LocalCache, DEFAULT_LOCAL_MAX_AGE};
 pub use memory::MemoryStore;
+#[cfg(feature = "mysql")]
+pub use mysql::MySqlStore;
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;
 pub use query::{Cursor, ReceiptPage, ReceiptQuery};
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+#[cfg(any(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "redis"
+))]
 pub(crate) use refused::{already_or_not_owned, not_owned};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;

@@ -35,11 +35,12 @@ use sqlx::Postgres;
 use super::sql::rows::{driver, int, receipt};
 use super::sql::{Dialect, SqlStore, Statements};
 use super::{Claim, Claimed};
+use crate::compensation::CompensationEntry;
 use crate::context::Context;
 use crate::error::StoreError;
 use crate::journal::{self, Event, JOURNAL_LIMIT};
 use crate::key::Key;
-use crate::receipt::{Receipt, ReceiptState, Transition};
+use crate::receipt::{Fence, Receipt, ReceiptState, Transition};
 use crate::store::Store as _;
 
 /// A [`Store`](crate::Store) in a PostgreSQL database.
@@ -156,6 +157,7 @@ impl Dialect for Postgres {
         by_call_id: include_str!("statements/by_call_id.sql"),
         by_call_ids: include_str!("statements/by_call_ids.sql"),
         now: Some(include_str!("statements/now.sql")),
+        fence_floor: None,
         purge_expired: include_str!("statements/purge_expired.sql"),
         count_expired: include_str!("statements/count_expired.sql"),
         list_receipts: include_str!("statements/list_receipts.sql"),
@@ -176,6 +178,27 @@ impl Dialect for Postgres {
 
     fn rows_affected(done: &Self::QueryResult) -> u64 {
         done.rows_affected()
+    }
+
+    async fn take_over(
+        store: &PgStore,
+        key: &Key,
+        expected: Fence,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Result<Claimed, StoreError> {
+        store
+            .take_over_returning(key, expected, lease_ms, now_ms)
+            .await
+    }
+
+    async fn take_due(
+        store: &PgStore,
+        now_ms: u64,
+        limit: usize,
+        lease_ms: u64,
+    ) -> Result<Vec<CompensationEntry>, StoreError> {
+        store.take_due_returning(now_ms, limit, lease_ms).await
     }
 
     async fn claim(store: &PgStore, claim: Claim) -> Result<Claimed, StoreError> {

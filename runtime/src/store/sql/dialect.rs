@@ -5,7 +5,7 @@
 //!
 //! # A dialect
 //!
-//! A dialect is a folder beside `sql/`: `postgres/`, `sqlite/`. It holds `schema.sql` (the tables,
+//! A dialect is a folder beside `sql/`: `postgres/`, `sqlite/`, `mysql/`. It holds `schema.sql` (the tables,
 //! idempotent), `migrations/` (what an earlier release's database needs and the schema cannot do),
 //! `statements/` (every statement the store sends, one file each, named after what it does, opening
 //! with a comment that says what its parameters are), and a `mod.rs` that implements [`Dialect`] for
@@ -14,17 +14,20 @@
 //! inherent `connect`/`migrate`.
 //!
 //! Every statement the shared code sends uses numbered placeholders (`$n`), which PostgreSQL and
-//! SQLite both read, and some use one parameter twice (the time). A driver whose placeholders are
-//! positional only (MySQL's `?`) will need the shared code to bind a value per occurrence.
+//! SQLite both read, and some use one parameter twice (the time). MySQL's `?` are positional only:
+//! its statements name their parameters first, in a derived table (`JOIN (SELECT ? AS k, ? AS
+//! caller_ms) AS p`), in the order the shared code binds them, and refer to `p.k` as often as they
+//! need; a `LIMIT ?` comes last, so the shared code binds the limit last.
 
 use std::future::Future;
 use std::time::Duration;
 
 use super::SqlStore;
+use crate::compensation::CompensationEntry;
 use crate::error::StoreError;
 use crate::journal::Event;
 use crate::key::Key;
-use crate::receipt::Receipt;
+use crate::receipt::{Fence, Receipt};
 use crate::store::{Claim, Claimed};
 
 /// What a database adds to [`SqlStore`]: its statements and the steps where its Rust differs. Sealed:
@@ -48,6 +51,25 @@ pub trait Dialect: sqlx::Database {
         store: &SqlStore<Self>,
         claim: Claim,
     ) -> impl Future<Output = Result<Claimed, StoreError>> + Send;
+
+    /// [`Store::take_over`](crate::store::Store::take_over): a statement that answers the new fence
+    /// ([`SqlStore::take_over_returning`] where the database has `RETURNING`).
+    fn take_over(
+        store: &SqlStore<Self>,
+        key: &Key,
+        expected: Fence,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> impl Future<Output = Result<Claimed, StoreError>> + Send;
+
+    /// [`Store::take_due_compensations`](crate::store::Store::take_due_compensations), answered in
+    /// any order ([`SqlStore::take_due_returning`] where the database has `RETURNING`).
+    fn take_due(
+        store: &SqlStore<Self>,
+        now_ms: u64,
+        limit: usize,
+        lease_ms: u64,
+    ) -> impl Future<Output = Result<Vec<CompensationEntry>, StoreError>> + Send;
 
     /// [`Store::append_journal`](crate::store::Store::append_journal) of at least one event.
     fn append_journal(
@@ -95,6 +117,9 @@ pub struct Statements {
     /// The store's time, for a dialect that judges by its own clock; `None`: the caller's time
     /// judges, and is answered without asking the database.
     pub now: Option<&'static str>,
+    /// Run just before `purge_expired`, for a dialect whose new rows take their fence from a floor
+    /// that a purge raises first (MySQL); `None`: nothing to run.
+    pub fence_floor: Option<&'static str>,
     /// Evicts expired rows.
     pub purge_expired: &'static str,
     /// How many rows `purge_expired` would evict.

@@ -1,6 +1,6 @@
 //! What the SQL stores share: [`SqlStore`], the one [`Store`](super::Store) over an sqlx pool that
-//! [`PgStore`](super::PgStore) and [`SqliteStore`](super::SqliteStore) are, as sqlx's `PgPool` is a
-//! `Pool<Postgres>`. Each store is documented on its alias; what they share is said here.
+//! [`PgStore`](super::PgStore), [`SqliteStore`](super::SqliteStore) and
+//! [`MySqlStore`](super::MySqlStore) are, as sqlx's `PgPool` is a `Pool<Postgres>`. Each store is documented on its alias; what they share is said here.
 //!
 //! # Guarantees
 //!
@@ -38,7 +38,9 @@
 //! [`Store`](super::Store) API with `samekey_ts(ms)` and `samekey_ms(column)`, and judges time by
 //! its own clock (`samekey_now(caller_ms)`, which ignores the caller's time); SQLite keeps Unix ms
 //! and judges by the caller's time. A taken-over row's new fence is `nextval('samekey_fence')` on
-//! PostgreSQL, `fence + 1` on SQLite.
+//! PostgreSQL, `fence + 1` on SQLite and MySQL. MySQL keeps times as `DATETIME(3)` in UTC and judges
+//! by its own clock (`UTC_TIMESTAMP(3)`); its statements name their positional `?` parameters first,
+//! in a derived table (see `mysql/statements/`), and a new row's fence is the fence floor + 1.
 
 mod dialect;
 pub(crate) mod rows;
@@ -51,8 +53,8 @@ use sqlx::Pool;
 pub(crate) use dialect::{Dialect, Statements};
 
 /// A [`Store`](super::Store) in an SQL database: [`PgStore`](super::PgStore) (a
-/// `SqlStore<sqlx::Postgres>`) or [`SqliteStore`](super::SqliteStore) (a `SqlStore<sqlx::Sqlite>`),
-/// each documented on its alias; see the [module documentation](self) for what they share.
+/// `SqlStore<sqlx::Postgres>`), [`SqliteStore`](super::SqliteStore) (a `SqlStore<sqlx::Sqlite>`) or
+/// [`MySqlStore`](super::MySqlStore) (a `SqlStore<sqlx::MySql>`), each documented on its alias; see the [module documentation](self) for what they share.
 pub struct SqlStore<D: Dialect> {
     pool: Pool<D>,
 }

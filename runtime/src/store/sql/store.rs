@@ -7,7 +7,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::{ColumnIndex, Decode, Encode, Executor, IntoArguments, Type};
 
-use super::rows::{bound, compensation, driver, fence_of, int, outcome_name, receipt};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use super::rows::fence_of;
+use super::rows::{bound, compensation, driver, int, outcome_name, receipt};
 use super::{Dialect, SqlStore};
 use crate::call_id::CallId;
 use crate::compensation::CompensationEntry;
@@ -107,6 +109,58 @@ where
         Self::row_on(&mut conn, key).await
     }
 
+    /// [`Store::take_over`] by one statement that answers the new fence (`RETURNING`): `$1` lease,
+    /// `$2` now, `$3` key, `$4` expected fence.
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub(crate) async fn take_over_returning(
+        &self,
+        key: &Key,
+        expected: Fence,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Result<Claimed, StoreError> {
+        // `fetch_all`: on SQLite a statement commits when it runs to its end, and only then is a
+        // failed commit reported.
+        let taken: Vec<i64> = sqlx::query_scalar(D::SQL.take_over)
+            .bind(int(lease_ms)?)
+            .bind(int(now_ms)?)
+            .bind(key.digest().as_slice())
+            .bind(int(expected.0)?)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(driver)?;
+        match taken.first() {
+            Some(&fence) => Ok(Claimed::Acquired(fence_of(fence)?)),
+            None => match self.row(key).await? {
+                Some(record) => Ok(Claimed::Existing(record)),
+                None => Err(StoreError::NotFound),
+            },
+        }
+    }
+
+    /// [`Store::take_due_compensations`] by one statement that answers the entries it took
+    /// (`RETURNING`): `$1` lease, `$2` now, `$3` limit.
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub(crate) async fn take_due_returning(
+        &self,
+        now_ms: u64,
+        limit: usize,
+        lease_ms: u64,
+    ) -> Result<Vec<CompensationEntry>, StoreError> {
+        let rows = sqlx::query(D::SQL.take_due)
+            .bind(int(lease_ms)?)
+            .bind(int(now_ms)?)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(driver)?;
+        let taken = rows
+            .iter()
+            .map(compensation)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(taken)
+    }
+
     /// Records the running `call`'s success with `value` on `conn`, the caller's transaction: what
     /// `PgStore::complete_in` and `SqliteStore::complete_in` do. Nothing is written for an unprotected
     /// call ([`Transition::AlreadyApplied`]).
@@ -189,23 +243,7 @@ where
         lease_ms: u64,
         now_ms: u64,
     ) -> Result<Claimed, StoreError> {
-        // `fetch_all`: on SQLite a statement commits when it runs to its end, and only then is a
-        // failed commit reported.
-        let taken: Vec<i64> = sqlx::query_scalar(D::SQL.take_over)
-            .bind(int(lease_ms)?)
-            .bind(int(now_ms)?)
-            .bind(key.digest().as_slice())
-            .bind(int(expected.0)?)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(driver)?;
-        match taken.first() {
-            Some(&fence) => Ok(Claimed::Acquired(fence_of(fence)?)),
-            None => match self.row(key).await? {
-                Some(record) => Ok(Claimed::Existing(record)),
-                None => Err(StoreError::NotFound),
-            },
-        }
+        D::take_over(self, key, expected, lease_ms, now_ms).await
     }
 
     async fn extend_lease(
@@ -354,6 +392,13 @@ where
     }
 
     async fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
+        if let Some(statement) = D::SQL.fence_floor {
+            sqlx::query(statement)
+                .bind(int(now_ms)?)
+                .execute(&self.pool)
+                .await
+                .map_err(driver)?;
+        }
         let done = sqlx::query(D::SQL.purge_expired)
             .bind(int(now_ms)?)
             .execute(&self.pool)
@@ -396,12 +441,16 @@ where
             .bind(bound(query.until_ms))
             .bind(int(now_ms)?)
             .bind(after_ms)
-            .bind(after_key)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX));
+            .bind(after_key);
         if let Some(scope) = &query.scope {
             listing = listing.bind(scope.as_str());
         }
-        let rows = listing.fetch_all(&self.pool).await.map_err(driver)?;
+        // The limit last: a MySQL statement's `LIMIT ?` is its last placeholder.
+        let rows = listing
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(driver)?;
         let mut read = Self::receipts(&rows)?;
         let next = (rows.len() == limit)
             .then(|| read.last().map(Cursor::of))
@@ -447,17 +496,7 @@ where
         limit: usize,
         lease_ms: u64,
     ) -> Result<Vec<CompensationEntry>, StoreError> {
-        let rows = sqlx::query(D::SQL.take_due)
-            .bind(int(lease_ms)?)
-            .bind(int(now_ms)?)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(driver)?;
-        let mut taken = rows
-            .iter()
-            .map(compensation)
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut taken = D::take_due(self, now_ms, limit, lease_ms).await?;
         taken.sort_by_key(|e| (e.next_at_ms, e.enqueued_ms));
         Ok(taken)
     }

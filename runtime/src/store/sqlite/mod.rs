@@ -36,11 +36,12 @@ use sqlx::Sqlite;
 use super::sql::rows::{driver, fence_of, int};
 use super::sql::{Dialect, SqlStore, Statements};
 use super::{poll_settled, Claim, Claimed};
+use crate::compensation::CompensationEntry;
 use crate::context::Context;
 use crate::error::StoreError;
 use crate::journal::{self, Event, JOURNAL_LIMIT};
 use crate::key::Key;
-use crate::receipt::{Receipt, Transition};
+use crate::receipt::{Fence, Receipt, Transition};
 
 /// The schema, idempotent (`schema.sql`): run by [`SqliteStore::open`] and [`SqliteStore::migrate`].
 const SCHEMA: &str = include_str!("schema.sql");
@@ -190,6 +191,7 @@ impl Dialect for Sqlite {
         by_call_ids: include_str!("statements/by_call_ids.sql"),
         // The caller's time judges.
         now: None,
+        fence_floor: None,
         purge_expired: include_str!("statements/purge_expired.sql"),
         count_expired: include_str!("statements/count_expired.sql"),
         list_receipts: include_str!("statements/list_receipts.sql"),
@@ -210,6 +212,27 @@ impl Dialect for Sqlite {
 
     fn rows_affected(done: &Self::QueryResult) -> u64 {
         done.rows_affected()
+    }
+
+    async fn take_over(
+        store: &SqliteStore,
+        key: &Key,
+        expected: Fence,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Result<Claimed, StoreError> {
+        store
+            .take_over_returning(key, expected, lease_ms, now_ms)
+            .await
+    }
+
+    async fn take_due(
+        store: &SqliteStore,
+        now_ms: u64,
+        limit: usize,
+        lease_ms: u64,
+    ) -> Result<Vec<CompensationEntry>, StoreError> {
+        store.take_due_returning(now_ms, limit, lease_ms).await
     }
 
     async fn claim(store: &SqliteStore, claim: Claim) -> Result<Claimed, StoreError> {

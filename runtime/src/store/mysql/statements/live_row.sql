@@ -1,0 +1,11 @@
+-- A key's row, unless it expired.
+-- The parameters are named in the derived table p, in the order they are bound (MySQL's ? are
+-- positional). The caller's time is not used: the server's clock judges.
+SELECT r.`key`, r.scope, r.call_id, r.state, r.fence,
+    TIMESTAMPDIFF(MICROSECOND, TIMESTAMP '1970-01-01 00:00:00', r.lease_until) DIV 1000 AS lease_until,
+    TIMESTAMPDIFF(MICROSECOND, TIMESTAMP '1970-01-01 00:00:00', r.expires_at) DIV 1000 AS expires_at,
+    r.fingerprint, r.outcome,
+    TIMESTAMPDIFF(MICROSECOND, TIMESTAMP '1970-01-01 00:00:00', r.created) DIV 1000 AS created,
+    TIMESTAMPDIFF(MICROSECOND, TIMESTAMP '1970-01-01 00:00:00', r.updated) DIV 1000 AS updated
+FROM (SELECT ? AS k, ? AS caller_ms) AS p JOIN samekey_receipts r ON r.`key` = p.k
+WHERE r.expires_at IS NULL OR r.expires_at > UTC_TIMESTAMP(3)
