@@ -512,7 +512,7 @@ async fn mistakes_get_a_message_and_an_exit_code() {
         err.contains("holds no samekey tables"),
         "nothing was created: {err}"
     );
-    let bad_url = samekey("mysql://x").arg("ls").output().unwrap();
+    let bad_url = samekey("mongodb://x").arg("ls").output().unwrap();
     assert_eq!(bad_url.status.code(), Some(2));
     let stranger = CallId::new("pay", "elsewhere").unwrap().to_string();
     let unknown = samekey(&url).args(["inspect", &stranger]).output().unwrap();
