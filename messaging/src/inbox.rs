@@ -37,6 +37,14 @@ fn requeue_delay(deliveries: u64) -> Duration {
 /// JSON text. `None` (no JSON encoding) refuses it: the delivery fails with `Error::InvalidKey`.
 struct Payload(Option<serde_json::Value>);
 
+impl Payload {
+    /// `payload`'s JSON value, made once per delivery for its `verify` part and, after a failure,
+    /// its fingerprint.
+    fn of<T: Serialize>(payload: &T) -> Payload {
+        Payload(serde_json::to_value(payload).ok())
+    }
+}
+
 impl KeyPart for Payload {
     fn encode_key(&self, out: &mut KeyEncoder) {
         match &self.0 {
@@ -258,6 +266,23 @@ impl Inbox {
         R: Serialize + DeserializeOwned,
         E: Classify + From<Error> + Display,
     {
+        let json = Payload::of(&message.payload);
+        self.deliver_read(message, &json, handler).await
+    }
+
+    /// [`Inbox::deliver`], the payload's JSON value made already.
+    async fn deliver_read<T, R, E, F, Fut>(
+        &self,
+        message: Envelope<T>,
+        json: &Payload,
+        handler: F,
+    ) -> Result<R, E>
+    where
+        F: FnOnce(T) -> Fut,
+        Fut: Future<Output = Result<R, E>>,
+        R: Serialize + DeserializeOwned,
+        E: Classify + From<Error> + Display,
+    {
         let inbound = message.inbound();
         let Envelope {
             call_id,
@@ -266,7 +291,7 @@ impl Inbox {
             ..
         } = message;
         let key = self.key(&Identity::Envelope { call_id, seq });
-        inbound.scope(self.run(key, payload, handler)).await
+        inbound.scope(self.run(key, json, payload, handler)).await
     }
 
     /// Runs `handler` on the payload of a message that came without envelope (from a producer that
@@ -287,19 +312,25 @@ impl Inbox {
         E: Classify + From<Error> + Display,
     {
         let key = self.key(&Identity::Foreign(id.to_owned()));
-        self.run(key, payload, handler).await
+        self.run(key, &Payload::of(&payload), payload, handler)
+            .await
     }
 
     /// The `verify` parts of a message: its payload's JSON value.
-    fn verify<T: Serialize>(&self, payload: &T) -> KeyBuilder {
+    fn verify(&self, json: &Payload) -> KeyBuilder {
         let mut verify = KeyBuilder::new(&self.scope);
-        verify.verify_part(&Payload(serde_json::to_value(payload).ok()), "payload");
+        verify.verify_part(json, "payload");
         verify
     }
 
-    async fn run<T, R, E, F, Fut>(&self, key: KeyBuilder, payload: T, handler: F) -> Result<R, E>
+    async fn run<T, R, E, F, Fut>(
+        &self,
+        key: KeyBuilder,
+        json: &Payload,
+        payload: T,
+        handler: F,
+    ) -> Result<R, E>
     where
-        T: Serialize,
         F: FnOnce(T) -> Fut,
         Fut: Future<Output = Result<R, E>>,
         R: Serialize + DeserializeOwned,
@@ -307,7 +338,7 @@ impl Inbox {
     {
         self.spec()
             .with_key(key)
-            .verify_with(self.verify(&payload))
+            .verify_with(self.verify(json))
             .runtime_or_ambient(self.runtime.as_ref())
             .run_once(|| handler(payload))
             .await
@@ -330,7 +361,7 @@ impl Inbox {
         R: Serialize + DeserializeOwned,
         E: Classify + From<Error> + Display,
     {
-        let (identity, work_call_id, fingerprint, result) = match delivery.read::<T>() {
+        let (identity, work_call_id, json, result) = match delivery.read::<T>() {
             Err(reason) => {
                 tracing::warn!(target: "samekey", scope = %self.scope, id = ?delivery.message_id,
                     %reason, "samekey: an unreadable message goes to the dead letters");
@@ -342,14 +373,15 @@ impl Inbox {
                     seq: envelope.seq,
                 };
                 let work_call_id = envelope.work_call_id();
-                let fingerprint = self.verify(&envelope.payload).fingerprint();
-                let result = self.deliver(envelope, handler).await;
-                (identity, work_call_id, fingerprint, result)
+                let json = Payload::of(&envelope.payload);
+                let result = self.deliver_read(envelope, &json, handler).await;
+                (identity, work_call_id, json, result)
             }
             Ok(Read::Foreign { id, payload }) => {
-                let fingerprint = self.verify(&payload).fingerprint();
-                let result = self.deliver_foreign(&id, payload, handler).await;
-                (Identity::Foreign(id), None, fingerprint, result)
+                let json = Payload::of(&payload);
+                let key = self.key(&Identity::Foreign(id.clone()));
+                let result = self.run(key, &json, payload, handler).await;
+                (Identity::Foreign(id), None, json, result)
             }
         };
         let key = self.key(&identity).finish();
@@ -363,6 +395,8 @@ impl Inbox {
                 Handled::Done(reply)
             }
             Err(error) => {
+                // The fingerprint only a failure needs, from the JSON value made once.
+                let fingerprint = self.verify(&json).fingerprint();
                 let disposition = self.after_failure(&key, fingerprint, &error).await;
                 if let Disposition::Busy { .. } = disposition {
                     // Not journaled: a dead consumer's lease can make many, and the journal is
