@@ -164,16 +164,17 @@ const SCHEMA: &str = include_str!("schema.sql");
 /// as it is taken out.
 const IDLE_BEFORE_PING: Duration = Duration::from_secs(10);
 
-/// The MySQL error codes of a lock conflict that a claim retries: a deadlock (1213) and a lock wait
-/// timeout (1205). Concurrent inserts of one new key can deadlock on its unique index.
-const RETRIED: [&str; 2] = ["1213", "1205"];
+/// The MySQL error numbers of a lock conflict that a claim retries: a deadlock (1213) and a lock
+/// wait timeout (1205). Concurrent inserts of one new key can deadlock on its unique index. (The
+/// number, not `DatabaseError::code`, which is the SQLSTATE: `40001` and `HY000`.)
+const RETRIED: [u16; 2] = [1213, 1205];
 
 /// Whether `e` is a lock conflict that a retry of the statement resolves.
 fn lock_conflict(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Database(db) => db
-            .code()
-            .is_some_and(|code| RETRIED.contains(&code.as_ref())),
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .is_some_and(|e| RETRIED.contains(&e.number())),
         _ => false,
     }
 }
@@ -211,6 +212,10 @@ impl MySqlStore {
     /// expired one) and answers its fence as the last insert id, or changes nothing (`0`); the batch's
     /// second statement reads the key's live row.
     pub const CLAIM_SQL: &'static str = include_str!("statements/claim.sql");
+
+    /// The statement a claim sends second in its batch (`?` the key, `?` the caller's time, unused):
+    /// the key's row, unless it expired.
+    pub const LIVE_ROW_SQL: &'static str = <MySql as Dialect>::SQL.live_row;
 
     const TAKE_OVER_SQL: &'static str = include_str!("statements/take_over.sql");
     const DUE_SQL: &'static str = include_str!("statements/due.sql");
@@ -374,7 +379,7 @@ impl Dialect for MySql {
             ],
         )?;
         let reading = inline(
-            MySql::SQL.live_row,
+            MySqlStore::LIVE_ROW_SQL,
             &[Literal::Bytes(digest.as_slice()), Literal::Int(0)],
         )?;
         let batch = format!("{taking};\n{reading}");
@@ -512,5 +517,96 @@ impl Dialect for MySql {
         now_ms: u64,
     ) -> Result<Option<Receipt>, StoreError> {
         poll_settled(store, key, timeout, now_ms).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use sqlx::mysql::MySqlPoolOptions;
+
+    use super::lock_conflict;
+
+    /// A real deadlock and a real lock wait timeout, as the server reports them, are lock conflicts
+    /// (the claim and the take of due entries retry them); another error is not. Needs
+    /// `SAMEKEY_MYSQL_URL`.
+    #[tokio::test]
+    async fn a_deadlock_and_a_lock_wait_timeout_are_lock_conflicts() {
+        let Ok(url) = std::env::var("SAMEKEY_MYSQL_URL") else {
+            // Past the harness's capture, as `conformance::skipped` writes.
+            use std::io::Write as _;
+            let _ = writeln!(
+                std::io::stderr(),
+                "skipped: set SAMEKEY_MYSQL_URL to run the MySQL tests"
+            );
+            return;
+        };
+        let pool = MySqlPoolOptions::new()
+            .max_connections(3)
+            .connect(&url)
+            .await
+            .unwrap();
+        let table = format!(
+            "samekey_test_conflict_{:x}",
+            crate::TraceId::new().as_u128() >> 64
+        );
+        let run = |sql: String| {
+            let pool = pool.clone();
+            async move { sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&pool).await }
+        };
+        run(format!(
+            "CREATE TABLE {table} (id INT PRIMARY KEY, v INT) ENGINE = InnoDB; \
+             INSERT INTO {table} VALUES (1, 0), (2, 0)"
+        ))
+        .await
+        .unwrap();
+        let update = |id: u8| format!("UPDATE {table} SET v = v + 1 WHERE id = {id}");
+
+        // Two transactions each holding the row the other one wants next.
+        let mut a = pool.begin().await.unwrap();
+        let mut b = pool.begin().await.unwrap();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(update(1)))
+            .execute(&mut *a)
+            .await
+            .unwrap();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(update(2)))
+            .execute(&mut *b)
+            .await
+            .unwrap();
+        let a_waits = sqlx::raw_sql(sqlx::AssertSqlSafe(update(2))).execute(&mut *a);
+        let b_closes = async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            sqlx::raw_sql(sqlx::AssertSqlSafe(update(1)))
+                .execute(&mut *b)
+                .await
+        };
+        let (first, second) = tokio::join!(a_waits, b_closes);
+        let deadlock = first.err().or(second.err()).expect("one of them deadlocks");
+        assert!(lock_conflict(&deadlock), "{deadlock:?}");
+        drop((a, b));
+
+        // A lock held past the waiter's innodb_lock_wait_timeout.
+        let mut holder = pool.begin().await.unwrap();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(update(1)))
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        let mut waiter = pool.acquire().await.unwrap();
+        let timed_out = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "SET SESSION innodb_lock_wait_timeout = 1; {}",
+            update(1)
+        )))
+        .execute(&mut *waiter)
+        .await
+        .expect_err("the lock is held");
+        assert!(lock_conflict(&timed_out), "{timed_out:?}");
+        drop((holder, waiter));
+
+        let other = run(format!("INSERT INTO {table} VALUES (1, 0)"))
+            .await
+            .expect_err("a duplicate key");
+        assert!(!lock_conflict(&other), "{other:?}");
+        run(format!("DROP TABLE {table}")).await.unwrap();
     }
 }
