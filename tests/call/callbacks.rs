@@ -249,7 +249,7 @@ async fn a_late_success_for_a_declined_call_is_refused(store: Arc<dyn Store>) {
     assert_eq!(refused, 2, "each refusal journaled");
 }
 
-support::on_stores!(memory, local_cache, sqlite if "sqlite", postgres if "postgres", redis if "redis" => {
+support::on_stores!(memory, local_cache, sqlite if "sqlite", postgres if "postgres", mysql if "mysql", mysql_cached if "mysql" & "redis", redis if "redis" => {
     callback_scenarios,
     callback_before_the_reply,
     a_late_success_for_a_declined_call_is_refused,

@@ -179,7 +179,7 @@ async fn an_outcome_left_unknown_journals_the_claim_s_fence(store: Arc<dyn Store
     );
 }
 
-support::on_stores!(memory, local_cache, sqlite if "sqlite", postgres if "postgres", redis if "redis" => {
+support::on_stores!(memory, local_cache, sqlite if "sqlite", postgres if "postgres", mysql if "mysql", redis if "redis" => {
     dropped_while_journaling_an_outcome_nothing_could_write,
     dropped_while_journaling_and_the_guard_s_write_fails_too,
     an_outcome_left_unknown_journals_the_claim_s_fence,

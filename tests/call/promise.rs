@@ -723,7 +723,7 @@ async fn dropped_while_renewing_its_own_claim_gives_the_key_back(store: Arc<dyn 
     dropped_then_duplicated(&svc, &gate).await;
 }
 
-support::on_stores!(memory, local_cache, sqlite if "sqlite", postgres if "postgres", redis if "redis" => {
+support::on_stores!(memory, local_cache, sqlite if "sqlite", postgres if "postgres", mysql if "mysql", mysql_cached if "mysql" & "redis", redis if "redis" => {
     an_unknown_is_never_without_its_entry,
     dropped_while_being_queued,
     dropped_while_being_marked,

@@ -439,6 +439,6 @@ async fn rounds_end_with_a_person(svc: Svc) {
         .unwrap();
 }
 
-support::on_stores!(memory, local_cache, sqlite if "sqlite", postgres if "postgres", redis if "redis" => {
+support::on_stores!(memory, local_cache, sqlite if "sqlite", postgres if "postgres", mysql if "mysql", mysql_cached if "mysql" & "redis", redis if "redis" => {
     worker_scenarios,
 });

@@ -207,7 +207,7 @@ async fn a_day_is_reconciled_by_reference(store: Arc<dyn Store>) {
     }));
 }
 
-support::on_stores!(memory, sqlite if "sqlite", postgres if "postgres", redis if "redis" => {
+support::on_stores!(memory, sqlite if "sqlite", postgres if "postgres", mysql if "mysql", redis if "redis" => {
     a_day_is_reconciled,
     a_day_is_reconciled_by_reference,
 });

@@ -18,6 +18,11 @@ fn backends_left_out_of_this_build() {
             "the PostgreSQL suites need `--features postgres` and SAMEKEY_PG_URL: {ALL}"
         ));
     }
+    if !cfg!(feature = "mysql") {
+        skipped(&format!(
+            "the MySQL suites need `--features mysql` and SAMEKEY_MYSQL_URL: {ALL}"
+        ));
+    }
     if !cfg!(feature = "redis") {
         skipped(&format!(
             "the Redis suites need `--features redis` and SAMEKEY_REDIS_URL: {ALL}"

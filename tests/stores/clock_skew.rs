@@ -1,8 +1,9 @@
 //! Nodes disagree about time: two runtimes on one shared store, one of them with a clock 5 s ahead (or
 //! behind). The store's clock judges leases and expiries, so the fast node neither takes over a live
 //! lease nor finds a finished record expired early, and the slow one does not keep a dead owner's
-//! lease alive. Runs on PostgreSQL (`SAMEKEY_PG_URL`) and Redis (`SAMEKEY_REDIS_URL`), in real time.
-#![cfg(any(feature = "postgres", feature = "redis"))]
+//! lease alive. Runs on PostgreSQL (`SAMEKEY_PG_URL`), MySQL (`SAMEKEY_MYSQL_URL`) and Redis
+//! (`SAMEKEY_REDIS_URL`), in real time.
+#![cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
 
 use crate::support;
 
@@ -141,13 +142,18 @@ fn behind_local_cache(store: &Arc<dyn Store>) -> Arc<dyn Store> {
         Ok(pg) => return Arc::new(samekey::store::LocalCache::new((*pg).clone(), 100)),
         Err(other) => other,
     };
+    #[cfg(feature = "mysql")]
+    let any = match any.downcast::<samekey::store::MySqlStore>() {
+        Ok(mysql) => return Arc::new(samekey::store::LocalCache::new((*mysql).clone(), 100)),
+        Err(other) => other,
+    };
     #[cfg(feature = "redis")]
     let any = match any.downcast::<samekey::store::RedisStore>() {
         Ok(redis) => return Arc::new(samekey::store::LocalCache::new((*redis).clone(), 100)),
         Err(other) => other,
     };
     let _ = any;
-    panic!("a PostgreSQL or Redis store")
+    panic!("a PostgreSQL, MySQL or Redis store")
 }
 
 /// A node 5 s behind keeps a receipt it read in process (`LocalCache`) only as long as the store's
@@ -179,7 +185,7 @@ async fn slow_node_s_local_cache_keeps_a_receipt_no_longer_than_the_store(store:
     );
 }
 
-support::on_stores!(postgres if "postgres", redis if "redis" => {
+support::on_stores!(postgres if "postgres", mysql if "mysql", redis if "redis" => {
     fast_node_does_not_take_over_a_live_lease,
     fast_node_does_not_expire_a_record_early,
     slow_node_takes_over_an_ended_lease,

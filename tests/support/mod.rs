@@ -112,14 +112,15 @@ impl samekey::clock::Clock for TestClock {
 }
 
 /// Runs each scenario on each listed store, as a test of its own: `on_stores!(memory, sqlite if
-/// "sqlite" => { scenario_a, scenario_b })`. Each store is an `async fn NAME() -> Option<Arc<dyn
-/// Store>>` beside the scenarios (`None`: its server is not configured, and it said so), compiled with
-/// the cargo feature named after `if`; each scenario an `async fn(Arc<dyn Store>)`.
+/// "sqlite", mysql_cached if "mysql" & "redis" => { scenario_a, scenario_b })`. Each store is an
+/// `async fn NAME() -> Option<Arc<dyn Store>>` beside the scenarios (`None`: its server is not
+/// configured, and it said so), compiled with the cargo features named after `if`; each scenario an
+/// `async fn(Arc<dyn Store>)`.
 #[allow(unused_macros)]
 macro_rules! on_stores {
-    ($($store:ident $(if $feature:literal)?),* => $scenarios:tt) => {
+    ($($store:ident $(if $($feature:literal)&+)?),* => $scenarios:tt) => {
         $(
-            $(#[cfg(feature = $feature)])?
+            $(#[cfg(all($(feature = $feature),+))])?
             mod $store {
                 $crate::support::on_stores!(@each $store $scenarios);
             }
