@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use samekey::{idempotent, Classify, ErrorClass, RemoteStatus, Runtime};
+use samekey::{idempotent, Classify, ErrorClass, RemoteStatus, Runtime, Store};
 use samekey_grpc::metadata::{
     GRPC_PREVIOUS_RPC_ATTEMPTS, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, RETRY_PUSHBACK_MS, X_CALL_ID,
     X_CALL_ID_SOURCE, X_TRACE_ID,
@@ -138,7 +138,15 @@ async fn serve(
 }
 
 async fn payment_service(ledger: Arc<Ledger>) -> (SocketAddr, Runtime) {
-    let rt = Runtime::builder().node("pay-1").build().unwrap();
+    payment_service_on(ledger, Arc::new(samekey::MemoryStore::new())).await
+}
+
+async fn payment_service_on(ledger: Arc<Ledger>, store: Arc<dyn Store>) -> (SocketAddr, Runtime) {
+    let rt = Runtime::builder()
+        .node("pay-1")
+        .shared_store(store)
+        .build()
+        .unwrap();
     let layer = IdempotencyLayer::new()
         .runtime(&rt)
         .descriptors(proto::FILE_DESCRIPTOR_SET)
@@ -154,11 +162,14 @@ fn channel(addr: SocketAddr) -> Channel {
         .connect_lazy()
 }
 
+/// `message` with the idempotency key `key`, made this run's own (the durable stores outlive a run).
 fn keyed<T>(message: T, key: &str) -> Request<T> {
+    static RUN: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| format!("{:x}", samekey::TraceId::new().as_u128()));
     let mut request = Request::new(message);
     request
         .metadata_mut()
-        .insert(IDEMPOTENCY_KEY, key.parse().unwrap());
+        .insert(IDEMPOTENCY_KEY, format!("{key}-{}", *RUN).parse().unwrap());
     request
 }
 
@@ -169,10 +180,9 @@ fn charge(order_id: u64, amount_cents: u64) -> ChargeRequest {
     }
 }
 
-#[tokio::test]
-async fn a_repeated_key_is_replayed_with_its_metadata() {
+async fn a_repeated_key_is_replayed_with_its_metadata(store: Arc<dyn Store>) {
     let ledger = Arc::new(Ledger::default());
-    let (addr, _rt) = payment_service(ledger.clone()).await;
+    let (addr, _rt) = payment_service_on(ledger.clone(), store).await;
     let mut client = PaymentsClient::new(channel(addr));
     let first = client.charge(keyed(charge(1, 500), "k-1")).await.unwrap();
     let again = client.charge(keyed(charge(1, 500), "k-1")).await.unwrap();
@@ -204,10 +214,9 @@ async fn a_repeated_key_is_replayed_with_its_metadata() {
     assert_eq!(ledger.seen.lock().unwrap().len(), 2, "each method ran once");
 }
 
-#[tokio::test]
-async fn the_same_key_with_another_request_is_failed_precondition() {
+async fn the_same_key_with_another_request_is_failed_precondition(store: Arc<dyn Store>) {
     let ledger = Arc::new(Ledger::default());
-    let (addr, _rt) = payment_service(ledger.clone()).await;
+    let (addr, _rt) = payment_service_on(ledger.clone(), store).await;
     let mut client = PaymentsClient::new(channel(addr));
     client.charge(keyed(charge(2, 500), "k-2")).await.unwrap();
     let refused = client
@@ -219,11 +228,10 @@ async fn the_same_key_with_another_request_is_failed_precondition() {
     assert_eq!(ledger.charges.load(Ordering::SeqCst), 1);
 }
 
-#[tokio::test]
-async fn a_key_in_flight_is_aborted_with_retry_info() {
+async fn a_key_in_flight_is_aborted_with_retry_info(store: Arc<dyn Store>) {
     let ledger = Arc::new(Ledger::default());
     *ledger.slow.lock().unwrap() = Some(Duration::from_millis(400));
-    let (addr, _rt) = payment_service(ledger.clone()).await;
+    let (addr, _rt) = payment_service_on(ledger.clone(), store).await;
     let mut first = PaymentsClient::new(channel(addr));
     let mut second = first.clone();
     let running = tokio::spawn(async move { first.charge(keyed(charge(3, 500), "k-3")).await });
@@ -250,6 +258,85 @@ async fn a_key_in_flight_is_aborted_with_retry_info() {
     assert_eq!(reply.get_ref(), after.get_ref());
     assert_eq!(ledger.charges.load(Ordering::SeqCst), 1);
 }
+
+/// The scenarios above on every store this build has (a durable one's server from its
+/// `SAMEKEY_*_URL`, or a visible `skipped:` line).
+macro_rules! on_stores {
+    ($($test:ident),+ $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test(std::sync::Arc::new(samekey::MemoryStore::new())).await;
+                }
+            )+
+        }
+        #[cfg(feature = "sqlite")]
+        mod sqlite {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    let dir = tempfile::tempdir().unwrap();
+                    let store = samekey::store::SqliteStore::open(dir.path().join("s.db"))
+                        .await
+                        .unwrap();
+                    super::$test(std::sync::Arc::new(store)).await;
+                }
+            )+
+        }
+        #[cfg(feature = "postgres")]
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    let Ok(url) = std::env::var("SAMEKEY_PG_URL") else {
+                        samekey::conformance::skipped("set SAMEKEY_PG_URL to run the layers on PostgreSQL");
+                        return;
+                    };
+                    let store = samekey::store::PgStore::connect(&url).await.unwrap();
+                    super::$test(std::sync::Arc::new(store)).await;
+                }
+            )+
+        }
+        #[cfg(feature = "mysql")]
+        mod mysql {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    let Ok(url) = std::env::var("SAMEKEY_MYSQL_URL") else {
+                        samekey::conformance::skipped("set SAMEKEY_MYSQL_URL to run the layers on MySQL");
+                        return;
+                    };
+                    let store = samekey::store::MySqlStore::connect(&url).await.unwrap();
+                    super::$test(std::sync::Arc::new(store)).await;
+                }
+            )+
+        }
+        #[cfg(feature = "redis")]
+        mod redis {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    let Ok(url) = std::env::var("SAMEKEY_REDIS_URL") else {
+                        samekey::conformance::skipped("set SAMEKEY_REDIS_URL to run the layers on Redis");
+                        return;
+                    };
+                    let prefix = format!("samekey-grpc-{:x}", samekey::TraceId::new().as_u128());
+                    let store = samekey::store::RedisStore::connect_with_prefix(&url, &prefix)
+                        .await
+                        .unwrap();
+                    super::$test(std::sync::Arc::new(store)).await;
+                }
+            )+
+        }
+    };
+}
+
+on_stores!(
+    a_repeated_key_is_replayed_with_its_metadata,
+    the_same_key_with_another_request_is_failed_precondition,
+    a_key_in_flight_is_aborted_with_retry_info,
+);
 
 #[tokio::test]
 async fn a_streaming_method_is_refused_with_a_key() {

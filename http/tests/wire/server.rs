@@ -2,8 +2,9 @@
 //! Idempotency-Key layer, replays with their header, 4xx stored and 5xx not, streamed responses and
 //! responses over the limit passed through and refused on retry, a service error under the layer an
 //! unknown outcome, keys scoped by method and route, the call context adopted,
-//! refused and filled — on the memory store, and on SQLite, PostgreSQL and Redis when built with
-//! their features (the servers' URLs from `SAMEKEY_PG_URL` and `SAMEKEY_REDIS_URL`).
+//! refused and filled — on the memory store, and on SQLite, PostgreSQL, MySQL and Redis when built
+//! with their features (the servers' URLs from `SAMEKEY_PG_URL`, `SAMEKEY_MYSQL_URL` and
+//! `SAMEKEY_REDIS_URL`).
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -698,6 +699,21 @@ macro_rules! on_stores {
                         return;
                     };
                     let store = samekey_runtime::store::PgStore::connect(&url).await.unwrap();
+                    super::$test(Arc::new(store)).await;
+                }
+            )+
+        }
+        #[cfg(feature = "mysql")]
+        mod mysql {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    let Ok(url) = std::env::var("SAMEKEY_MYSQL_URL") else {
+                        samekey_runtime::conformance::skipped("set SAMEKEY_MYSQL_URL to run the layer on MySQL");
+                        return;
+                    };
+                    let store = samekey_runtime::store::MySqlStore::connect(&url).await.unwrap();
                     super::$test(Arc::new(store)).await;
                 }
             )+
