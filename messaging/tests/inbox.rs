@@ -176,19 +176,14 @@ async fn a_handler_that_asks_for_a_redelivery_runs_again() {
     assert_eq!(run_counter.load(Ordering::SeqCst), 2);
 }
 
-/// On SQLite: a message worked once is not worked again when the broker redelivers it after the
-/// consumer restarted (a new runtime on the same file); the redelivery gets the first outcome.
-#[cfg(feature = "sqlite")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_redelivery_after_a_restart_is_not_worked_again() {
-    use samekey_runtime::store::SqliteStore;
-
-    let dir = std::env::temp_dir().join(format!(
-        "samekey-messaging-inbox-{:x}",
-        TraceId::new().as_u128()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("inbox.db");
+/// A message worked once is not worked again when the broker redelivers it after the consumer
+/// restarted (a new runtime on the same database, from `open`); the redelivery gets the first outcome.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+async fn a_redelivery_after_a_restart_is_not_worked_again<F, Fut>(open: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Arc<dyn samekey_runtime::Store>>,
+{
     let message = Envelope::new("o-4".to_owned());
     let run_counter = AtomicU32::new(0);
     let runs = &run_counter;
@@ -197,10 +192,9 @@ async fn a_redelivery_after_a_restart_is_not_worked_again() {
         Ok::<_, ShipError>(format!("run {n}: shipped {order}"))
     };
     for restart in 0..2 {
-        let store = SqliteStore::open(&path).await.unwrap();
         let rt = Runtime::builder()
             .node("shipping-1")
-            .shared_store(Arc::new(store))
+            .shared_store(open().await)
             .build()
             .unwrap();
         let inbox = Inbox::new("shipping.on_paid").runtime(&rt);
@@ -211,11 +205,10 @@ async fn a_redelivery_after_a_restart_is_not_worked_again() {
         );
     }
     assert_eq!(run_counter.load(Ordering::SeqCst), 1, "worked once");
-    // Another message is worked, on the same file.
-    let store = SqliteStore::open(&path).await.unwrap();
+    // Another message is worked, on the same database.
     let rt = Runtime::builder()
         .node("shipping-1")
-        .shared_store(Arc::new(store))
+        .shared_store(open().await)
         .build()
         .unwrap();
     let other = Envelope::new("o-5".to_owned());
@@ -224,7 +217,41 @@ async fn a_redelivery_after_a_restart_is_not_worked_again() {
         inbox.deliver(other, handler).await.unwrap(),
         "run 2: shipped o-5"
     );
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivery_after_a_restart_is_not_worked_again_on_sqlite() {
+    use samekey_runtime::store::SqliteStore;
+
+    let dir = std::env::temp_dir().join(format!(
+        "samekey-messaging-inbox-{:x}",
+        TraceId::new().as_u128()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("inbox.db");
+    a_redelivery_after_a_restart_is_not_worked_again(|| async {
+        Arc::new(SqliteStore::open(&path).await.unwrap()) as Arc<dyn samekey_runtime::Store>
+    })
+    .await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivery_after_a_restart_is_not_worked_again_on_mysql() {
+    use samekey_runtime::store::MySqlStore;
+
+    let Ok(url) = std::env::var("SAMEKEY_MYSQL_URL") else {
+        samekey_runtime::conformance::skipped(
+            "set SAMEKEY_MYSQL_URL (scripts/services start) to run the inbox on MySQL",
+        );
+        return;
+    };
+    a_redelivery_after_a_restart_is_not_worked_again(|| async {
+        Arc::new(MySqlStore::connect(&url).await.unwrap()) as Arc<dyn samekey_runtime::Store>
+    })
+    .await;
 }
 
 /// A call that publishes one message per line item; the first attempt's acknowledgement is lost

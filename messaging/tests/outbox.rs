@@ -1,11 +1,12 @@
-//! The transactional outbox, on PostgreSQL (`SAMEKEY_PG_URL`, a schema of its own per test) and on
-//! SQLite (a temporary file), one suite run on both: the business row, the message and the receipt
+//! The transactional outbox, on PostgreSQL (`SAMEKEY_PG_URL`, a schema of its own per test), MySQL
+//! (`SAMEKEY_MYSQL_URL`, a database of its own per test) and SQLite (a temporary file), one suite run
+//! on each: the business row, the message and the receipt
 //! commit together or not at all; relays publish each key's messages in order, three at once; a
 //! relay that dies before or after the publish leaves the message to the next, which publishes it
 //! under the same id, and the consumer's inbox works it once; a broker outage keeps everything and
 //! is caught up oldest first; a full outbox refuses the stage and the business transaction rolls
 //! back; a refused message holds its key; sent rows are purged.
-#![cfg(any(feature = "postgres", feature = "sqlite"))]
+#![cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -307,6 +308,74 @@ mod pg_setup {
     }
 }
 
+#[cfg(feature = "mysql")]
+mod mysql_setup {
+    use samekey_messaging::outbox::MySqlOutbox;
+    use samekey_runtime::sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+    use samekey_runtime::sqlx::{self, AssertSqlSafe};
+    use samekey_runtime::store::MySqlStore;
+    use std::str::FromStr;
+
+    /// A database for one test: a database of its own, so that tests running at once and reruns
+    /// never see each other's rows; dropped at the end.
+    pub struct Setup {
+        pub outbox: MySqlOutbox,
+        pub store: MySqlStore,
+        database: String,
+    }
+
+    impl Setup {
+        pub async fn cleanup(self) {
+            let statement = format!("DROP DATABASE IF EXISTS {}", self.database);
+            let _ = sqlx::raw_sql(AssertSqlSafe(statement))
+                .execute(self.store.pool())
+                .await;
+        }
+    }
+
+    pub async fn open(test: &str) -> Option<Setup> {
+        let Ok(url) = std::env::var("SAMEKEY_MYSQL_URL") else {
+            samekey::conformance::skipped(
+                "set SAMEKEY_MYSQL_URL (eval \"$(scripts/services start)\")",
+            );
+            return None;
+        };
+        let database = format!(
+            "outbox_{test}_{:x}",
+            samekey::TraceId::new().as_u128() >> 64
+        );
+        let admin = MySqlPoolOptions::new()
+            .max_connections(1)
+            .connect(&url)
+            .await
+            .unwrap();
+        sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {database}")))
+            .execute(&admin)
+            .await
+            .unwrap();
+        admin.close().await;
+        let options = MySqlConnectOptions::from_str(&url)
+            .unwrap()
+            .database(&database);
+        let pool = MySqlPoolOptions::new()
+            .max_connections(12)
+            .connect_with(options)
+            .await
+            .unwrap();
+        let store = MySqlStore::from_pool(pool.clone());
+        store.migrate().await.unwrap();
+        let outbox = MySqlOutbox::from_pool(pool);
+        outbox.migrate().await.unwrap();
+        // Twice: idempotent.
+        outbox.migrate().await.unwrap();
+        Some(Setup {
+            outbox,
+            store,
+            database,
+        })
+    }
+}
+
 #[cfg(feature = "sqlite")]
 mod sqlite_setup {
     use samekey_messaging::outbox::SqliteOutbox;
@@ -341,9 +410,10 @@ mod sqlite_setup {
 }
 
 /// The suite, for one database: `$setup` opens a database for a test, `$db` is its sqlx type,
-/// `$store` the runtime's store on it.
+/// `$store` the runtime's store on it; `$insert_charge` inserts a business row (its one parameter,
+/// the order), `$headers` reads the staged row's headers as text, in the database's dialect.
 macro_rules! outbox_suite {
-    ($name:ident, $setup:ident, $db:ty, $store:ty) => {
+    ($name:ident, $setup:ident, $db:ty, $store:ty, $insert_charge:literal, $headers:literal) => {
         mod $name {
             use super::*;
             use samekey_messaging::outbox::{Outbox, OutboxError, Relay, Staged};
@@ -389,7 +459,7 @@ macro_rules! outbox_suite {
                 async fn charge(&self, order: i64) -> Result<i64, ChargeError> {
                     self.runs.fetch_add(1, Ordering::SeqCst);
                     let mut tx = self.outbox.pool().begin().await.map_err(db)?;
-                    sqlx::query("INSERT INTO charges (order_id) VALUES ($1)")
+                    sqlx::query($insert_charge)
                         .bind(order)
                         .execute(&mut *tx)
                         .await
@@ -515,11 +585,10 @@ macro_rules! outbox_suite {
                     count(outbox, "SELECT count(*) FROM samekey_outbox").await,
                     1
                 );
-                let staged: String =
-                    sqlx::query_scalar("SELECT CAST(headers AS TEXT) FROM samekey_outbox")
-                        .fetch_one(outbox.pool())
-                        .await
-                        .unwrap();
+                let staged: String = sqlx::query_scalar($headers)
+                    .fetch_one(outbox.pool())
+                    .await
+                    .unwrap();
                 assert!(
                     staged.contains("x-ordering-key"),
                     "headers as JSON text: {staged}"
@@ -865,6 +934,41 @@ macro_rules! outbox_suite {
                 setup.cleanup().await;
             }
 
+            /// A head one relay is publishing is held: another relay takes neither it nor its key's
+            /// next message (nor the other heads of the first batch), and the key's order holds.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_head_another_relay_holds_is_skipped_and_never_overtaken() {
+                let Some(setup) = $setup::open("held").await else {
+                    return;
+                };
+                let outbox = &setup.outbox;
+                stage(outbox, "k", &message("k", 0)).await;
+                stage(outbox, "k", &message("k", 1)).await;
+                stage(outbox, "j", &message("j", 0)).await;
+                let broker = Broker::new(|n, _| if n == 0 { Fault::Held } else { Fault::Deliver });
+                let first = Relay::new(outbox.clone(), broker.clone()).concurrency(1);
+                let second = Relay::new(outbox.clone(), broker.clone());
+                let holding = async {
+                    let batch = first.run_once().await.unwrap();
+                    assert_eq!((batch.taken, batch.published), (2, 2), "{batch:?}");
+                };
+                let meanwhile = async {
+                    broker.hung.notified().await; // the first relay is publishing "k/0"
+                    let batch = second.run_once().await.unwrap();
+                    broker.gate.notify_one();
+                    batch
+                };
+                let ((), batch) = tokio::join!(holding, meanwhile);
+                assert_eq!(
+                    batch.taken, 0,
+                    "the heads are held, k/1 is no head: {batch:?}"
+                );
+                poll_until(&second, &broker, 3).await;
+                assert_eq!(by_key(&broker.log())["k"], [0, 1]);
+                assert_eq!(outbox.pending().await.unwrap(), 0);
+                setup.cleanup().await;
+            }
+
             /// A batch's heads are of distinct keys, published `concurrency` at once.
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_batch_publishes_its_heads_concurrency_at_once() {
@@ -971,7 +1075,19 @@ outbox_suite!(
     postgres,
     pg_setup,
     samekey_runtime::sqlx::Postgres,
-    samekey_runtime::store::PgStore
+    samekey_runtime::store::PgStore,
+    "INSERT INTO charges (order_id) VALUES ($1)",
+    "SELECT CAST(headers AS TEXT) FROM samekey_outbox"
+);
+
+#[cfg(feature = "mysql")]
+outbox_suite!(
+    mysql,
+    mysql_setup,
+    samekey_runtime::sqlx::MySql,
+    samekey_runtime::store::MySqlStore,
+    "INSERT INTO charges (order_id) VALUES (?)",
+    "SELECT headers FROM samekey_outbox"
 );
 
 #[cfg(feature = "sqlite")]
@@ -979,7 +1095,9 @@ outbox_suite!(
     sqlite,
     sqlite_setup,
     samekey_runtime::sqlx::Sqlite,
-    samekey_runtime::store::SqliteStore
+    samekey_runtime::store::SqliteStore,
+    "INSERT INTO charges (order_id) VALUES ($1)",
+    "SELECT CAST(headers AS TEXT) FROM samekey_outbox"
 );
 
 /// On PostgreSQL, two transactions staging under one key are published in the order they commit:
@@ -1034,6 +1152,72 @@ async fn postgres_stagings_under_one_key_are_ordered_by_their_commits() {
     second.await.unwrap();
     poll_until(&relay, &broker, 2).await;
     assert_eq!(by_key(&broker.log())["k"], [0, 1]);
+    setup.cleanup().await;
+}
+
+/// On MySQL, two transactions staging under one key are published in the order they commit: the
+/// second waits for the first's lock on the key's bucket (its statement seen running in the process
+/// list),
+/// and a relay in between publishes nothing out of order.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_stagings_under_one_key_are_ordered_by_their_commits() {
+    use samekey_messaging::outbox::Relay;
+    use samekey_runtime::sqlx;
+
+    let Some(setup) = mysql_setup::open("lockkey").await else {
+        return;
+    };
+    let outbox = setup.outbox.clone();
+    let mut first = outbox.pool().begin().await.unwrap();
+    outbox
+        .stage(&mut first, "k", &message("k", 0))
+        .await
+        .unwrap();
+    let second = tokio::spawn({
+        let outbox = outbox.clone();
+        async move {
+            let mut tx = outbox.pool().begin().await.unwrap();
+            outbox.stage(&mut tx, "k", &message("k", 1)).await.unwrap();
+            tx.commit().await.unwrap();
+        }
+    });
+    // Bounded: the second stage waits for the first transaction's lock on the key's bucket.
+    let mut waiting = 0i64;
+    for _ in 0..400 {
+        waiting = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.processlist \
+             WHERE db = DATABASE() AND id <> CONNECTION_ID() \
+                 AND info LIKE '%FROM samekey_outbox_lock%FOR UPDATE%'",
+        )
+        .fetch_one(outbox.pool())
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(waiting > 0, "the second stage waits for the key");
+    let broker = Broker::reliable();
+    let relay = Relay::new(outbox.clone(), broker.clone());
+    assert_eq!(
+        relay.run_once().await.unwrap().taken,
+        0,
+        "nothing committed yet"
+    );
+    first.commit().await.unwrap();
+    second.await.unwrap();
+    poll_until(&relay, &broker, 2).await;
+    assert_eq!(by_key(&broker.log())["k"], [0, 1]);
+    // A message staged again in a transaction that goes on: the duplicate undoes only itself.
+    let mut tx = outbox.pool().begin().await.unwrap();
+    let again = outbox.stage(&mut tx, "k", &message("k", 0)).await.unwrap();
+    assert_eq!(again, samekey_messaging::outbox::Staged::Duplicate);
+    outbox.stage(&mut tx, "k", &message("k", 2)).await.unwrap();
+    tx.commit().await.unwrap();
+    poll_until(&relay, &broker, 3).await;
+    assert_eq!(by_key(&broker.log())["k"], [0, 1, 2]);
     setup.cleanup().await;
 }
 

@@ -6,9 +6,9 @@
 //!
 //! * **Commit or nothing.** [`Outbox::stage`] writes one row of `samekey_outbox` on the connection
 //!   of the caller's transaction: the message exists exactly when the business rows and the receipt
-//!   (`PgStore::complete_in`, `SqliteStore::complete_in`) written in that transaction committed. A
-//!   transaction rolled back, or a process that died before `COMMIT`, leaves none of the three, and
-//!   the call's retry stages the message anew.
+//!   (`PgStore::complete_in`, `MySqlStore::complete_in`, `SqliteStore::complete_in`) written in
+//!   that transaction committed. A transaction rolled back, or a process that died before `COMMIT`,
+//!   leaves none of the three, and the call's retry stages the message anew.
 //! * **Staged once per message id.** The message id is `UNIQUE` (the last line of defence): staging
 //!   the same message twice (a retried attempt of one call makes its messages with the same ids,
 //!   see [`Envelope`]) keeps one row, and the second stage answers [`Staged::Duplicate`].
@@ -17,12 +17,13 @@
 //!   row sent leaves it unsent, and the next relay publishes it again **under the same message id**:
 //!   the broker's duplicate window, or the consumer's [`Inbox`](crate::Inbox), drops the copy.
 //! * **In order per ordering key.** A key's messages are published in the order they were staged
-//!   (the row's sequence id; on PostgreSQL, two transactions that stage under one key are ordered by
-//!   their commits, see [`Outbox::stage`]): a relay takes only each key's oldest unsent message,
-//!   and a key's next message waits until the one before is confirmed — also while that one fails.
-//! * **Several relays share the table.** On PostgreSQL each relay takes the heads of the keys
-//!   `FOR UPDATE SKIP LOCKED` (a key whose head another relay holds is skipped, never overtaken); on
-//!   SQLite a relay takes them under a lease judged by the database's clock, in one
+//!   (the row's sequence id; on PostgreSQL and MySQL, two transactions that stage under one key are
+//!   ordered by their commits, see [`Outbox::stage`]): a relay takes only each key's oldest unsent
+//!   message, and a key's next message waits until the one before is confirmed — also while that one
+//!   fails.
+//! * **Several relays share the table.** On PostgreSQL and MySQL each relay takes the heads of the
+//!   keys `FOR UPDATE SKIP LOCKED` (a key whose head another relay holds is skipped, never
+//!   overtaken); on SQLite a relay takes them under a lease judged by the database's clock, in one
 //!   `UPDATE … RETURNING`.
 //! * **Bounded.** [`Outbox::max_pending`] refuses a stage once that many messages wait
 //!   ([`OutboxError::Full`], class `RateLimited`: the caller's transaction rolls back, nothing is
@@ -99,11 +100,14 @@
 //! FROM samekey_outbox WHERE sent IS NULL ORDER BY id LIMIT 20;
 //! ```
 //!
-//! Times are the database's (`timestamptz` on PostgreSQL; `YYYY-MM-DD HH:MM:SS.SSS` UTC text on
-//! SQLite), the headers JSON text (`[["x-call-id", "…"], …]`), the body bytes.
+//! Times are the database's (`timestamptz` on PostgreSQL; `DATETIME(3)` in UTC on MySQL;
+//! `YYYY-MM-DD HH:MM:SS.SSS` UTC text on SQLite), the headers JSON text (`[["x-call-id", "…"],
+//! …]`), the body bytes. On MySQL, `?` for `$1`.
 
 mod relay;
 
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
@@ -124,6 +128,10 @@ pub use relay::{Batch, Relay};
 /// The outbox on PostgreSQL (feature `postgres`).
 #[cfg(feature = "postgres")]
 pub type PgOutbox = Outbox<samekey_runtime::sqlx::Postgres>;
+
+/// The outbox on MySQL 8 or MariaDB 10.6+ (feature `mysql`).
+#[cfg(feature = "mysql")]
+pub type MySqlOutbox = Outbox<samekey_runtime::sqlx::MySql>;
 
 /// The outbox on SQLite (feature `sqlite`).
 #[cfg(feature = "sqlite")]
@@ -172,7 +180,8 @@ pub enum Staged {
     Duplicate,
 }
 
-/// A transactional outbox in an SQL database ([`PgOutbox`], [`SqliteOutbox`]): messages staged in
+/// A transactional outbox in an SQL database ([`PgOutbox`], [`MySqlOutbox`], [`SqliteOutbox`]):
+/// messages staged in
 /// the caller's transactions, published by [`Relay`]s. See the [module documentation](self).
 pub struct Outbox<DB: Backend> {
     pool: Pool<DB>,
@@ -222,8 +231,8 @@ impl<DB: Backend> Outbox<DB> {
     }
 
     /// Creates the table `samekey_outbox` and its indexes if they are missing. Idempotent, and safe to
-    /// run from several instances at once (on PostgreSQL under an advisory lock; an instance starting
-    /// on a migrated database takes none).
+    /// run from several instances at once (on PostgreSQL under an advisory lock, on MySQL under
+    /// `GET_LOCK`; an instance starting on a migrated database takes none).
     pub async fn migrate(&self) -> Result<(), OutboxError> {
         Ok(DB::migrate(&self.pool).await?)
     }
@@ -239,6 +248,13 @@ impl<DB: Backend> Outbox<DB> {
     /// (`pg_advisory_xact_lock`), so that two transactions staging under one key are published in the
     /// order they commit; a transaction that stages under several keys should take them in one order
     /// (by name), or two of them may deadlock — PostgreSQL then aborts one, which rolls back.
+    ///
+    /// On MySQL the stage locks its ordering key's bucket (`samekey_outbox_lock`, one of 1 000 rows
+    /// picked by `CRC32(key) % 1000`) until the transaction ends, to the same end; two keys may share
+    /// a bucket, so stage under several keys in one order (by bucket, or by name and accept that
+    /// InnoDB may end a rare deadlock with error 1213, rolling one transaction back). A stage whose
+    /// message id is there already leaves the transaction as it was (the duplicate-key error undoes
+    /// the insert only).
     ///
     /// On SQLite, with [`Outbox::max_pending`] set, the stage reads before it writes: begin the
     /// transaction with a write (the business row) or `BEGIN IMMEDIATE`, as any SQLite transaction
@@ -298,8 +314,8 @@ impl<DB: Backend> Outbox<DB> {
     }
 }
 
-/// A database the outbox lives in: `sqlx::Postgres` (feature `postgres`) or `sqlx::Sqlite`
-/// (feature `sqlite`). Sealed: implemented in this crate only.
+/// A database the outbox lives in: `sqlx::Postgres` (feature `postgres`), `sqlx::MySql` (feature
+/// `mysql`) or `sqlx::Sqlite` (feature `sqlite`). Sealed: implemented in this crate only.
 pub trait Backend: backend::Ops {}
 
 pub(crate) mod backend {
@@ -326,14 +342,42 @@ pub(crate) mod backend {
     }
 
     /// Decodes a row's headers (JSON: `[[name, value], …]`).
-    pub fn headers_of(json: &str) -> Result<Vec<(String, String)>, String> {
+    fn headers_of(json: &str) -> Result<Vec<(String, String)>, String> {
         serde_json::from_str(json).map_err(|e| format!("the row's headers do not decode: {e}"))
+    }
+
+    /// A taken row, as every database answers it: the columns `id`, `ordering_key`, `message_id`,
+    /// `destination`, `headers` (JSON text), `body` and `attempts`. A message that does not decode
+    /// is a row all the same (its `message` says why), so that the relay can record it.
+    pub fn row_of<R>(row: &R) -> Result<Row, sqlx::Error>
+    where
+        R: sqlx::Row,
+        &'static str: sqlx::ColumnIndex<R>,
+        for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        for<'r> Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    {
+        let headers: String = row.try_get("headers")?;
+        let message = headers_of(&headers).and_then(|headers| {
+            Ok(Message {
+                id: row.try_get("message_id").map_err(|e| e.to_string())?,
+                destination: row.try_get("destination").map_err(|e| e.to_string())?,
+                headers,
+                body: row.try_get("body").map_err(|e| e.to_string())?,
+            })
+        });
+        Ok(Row {
+            id: row.try_get("id")?,
+            ordering_key: row.try_get("ordering_key")?,
+            message,
+            attempts: row.try_get("attempts")?,
+        })
     }
 
     /// The outbox's operations on one database.
     pub trait Ops: sqlx::Database {
-        /// A batch a relay took and has not finished: on PostgreSQL its transaction (the rows
-        /// locked), on SQLite its lease's token.
+        /// A batch a relay took and has not finished: on PostgreSQL and MySQL its transaction (the
+        /// rows locked), on SQLite its lease's token.
         type Taking: Send;
 
         /// Creates the table and its indexes if missing.

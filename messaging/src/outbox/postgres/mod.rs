@@ -12,9 +12,9 @@
 //! * **The server's clock** dates and delays rows (`statement_timestamp()`).
 
 use samekey_runtime::sqlx::postgres::PgConnection;
-use samekey_runtime::sqlx::{self, Pool, Postgres, Row as _, Transaction};
+use samekey_runtime::sqlx::{self, Pool, Postgres, Transaction};
 
-use super::backend::{headers_of, Ops, Row};
+use super::backend::{row_of, Ops, Row};
 use super::Backend;
 use crate::message::Message;
 
@@ -99,26 +99,7 @@ impl Ops for Postgres {
             .bind(destinations)
             .fetch_all(&mut *tx)
             .await?;
-        let rows = rows
-            .iter()
-            .map(|row| {
-                let headers: String = row.try_get("headers")?;
-                let message = headers_of(&headers).and_then(|headers| {
-                    Ok(Message {
-                        id: row.try_get("message_id").map_err(|e| e.to_string())?,
-                        destination: row.try_get("destination").map_err(|e| e.to_string())?,
-                        headers,
-                        body: row.try_get("body").map_err(|e| e.to_string())?,
-                    })
-                });
-                Ok(Row {
-                    id: row.try_get("id")?,
-                    ordering_key: row.try_get("ordering_key")?,
-                    message,
-                    attempts: row.try_get("attempts")?,
-                })
-            })
-            .collect::<Result<Vec<Row>, sqlx::Error>>()?;
+        let rows = rows.iter().map(row_of).collect::<Result<Vec<Row>, _>>()?;
         Ok((tx, rows))
     }
 

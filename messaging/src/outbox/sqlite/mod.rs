@@ -11,10 +11,10 @@
 //!   of their own, so stagings go on during a batch.
 
 use samekey_runtime::sqlx::sqlite::SqliteConnection;
-use samekey_runtime::sqlx::{self, Pool, Row as _, Sqlite};
+use samekey_runtime::sqlx::{self, Pool, Sqlite};
 use samekey_runtime::TraceId;
 
-use super::backend::{headers_of, Ops, Row};
+use super::backend::{row_of, Ops, Row};
 use super::Backend;
 use crate::message::Message;
 
@@ -105,26 +105,7 @@ impl Ops for Sqlite {
             .bind(destinations)
             .fetch_all(pool)
             .await?;
-        let rows = rows
-            .iter()
-            .map(|row| {
-                let headers: String = row.try_get("headers")?;
-                let message = headers_of(&headers).and_then(|headers| {
-                    Ok(Message {
-                        id: row.try_get("message_id").map_err(|e| e.to_string())?,
-                        destination: row.try_get("destination").map_err(|e| e.to_string())?,
-                        headers,
-                        body: row.try_get("body").map_err(|e| e.to_string())?,
-                    })
-                });
-                Ok(Row {
-                    id: row.try_get("id")?,
-                    ordering_key: row.try_get("ordering_key")?,
-                    message,
-                    attempts: row.try_get("attempts")?,
-                })
-            })
-            .collect::<Result<Vec<Row>, sqlx::Error>>()?;
+        let rows = rows.iter().map(row_of).collect::<Result<Vec<Row>, _>>()?;
         let taking = Taking {
             taker,
             unmarked: rows.iter().map(|row| row.id).collect(),
