@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! eval "$(scripts/services start)"
-//! cargo bench --bench stores --features sqlite,postgres,redis
+//! cargo bench --bench stores --features sqlite,postgres,mysql,redis
 //! ```
 //!
 //! Each iteration is one call; the callers run concurrently on a 2-thread tokio runtime, so criterion's
@@ -18,7 +18,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use samekey::store::{CachedStore, LocalCache, PgStore, RedisStore, SqliteStore};
+use futures_util::StreamExt as _;
+use samekey::store::{CachedStore, LocalCache, MySqlStore, PgStore, RedisStore, SqliteStore};
 use samekey::{idempotent, Classify, ErrorClass, Runtime, Store};
 use samekey::{redis, sqlx};
 use serde::{Deserialize, Serialize};
@@ -103,10 +104,12 @@ fn unique_run() -> u64 {
 enum Raw {
     Sqlite(sqlx::SqlitePool),
     Postgres(sqlx::PgPool),
+    MySql(sqlx::MySqlPool),
     Redis(redis::aio::ConnectionManager, redis::Script, redis::Script),
 }
 
-/// The time every raw statement is sent at (SQLite judges by it; PostgreSQL and Redis by their clocks).
+/// The time every raw statement is sent at (SQLite judges by it; PostgreSQL, MySQL and Redis by their
+/// clocks).
 const NOW: i64 = 1_700_000_000_000;
 /// The lease of a raw claim and the ttl of a raw completion (ms).
 const LEASE: i64 = 30_000;
@@ -144,6 +147,23 @@ impl Raw {
                 let acquired: bool = sqlx::Row::get(&row, "acquired");
                 acquired.then(|| sqlx::Row::get(&row, "fence"))
             }
+            Raw::MySql(pool) => {
+                // One text batch, as the store sends it: the claim (its OK packet answers whether it
+                // took the key, and the fence) and the read of the key's live row.
+                let batch = mysql_claim_batch(&key);
+                let mut answers =
+                    sqlx::raw_sql(sqlx::AssertSqlSafe(batch.as_str())).fetch_many(pool);
+                let mut taken = None;
+                while let Some(answer) = answers.next().await {
+                    if let sqlx::Either::Left(done) = answer.expect("claim") {
+                        taken.get_or_insert((done.rows_affected(), done.last_insert_id()));
+                    }
+                }
+                match taken {
+                    Some((1 | 2, fence)) if fence > 0 => Some(fence as i64),
+                    _ => None,
+                }
+            }
             Raw::Redis(conn, claim, _) => {
                 let answer: Vec<redis::Value> = claim
                     .key(redis_key(&key))
@@ -180,6 +200,12 @@ impl Raw {
                     .await
                     .expect("complete");
             }
+            Raw::MySql(pool) => {
+                complete(sqlx::query(MySqlStore::COMPLETE_SQL), key, fence)
+                    .execute(pool)
+                    .await
+                    .expect("complete");
+            }
             Raw::Redis(conn, _, write) => {
                 let name = redis_key(&key);
                 // The callId index entry goes out with the completion, as the store sends it.
@@ -209,7 +235,8 @@ impl Raw {
         }
     }
 
-    /// What a replay sends: the claim of a finished key (and, on SQLite, the read of its row).
+    /// What a replay sends: the claim of a finished key (and, on SQLite, the read of its row; MySQL's
+    /// claim batch reads it).
     async fn replay(&self, key: [u8; 32]) {
         assert!(self.claim(key).await.is_none(), "the key is held");
         if let Raw::Sqlite(pool) = self {
@@ -222,7 +249,71 @@ impl Raw {
     }
 }
 
-/// The arguments of a completion statement (the same on both SQL backends).
+/// A value of MySQL's claim batch, as `MySqlStore` writes it.
+enum Literal<'a> {
+    Bytes(&'a [u8]),
+    Text(&'a str),
+    Int(i64),
+    Null,
+}
+
+/// MySQL's claim batch for `key`: `MySqlStore::CLAIM_SQL` and `MySqlStore::LIVE_ROW_SQL` without
+/// their comment lines, each `?` a literal (bytes and strings in hexadecimal, integers in decimal).
+fn mysql_claim_batch(key: &[u8; 32]) -> String {
+    use std::fmt::Write as _;
+    fn fill(out: &mut String, statement: &str, values: &[Literal<'_>]) {
+        let mut values = values.iter();
+        for line in statement.lines() {
+            if line.trim_start().starts_with("--") {
+                continue;
+            }
+            for c in line.chars() {
+                if c != '?' {
+                    out.push(c);
+                    continue;
+                }
+                let hex = |out: &mut String, bytes: &[u8]| {
+                    out.push_str("X'");
+                    for b in bytes {
+                        let _ = write!(out, "{b:02x}");
+                    }
+                    out.push('\'');
+                };
+                match values.next().expect("a value per ?") {
+                    Literal::Bytes(bytes) => hex(out, bytes),
+                    Literal::Text(text) => {
+                        out.push_str("CONVERT(");
+                        hex(out, text.as_bytes());
+                        out.push_str(" USING utf8mb4)");
+                    }
+                    Literal::Int(v) => {
+                        let _ = write!(out, "{v}");
+                    }
+                    Literal::Null => out.push_str("NULL"),
+                }
+            }
+            out.push('\n');
+        }
+    }
+    let mut out = String::with_capacity(2_600);
+    let claim = [
+        Literal::Bytes(key),
+        Literal::Text("bench.raw"),
+        Literal::Text("raw-1-00000000000000ff-n"),
+        Literal::Int(LEASE),
+        Literal::Null,
+    ];
+    fill(&mut out, MySqlStore::CLAIM_SQL, &claim);
+    out.push_str(";\n");
+    fill(
+        &mut out,
+        MySqlStore::LIVE_ROW_SQL,
+        &[Literal::Bytes(key), Literal::Int(0)],
+    );
+    out
+}
+
+/// The arguments of a completion statement (the same on every SQL backend).
 fn complete<'q, DB: sqlx::Database>(
     query: sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>,
     key: [u8; 32],
@@ -480,6 +571,17 @@ fn main() {
             waiter(&mut c, &rt, "postgres", store);
         }
         Err(_) => println!("skipped: set SAMEKEY_PG_URL to benchmark PostgreSQL"),
+    }
+    match std::env::var("SAMEKEY_MYSQL_URL") {
+        Ok(url) => {
+            let store = rt.block_on(MySqlStore::connect(&url)).expect("mysql");
+            let raw = Raw::MySql(store.pool().clone());
+            let store = Arc::new(store);
+            backend(&mut c, &rt, "mysql", store.clone(), raw);
+            // MySQL has no LISTEN: its "notified" is the polling (`MySqlStore`'s documentation).
+            waiter(&mut c, &rt, "mysql", store);
+        }
+        Err(_) => println!("skipped: set SAMEKEY_MYSQL_URL to benchmark MySQL"),
     }
     match std::env::var("SAMEKEY_REDIS_URL") {
         Ok(url) => {
