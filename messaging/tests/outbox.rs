@@ -1100,126 +1100,89 @@ outbox_suite!(
     "SELECT CAST(headers AS TEXT) FROM samekey_outbox"
 );
 
-/// On PostgreSQL, two transactions staging under one key are published in the order they commit:
-/// the second waits for the first's lock on the key (seen in `pg_locks`), so it cannot commit a
-/// later message with an earlier id, and a relay in between publishes nothing out of order.
-#[cfg(feature = "postgres")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_stagings_under_one_key_are_ordered_by_their_commits() {
-    use samekey_messaging::outbox::Relay;
-    use samekey_runtime::sqlx;
+/// Two transactions staging under one key are published in the order they commit: the second
+/// waits for the first's lock on the key (`$waiting`, a query of the database's locks or processes,
+/// counts the waiter), so it cannot commit a later message with an earlier id, and a relay in
+/// between publishes nothing out of order. A message staged again in a transaction that goes on
+/// undoes nothing of it.
+macro_rules! stagings_are_ordered_by_their_commits {
+    ($test:ident, $setup:ident, $feature:literal, $waiting:literal) => {
+        #[cfg(feature = $feature)]
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $test() {
+            use samekey_messaging::outbox::{Relay, Staged};
+            use samekey_runtime::sqlx;
 
-    let Some(setup) = pg_setup::open("lockkey").await else {
-        return;
-    };
-    let outbox = setup.outbox.clone();
-    let mut first = outbox.pool().begin().await.unwrap();
-    outbox
-        .stage(&mut first, "k", &message("k", 0))
-        .await
-        .unwrap();
-    let second = tokio::spawn({
-        let outbox = outbox.clone();
-        async move {
+            let Some(setup) = $setup::open("lockkey").await else {
+                return;
+            };
+            let outbox = setup.outbox.clone();
+            let mut first = outbox.pool().begin().await.unwrap();
+            outbox
+                .stage(&mut first, "k", &message("k", 0))
+                .await
+                .unwrap();
+            let second = tokio::spawn({
+                let outbox = outbox.clone();
+                async move {
+                    let mut tx = outbox.pool().begin().await.unwrap();
+                    outbox.stage(&mut tx, "k", &message("k", 1)).await.unwrap();
+                    tx.commit().await.unwrap();
+                }
+            });
+            // Bounded: the second stage waits for the first transaction's lock on the key.
+            let mut waiting = 0i64;
+            for _ in 0..400 {
+                waiting = sqlx::query_scalar($waiting)
+                    .fetch_one(outbox.pool())
+                    .await
+                    .unwrap();
+                if waiting > 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert!(waiting > 0, "the second stage waits for the key");
+            let broker = Broker::reliable();
+            let relay = Relay::new(outbox.clone(), broker.clone());
+            assert_eq!(
+                relay.run_once().await.unwrap().taken,
+                0,
+                "nothing committed yet"
+            );
+            first.commit().await.unwrap();
+            second.await.unwrap();
+            poll_until(&relay, &broker, 2).await;
+            assert_eq!(by_key(&broker.log())["k"], [0, 1]);
             let mut tx = outbox.pool().begin().await.unwrap();
-            outbox.stage(&mut tx, "k", &message("k", 1)).await.unwrap();
+            let again = outbox.stage(&mut tx, "k", &message("k", 0)).await.unwrap();
+            assert_eq!(again, Staged::Duplicate);
+            outbox.stage(&mut tx, "k", &message("k", 2)).await.unwrap();
             tx.commit().await.unwrap();
+            poll_until(&relay, &broker, 3).await;
+            assert_eq!(by_key(&broker.log())["k"], [0, 1, 2]);
+            setup.cleanup().await;
         }
-    });
-    // Bounded: the second stage waits for the first transaction's lock on the key.
-    let mut waiting = 0i64;
-    for _ in 0..400 {
-        waiting = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
-        )
-        .fetch_one(outbox.pool())
-        .await
-        .unwrap();
-        if waiting > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert!(waiting > 0, "the second stage waits for the key");
-    let broker = Broker::reliable();
-    let relay = Relay::new(outbox.clone(), broker.clone());
-    assert_eq!(
-        relay.run_once().await.unwrap().taken,
-        0,
-        "nothing committed yet"
-    );
-    first.commit().await.unwrap();
-    second.await.unwrap();
-    poll_until(&relay, &broker, 2).await;
-    assert_eq!(by_key(&broker.log())["k"], [0, 1]);
-    setup.cleanup().await;
+    };
 }
 
-/// On MySQL, two transactions staging under one key are published in the order they commit: the
-/// second waits for the first's lock on the key's bucket (its statement seen running in the process
-/// list),
-/// and a relay in between publishes nothing out of order.
-#[cfg(feature = "mysql")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mysql_stagings_under_one_key_are_ordered_by_their_commits() {
-    use samekey_messaging::outbox::Relay;
-    use samekey_runtime::sqlx;
+// PostgreSQL: an advisory lock on the key, seen waiting in pg_locks.
+stagings_are_ordered_by_their_commits!(
+    postgres_stagings_under_one_key_are_ordered_by_their_commits,
+    pg_setup,
+    "postgres",
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+);
 
-    let Some(setup) = mysql_setup::open("lockkey").await else {
-        return;
-    };
-    let outbox = setup.outbox.clone();
-    let mut first = outbox.pool().begin().await.unwrap();
-    outbox
-        .stage(&mut first, "k", &message("k", 0))
-        .await
-        .unwrap();
-    let second = tokio::spawn({
-        let outbox = outbox.clone();
-        async move {
-            let mut tx = outbox.pool().begin().await.unwrap();
-            outbox.stage(&mut tx, "k", &message("k", 1)).await.unwrap();
-            tx.commit().await.unwrap();
-        }
-    });
-    // Bounded: the second stage waits for the first transaction's lock on the key's bucket.
-    let mut waiting = 0i64;
-    for _ in 0..400 {
-        waiting = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM information_schema.processlist \
-             WHERE db = DATABASE() AND id <> CONNECTION_ID() \
-                 AND info LIKE '%FROM samekey_outbox_lock%FOR UPDATE%'",
-        )
-        .fetch_one(outbox.pool())
-        .await
-        .unwrap();
-        if waiting > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert!(waiting > 0, "the second stage waits for the key");
-    let broker = Broker::reliable();
-    let relay = Relay::new(outbox.clone(), broker.clone());
-    assert_eq!(
-        relay.run_once().await.unwrap().taken,
-        0,
-        "nothing committed yet"
-    );
-    first.commit().await.unwrap();
-    second.await.unwrap();
-    poll_until(&relay, &broker, 2).await;
-    assert_eq!(by_key(&broker.log())["k"], [0, 1]);
-    // A message staged again in a transaction that goes on: the duplicate undoes only itself.
-    let mut tx = outbox.pool().begin().await.unwrap();
-    let again = outbox.stage(&mut tx, "k", &message("k", 0)).await.unwrap();
-    assert_eq!(again, samekey_messaging::outbox::Staged::Duplicate);
-    outbox.stage(&mut tx, "k", &message("k", 2)).await.unwrap();
-    tx.commit().await.unwrap();
-    poll_until(&relay, &broker, 3).await;
-    assert_eq!(by_key(&broker.log())["k"], [0, 1, 2]);
-    setup.cleanup().await;
-}
+// MySQL: a row lock on the key's bucket, its statement seen running in the process list.
+stagings_are_ordered_by_their_commits!(
+    mysql_stagings_under_one_key_are_ordered_by_their_commits,
+    mysql_setup,
+    "mysql",
+    "SELECT COUNT(*) FROM information_schema.processlist \
+     WHERE db = DATABASE() AND id <> CONNECTION_ID() \
+         AND info LIKE '%FROM samekey_outbox_lock%FOR UPDATE%'"
+);
 
 /// On SQLite, a batch renews its lease before each group of publishes, and leaves the rows another
 /// relay took once its lease ended: it does not publish them again.
