@@ -91,7 +91,18 @@ use crate::receipt::{Fence, Receipt, Transition};
 /// A receipt's `created_ms` is `TIMESTAMPDIFF(MICROSECOND, TIMESTAMP '1970-01-01 00:00:00',
 /// created) DIV 1000`; a column is compared with a time in ms as `created < TIMESTAMP '1970-01-01
 /// 00:00:00' + INTERVAL 1796029200123000 MICROSECOND` (converting the time, not the column, keeps the
-/// indexes in use). Text columns compare byte by byte (`utf8mb4_bin`).
+/// indexes in use). Text columns are `utf8mb4_bin`, which ignores trailing spaces when it compares
+/// (a `PAD SPACE` collation): nothing the store looks up depends on it — keys are digests, callIds
+/// hold no spaces, and a scope (a `TEXT` of any length) is found by its SHA-256 (`scope_digest`)
+/// and compared as bytes.
+///
+/// # Outcome size
+///
+/// An outcome is written in one statement, which must fit the server's `max_allowed_packet` (16 MiB
+/// by default on MariaDB 10.6+, 64 MiB on MySQL 8). A larger result cannot be recorded: its first
+/// caller still gets it (the body ran, once), but the record stays `UNKNOWN` and is queued for
+/// compensation, and a duplicate is answered [`Error::Unknown`](crate::Error::Unknown), never run
+/// again. Raise `max_allowed_packet`, or return a reference (an id, a URL) rather than the bytes.
 ///
 /// # Waiting for a busy key
 ///
@@ -330,6 +341,7 @@ impl Dialect for MySql {
         release: include_str!("statements/release.sql"),
         forget: include_str!("statements/forget.sql"),
         key_row: include_str!("statements/key_row.sql"),
+        refused_row: include_str!("statements/refused_row.sql"),
         live_row: include_str!("statements/live_row.sql"),
         by_call_id: include_str!("statements/by_call_id.sql"),
         by_call_ids: include_str!("statements/by_call_ids.sql"),

@@ -14,7 +14,8 @@ INSERT INTO samekey_fence (id, floor) VALUES (1, 0) ON DUPLICATE KEY UPDATE id =
 -- One row per key: the receipt of its call.
 CREATE TABLE IF NOT EXISTS samekey_receipts (
     `key`       VARBINARY(32) NOT NULL PRIMARY KEY,  -- SHA-256 of scope and key parts: the unique index
-    scope       VARCHAR(512) NOT NULL,         -- the function's scope, as its key was built in
+    scope       TEXT NOT NULL,                 -- the function's scope, as its key was built in
+    scope_digest BINARY(32) AS (UNHEX(SHA2(scope, 256))) STORED, -- the scope's SHA-256, for its index
     call_id     VARCHAR(255) NOT NULL,         -- the call that holds (or held) the key
     state       VARCHAR(16) NOT NULL,          -- RECEIVED PROCESSING UNKNOWN SUCCESS FAILED, or RELEASED
     fence       BIGINT NOT NULL,               -- the holder's fence: every claim or take-over raises it
@@ -28,13 +29,14 @@ CREATE TABLE IF NOT EXISTS samekey_receipts (
     KEY samekey_receipts_expires_at (expires_at),
     KEY samekey_receipts_orphans (state, lease_until),
     KEY samekey_receipts_created (created, `key`),
-    KEY samekey_receipts_scope_created (scope, created, `key`)
+    -- A scope of any length, compared byte for byte (not as the PAD SPACE collation would).
+    KEY samekey_receipts_scope_created (scope_digest, created, `key`)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 -- One row per queued call: the compensation queue.
 CREATE TABLE IF NOT EXISTS samekey_compensation (
     call_id     VARCHAR(255) NOT NULL PRIMARY KEY,
     `key`       VARBINARY(32) NOT NULL,        -- the call's key (samekey_receipts.key)
-    scope       VARCHAR(512) NOT NULL,
+    scope       TEXT NOT NULL,                 -- the operation the worker runs it by
     reason      TEXT NOT NULL,                 -- why it was queued, for people
     round       BIGINT NOT NULL,               -- rounds done so far
     next_at     DATETIME(3) NOT NULL,          -- the next round is due then (UTC)

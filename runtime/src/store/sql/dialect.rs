@@ -108,6 +108,10 @@ pub struct Statements {
     pub forget: &'static str,
     /// A key's row, whatever its expiry.
     pub key_row: &'static str,
+    /// A key's row as last committed, read after a completion was refused, to say why: on the
+    /// caller's transaction too (`complete_in`), whose snapshot may be older than the take-over that
+    /// refused it (MySQL's `REPEATABLE READ`: a locking read); elsewhere `key_row`.
+    pub refused_row: &'static str,
     /// A key's row unless it expired.
     pub live_row: &'static str,
     /// The record of a callId.

@@ -73,9 +73,14 @@ where
         }
     }
 
-    /// The key's row on `conn`, whatever its expiry (`None` for no row or a released one).
-    async fn row_on(conn: &mut D::Connection, key: &Key) -> Result<Option<Receipt>, StoreError> {
-        let row = sqlx::query(D::SQL.key_row)
+    /// The key's row on `conn` by `statement` (`key_row` or `refused_row`), whatever its expiry (`None`
+    /// for no row or a released one).
+    async fn row_on(
+        conn: &mut D::Connection,
+        statement: &'static str,
+        key: &Key,
+    ) -> Result<Option<Receipt>, StoreError> {
+        let row = sqlx::query(statement)
             .bind(key.digest().as_slice())
             .fetch_optional(&mut *conn)
             .await
@@ -106,7 +111,7 @@ where
     /// The key's row, whatever its expiry.
     pub(crate) async fn row(&self, key: &Key) -> Result<Option<Receipt>, StoreError> {
         let mut conn = self.pool.acquire().await.map_err(driver)?;
-        Self::row_on(&mut conn, key).await
+        Self::row_on(&mut conn, D::SQL.key_row, key).await
     }
 
     /// [`Store::take_over`] by one statement that answers the new fence (`RETURNING`): `$1` lease,
@@ -204,7 +209,7 @@ where
         if D::rows_affected(&done) == 1 {
             return Ok(Transition::Applied);
         }
-        let current = Self::row_on(conn, key).await?;
+        let current = Self::row_on(conn, D::SQL.refused_row, key).await?;
         already_or_not_owned(current.as_ref(), fence, completion.state)
     }
 

@@ -186,6 +186,8 @@ impl Dialect for Sqlite {
         release: include_str!("statements/release.sql"),
         forget: include_str!("statements/forget.sql"),
         key_row: include_str!("statements/key_row.sql"),
+        // One writer at a time: the transaction that writes sees the latest commit.
+        refused_row: include_str!("statements/key_row.sql"),
         live_row: include_str!("statements/live_row.sql"),
         by_call_id: include_str!("statements/by_call_id.sql"),
         by_call_ids: include_str!("statements/by_call_ids.sql"),
