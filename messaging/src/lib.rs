@@ -46,7 +46,7 @@ mod inbox;
 mod message;
 #[cfg(feature = "nats")]
 pub mod nats;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub mod outbox;
 
 pub use delivery::{Delivery, Disposition, Handled, HEADER_DEAD_LETTER_REASON};

@@ -411,9 +411,13 @@ mod sqlite_setup {
 
 /// The suite, for one database: `$setup` opens a database for a test, `$db` is its sqlx type,
 /// `$store` the runtime's store on it; `$insert_charge` inserts a business row (its one parameter,
-/// the order), `$headers` reads the staged row's headers as text, in the database's dialect.
+/// the order), `$headers` reads the staged row's headers as text, `$message_ids` the message ids of
+/// ordering key `'1'`, in the database's dialect.
 macro_rules! outbox_suite {
-    ($name:ident, $setup:ident, $db:ty, $store:ty, $insert_charge:literal, $headers:literal) => {
+    (
+        $name:ident, $setup:ident, $db:ty, $store:ty,
+        $insert_charge:literal, $headers:literal, $message_ids:literal
+    ) => {
         mod $name {
             use super::*;
             use samekey_messaging::outbox::{Outbox, OutboxError, Relay, Staged};
@@ -512,12 +516,10 @@ macro_rules! outbox_suite {
                     count(outbox, "SELECT count(*) FROM charges WHERE order_id = 1").await,
                     1
                 );
-                let ids: Vec<String> = sqlx::query_scalar(
-                    "SELECT message_id FROM samekey_outbox WHERE ordering_key = '1'",
-                )
-                .fetch_all(outbox.pool())
-                .await
-                .unwrap();
+                let ids: Vec<String> = sqlx::query_scalar($message_ids)
+                    .fetch_all(outbox.pool())
+                    .await
+                    .unwrap();
                 assert_eq!(
                     ids,
                     [format!("{call_id}/0")],
@@ -1077,7 +1079,8 @@ outbox_suite!(
     samekey_runtime::sqlx::Postgres,
     samekey_runtime::store::PgStore,
     "INSERT INTO charges (order_id) VALUES ($1)",
-    "SELECT CAST(headers AS TEXT) FROM samekey_outbox"
+    "SELECT CAST(headers AS TEXT) FROM samekey_outbox",
+    "SELECT message_id FROM samekey_outbox WHERE ordering_key = '1'"
 );
 
 #[cfg(feature = "mysql")]
@@ -1087,7 +1090,9 @@ outbox_suite!(
     samekey_runtime::sqlx::MySql,
     samekey_runtime::store::MySqlStore,
     "INSERT INTO charges (order_id) VALUES (?)",
-    "SELECT headers FROM samekey_outbox"
+    "SELECT headers FROM samekey_outbox",
+    // Bytes (VARBINARY), read as text.
+    "SELECT CONVERT(message_id USING utf8mb4) FROM samekey_outbox WHERE ordering_key = '1'"
 );
 
 #[cfg(feature = "sqlite")]
@@ -1097,7 +1102,8 @@ outbox_suite!(
     samekey_runtime::sqlx::Sqlite,
     samekey_runtime::store::SqliteStore,
     "INSERT INTO charges (order_id) VALUES ($1)",
-    "SELECT CAST(headers AS TEXT) FROM samekey_outbox"
+    "SELECT CAST(headers AS TEXT) FROM samekey_outbox",
+    "SELECT message_id FROM samekey_outbox WHERE ordering_key = '1'"
 );
 
 /// Two transactions staging under one key are published in the order they commit: the second

@@ -102,7 +102,9 @@
 //!
 //! Times are the database's (`timestamptz` on PostgreSQL; `DATETIME(3)` in UTC on MySQL;
 //! `YYYY-MM-DD HH:MM:SS.SSS` UTC text on SQLite), the headers JSON text (`[["x-call-id", "…"],
-//! …]`), the body bytes. On MySQL, `?` for `$1`.
+//! …]`), the body bytes. On MySQL the ordering key, the message id and the destination are
+//! `VARBINARY(1024)` (compared byte for byte): a `mysql` client shows them as text, a program reads
+//! them with `CONVERT(message_id USING utf8mb4)`.
 
 mod relay;
 
@@ -151,6 +153,18 @@ pub enum OutboxError {
     /// The message could not be encoded (its envelope's payload, its headers).
     #[error("the message cannot be encoded: {0}")]
     Encode(String),
+    /// An ordering key, a message id or a destination is longer than the database keeps (MySQL:
+    /// 1 024 bytes each, so that they can be indexed and compared byte for byte): the message was
+    /// not staged. Roll the caller's transaction back; the same message will never fit.
+    #[error("the {field} is {len} bytes; this outbox keeps at most {max}")]
+    TooLong {
+        /// Which one: `"ordering key"`, `"message id"` or `"destination"`.
+        field: &'static str,
+        /// Its length in bytes.
+        len: usize,
+        /// The most the database keeps.
+        max: usize,
+    },
     /// The database answered with an error (or not at all): a stage made in the caller's
     /// transaction did not happen, and that transaction must not commit as if it had.
     #[error("the outbox's database: {0}")]
@@ -159,12 +173,14 @@ pub enum OutboxError {
 
 impl Classify for OutboxError {
     /// `Full` is [`ErrorClass::RateLimited`] (come back later: nothing was done), `Encode` is
-    /// [`ErrorClass::Permanent`], `Database` is [`ErrorClass::Retryable`] (the caller's transaction
+    /// [`ErrorClass::Permanent`], `TooLong` is [`ErrorClass::Rejected`] (nothing was done, and
+    /// trying again cannot help), `Database` is [`ErrorClass::Retryable`] (the caller's transaction
     /// did not commit).
     fn classify(&self) -> ErrorClass {
         match self {
             OutboxError::Full { .. } => ErrorClass::RateLimited { retry_after: None },
             OutboxError::Encode(_) => ErrorClass::Permanent,
+            OutboxError::TooLong { .. } => ErrorClass::Rejected,
             OutboxError::Database(_) => ErrorClass::Retryable,
         }
     }
@@ -242,7 +258,9 @@ impl<DB: Backend> Outbox<DB> {
     /// the order they were staged. Nothing is published unless that transaction commits.
     ///
     /// Staging a message whose id is already in the outbox changes nothing ([`Staged::Duplicate`]).
-    /// Refused with [`OutboxError::Full`] when [`Outbox::max_pending`] messages wait: roll back.
+    /// Refused with [`OutboxError::Full`] when [`Outbox::max_pending`] messages wait, and with
+    /// [`OutboxError::TooLong`] when the key, the id or the destination is longer than the database
+    /// keeps (MySQL: 1 024 bytes): roll back.
     ///
     /// On PostgreSQL the stage takes a lock on the ordering key until the transaction ends
     /// (`pg_advisory_xact_lock`), so that two transactions staging under one key are published in the
@@ -265,6 +283,20 @@ impl<DB: Backend> Outbox<DB> {
         ordering_key: &str,
         message: &Message,
     ) -> Result<Staged, OutboxError> {
+        if let Some(max) = DB::MAX_TEXT {
+            let fields = [
+                ("ordering key", ordering_key),
+                ("message id", message.id.as_str()),
+                ("destination", message.destination.as_str()),
+            ];
+            if let Some((field, value)) = fields.into_iter().find(|(_, v)| v.len() > max) {
+                return Err(OutboxError::TooLong {
+                    field,
+                    len: value.len(),
+                    max,
+                });
+            }
+        }
         let headers = serde_json::to_string(&message.headers)
             .map_err(|e| OutboxError::Encode(e.to_string()))?;
         if let Some(max_pending) = self.max_pending {
@@ -379,6 +411,9 @@ pub(crate) mod backend {
         /// A batch a relay took and has not finished: on PostgreSQL and MySQL its transaction (the
         /// rows locked), on SQLite its lease's token.
         type Taking: Send;
+
+        /// The most bytes an ordering key, a message id or a destination may hold; `None`: any.
+        const MAX_TEXT: Option<usize> = None;
 
         /// Creates the table and its indexes if missing.
         fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send;

@@ -1,5 +1,3 @@
--- Marks messages sent (the broker confirmed them), by their primary keys: a scan would wait on the
--- heads other relays hold. ? their ids, a JSON array.
-UPDATE JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$')) AS j
-    STRAIGHT_JOIN samekey_outbox o ON o.id = j.id
-SET o.sent = UTC_TIMESTAMP(3), o.next_at = NULL
+-- Marks messages sent (the broker confirmed them), by their primary keys: a scan would lock, and
+-- wait on, the heads other relays hold. ?ids their ids (one ? each).
+UPDATE samekey_outbox SET sent = UTC_TIMESTAMP(3), next_at = NULL WHERE id IN (?ids)

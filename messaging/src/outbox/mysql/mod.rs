@@ -8,13 +8,19 @@
 //! * **Staging under one key is ordered by commit**: a stage holds a row lock on its ordering key's
 //!   bucket (`samekey_outbox_lock`, `CRC32(key) % 1000`) until its transaction ends, so a second
 //!   transaction staging under that key waits, and takes its id after the first committed. (Keys
-//!   that share a bucket wait for each other too: a brief wait, never a reorder.)
+//!   that share a bucket wait for each other too, never reorder; two transactions staging under
+//!   several keys in different orders may deadlock, and InnoDB rolls one back with error 1213.)
 //! * **A key's head is held by one relay**, in its batch's transaction: the heads are found by a
-//!   plain read (each key's oldest unsent row), then locked `FOR UPDATE SKIP LOCKED` by id, so a
-//!   head another relay holds is skipped and its key's later rows are never named; a relay that
-//!   dies rolls back, and its heads are taken again.
+//!   plain read (each key's oldest unsent row), then locked `FOR UPDATE SKIP LOCKED` by primary
+//!   key, so a head another relay holds is skipped and its key's later rows are never named; a
+//!   relay that dies rolls back, and its heads are taken again. Every write of a relay names its
+//!   rows by primary key (`id IN (?, …)`), never by a scan: a scan under `REPEATABLE READ` locks
+//!   every row it passes, and two relays marking their rows would wait on each other's heads.
 //! * **A duplicate stage leaves the caller's transaction intact**: the unique message id answers
 //!   error 1062, which undoes that statement only.
+//! * **Ids, keys and destinations are bytes**: `VARBINARY(1024)`, compared exactly (two ids that
+//!   differ by a trailing space are two messages, as on PostgreSQL), never truncated (a longer one
+//!   is refused before anything is written, whatever the server's `sql_mode`).
 //! * **The server's clock** dates and delays rows (`UTC_TIMESTAMP(3)`).
 
 use std::io;
@@ -52,6 +58,10 @@ impl Backend for MySql {}
 
 impl Ops for MySql {
     type Taking = Transaction<'static, MySql>;
+
+    /// `VARBINARY(1024)`: indexed, compared byte for byte, never truncated (the stage refuses
+    /// longer ones, whatever the server's `sql_mode`).
+    const MAX_TEXT: Option<usize> = Some(1024);
 
     async fn migrate(pool: &Pool<MySql>) -> Result<(), sqlx::Error> {
         let migrated: i64 = sqlx::query_scalar(MIGRATED).fetch_one(pool).await?;
@@ -140,12 +150,12 @@ impl Ops for MySql {
         if heads.is_empty() {
             return Ok((tx, Vec::new()));
         }
-        let ids = serde_json::to_string(&heads).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
-        let rows = sqlx::query(TAKE)
-            .bind(ids)
-            .bind(i64::from(limit))
-            .fetch_all(&mut *tx)
-            .await?;
+        let take = by_ids(TAKE, heads.len());
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(take));
+        for id in &heads {
+            query = query.bind(id);
+        }
+        let rows = query.bind(i64::from(limit)).fetch_all(&mut *tx).await?;
         let rows = rows.iter().map(row_of).collect::<Result<Vec<Row>, _>>()?;
         Ok((tx, rows))
     }
@@ -166,9 +176,12 @@ impl Ops for MySql {
         ids: &[i64],
         delete: bool,
     ) -> Result<(), sqlx::Error> {
-        let statement = if delete { DELETE_SENT } else { MARK_SENT };
-        let ids = serde_json::to_string(ids).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
-        sqlx::query(statement).bind(ids).execute(&mut **tx).await?;
+        let statement = by_ids(if delete { DELETE_SENT } else { MARK_SENT }, ids.len());
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(statement));
+        for id in ids {
+            query = query.bind(id);
+        }
+        query.execute(&mut **tx).await?;
         Ok(())
     }
 
@@ -200,6 +213,15 @@ impl Ops for MySql {
             .await?;
         Ok(done.rows_affected())
     }
+}
+
+/// `statement` with its `?ids` as `n` placeholders (`?, ?, …`): a list of primary keys, each found
+/// by its index. One statement per list length, prepared and cached by the connection like the
+/// others (a batch has at most `batch_size` rows).
+fn by_ids(statement: &str, n: usize) -> String {
+    let mut list = "?, ".repeat(n.max(1));
+    list.truncate(list.len() - 2);
+    statement.replace("?ids", &list)
 }
 
 /// A count or a duration in ms as a `BIGINT`, saturating.

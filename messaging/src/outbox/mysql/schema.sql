@@ -3,9 +3,10 @@
 -- DATETIME(3) in UTC, written and judged by the server's clock (UTC_TIMESTAMP(3)), as the store's.
 CREATE TABLE IF NOT EXISTS samekey_outbox (
     id           BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, -- the order: a key's messages go out by it
-    ordering_key VARCHAR(255) NOT NULL,     -- messages of one key are published in order
-    message_id   VARCHAR(255) NOT NULL,     -- the broker's message id, on every publish
-    destination  VARCHAR(255) NOT NULL,     -- the routing key (AMQP) or subject (NATS)
+    -- Bytes (UTF-8), compared exactly; MySqlOutbox refuses longer ones before writing.
+    ordering_key VARBINARY(1024) NOT NULL,  -- messages of one key are published in order
+    message_id   VARBINARY(1024) NOT NULL,  -- the broker's message id, on every publish
+    destination  VARBINARY(1024) NOT NULL,  -- the routing key (AMQP) or subject (NATS)
     headers      LONGTEXT NOT NULL,         -- JSON: [[name, value], ...]
     body         LONGBLOB NOT NULL,
     staged       DATETIME(3) NOT NULL,      -- when it was staged (UTC)
