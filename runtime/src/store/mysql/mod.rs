@@ -296,12 +296,15 @@ impl MySqlStore {
         }
         let ids = serde_json::to_string(&due)
             .map_err(|e| TakeError::Store(StoreError::Corrupt(e.to_string())))?;
-        sqlx::query(MySql::SQL.take_due)
-            .bind(ids.as_str())
-            .bind(int(lease_ms).map_err(TakeError::Store)?)
-            .execute(&mut *tx)
-            .await
-            .map_err(TakeError::of)?;
+        let taking = MySql::SQL
+            .take_due
+            .replace("?ids", &placeholders(due.len()));
+        let mut take =
+            sqlx::query(sqlx::AssertSqlSafe(taking)).bind(int(lease_ms).map_err(TakeError::Store)?);
+        for call_id in &due {
+            take = take.bind(call_id.as_str());
+        }
+        take.execute(&mut *tx).await.map_err(TakeError::of)?;
         let rows = sqlx::query(Self::ENTRIES_SQL)
             .bind(ids.as_str())
             .fetch_all(&mut *tx)
@@ -312,6 +315,14 @@ impl MySqlStore {
             .collect::<Result<_, _>>()
             .map_err(TakeError::Store)
     }
+}
+
+/// `?, ?, …`, `n` of them (at least one): a list of primary keys for `IN (…)`, each found by its
+/// index. One statement per length, prepared and cached by the connection like the others.
+fn placeholders(n: usize) -> String {
+    let mut list = "?, ".repeat(n.max(1));
+    list.truncate(list.len() - 2);
+    list
 }
 
 /// Why a take of due entries failed: a lock conflict (taken again), or anything else.
