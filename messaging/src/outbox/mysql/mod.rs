@@ -16,8 +16,12 @@
 //!   relay that dies rolls back, and its heads are taken again. Every write of a relay names its
 //!   rows by primary key (`id IN (?, …)`), never by a scan: a scan under `REPEATABLE READ` locks
 //!   every row it passes, and two relays marking their rows would wait on each other's heads.
-//! * **A duplicate stage leaves the caller's transaction intact**: the unique message id answers
-//!   error 1062, which undoes that statement only.
+//! * **A duplicate stage leaves the caller's transaction intact** and takes no lock: a plain read
+//!   finds the id staged; when two stage one id at once, the unique index answers the second error
+//!   1062, which undoes that statement only.
+//! * **A relay's batch is a `READ COMMITTED` transaction**, and its writes and the purge name their
+//!   rows by primary key: no gap locks, no row locked that it does not change, so relays, stagings
+//!   and purges do not deadlock (a batch rolled back after its publishes would publish them again).
 //! * **Ids, keys and destinations are bytes**: `VARBINARY(1024)`, compared exactly (two ids that
 //!   differ by a trailing space are two messages, as on PostgreSQL), never truncated (a longer one
 //!   is refused before anything is written, whatever the server's `sql_mode`).
@@ -44,7 +48,15 @@ const TAKE: &str = include_str!("take.sql");
 const MARK_SENT: &str = include_str!("mark_sent.sql");
 const DELETE_SENT: &str = include_str!("delete_sent.sql");
 const MARK_FAILED: &str = include_str!("mark_failed.sql");
+const PURGEABLE: &str = include_str!("purgeable.sql");
 const PURGE: &str = include_str!("purge.sql");
+const STAGED: &str = include_str!("staged.sql");
+
+/// How a relay's batch begins: `READ COMMITTED`, for that transaction only. Every statement then
+/// sees the latest commit, a locking read locks only the rows it answers (no gap locks), and a
+/// relay's writes never wait on rows they do not change: under `REPEATABLE READ` relays and
+/// stagings deadlocked, and a batch rolled back after its publishes was published again.
+const BEGIN_BATCH: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
 
 /// MySQL's duplicate-key error number (not its SQLSTATE, `23000`, which other integrity errors
 /// share): a message with this id is staged.
@@ -101,6 +113,13 @@ impl Ops for MySql {
         message: &Message,
         headers: &str,
     ) -> Result<bool, sqlx::Error> {
+        let staged: i64 = sqlx::query_scalar(STAGED)
+            .bind(&message.id)
+            .fetch_one(&mut *conn)
+            .await?;
+        if staged > 0 {
+            return Ok(false);
+        }
         sqlx::query(LOCK_KEY)
             .bind(ordering_key)
             .fetch_optional(&mut *conn)
@@ -140,7 +159,7 @@ impl Ops for MySql {
         _lease_ms: u64,
         destinations: &str,
     ) -> Result<(Self::Taking, Vec<Row>), sqlx::Error> {
-        let mut tx = pool.begin().await?;
+        let mut tx = pool.begin_with(BEGIN_BATCH).await?;
         let heads: Vec<i64> = sqlx::query_scalar(HEADS)
             .bind(destinations)
             .bind(destinations)
@@ -206,12 +225,20 @@ impl Ops for MySql {
     }
 
     async fn purge(pool: &Pool<MySql>, keep_ms: u64, limit: u32) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(PURGE)
+        let ids: Vec<i64> = sqlx::query_scalar(PURGEABLE)
             .bind(bigint(keep_ms))
             .bind(i64::from(limit))
-            .execute(pool)
+            .fetch_all(pool)
             .await?;
-        Ok(done.rows_affected())
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let purge = by_ids(PURGE, ids.len());
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(purge)).bind(bigint(keep_ms));
+        for id in &ids {
+            query = query.bind(id);
+        }
+        Ok(query.execute(pool).await?.rows_affected())
     }
 }
 

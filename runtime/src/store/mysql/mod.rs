@@ -93,7 +93,7 @@ use crate::receipt::{Fence, Receipt, Transition};
 /// 00:00:00' + INTERVAL 1796029200123000 MICROSECOND` (converting the time, not the column, keeps the
 /// indexes in use). Text columns are `utf8mb4_bin`, which ignores trailing spaces when it compares
 /// (a `PAD SPACE` collation): nothing the store looks up depends on it — keys are digests, callIds
-/// hold no spaces, and a scope (a `TEXT` of any length) is found by its SHA-256 (`scope_digest`)
+/// hold no spaces, and a scope (a `MEDIUMTEXT`: up to 16 MiB) is found by its SHA-256 (`scope_digest`)
 /// and compared as bytes.
 ///
 /// # Outcome size
@@ -174,6 +174,10 @@ const SCHEMA: &str = include_str!("schema.sql");
 /// How long a pooled connection may have been idle before [`MySqlStore::connect`]'s pool pings it
 /// as it is taken out.
 const IDLE_BEFORE_PING: Duration = Duration::from_secs(10);
+
+/// How a transaction of the store's own begins where `REPEATABLE READ`'s gap locks would make
+/// concurrent writers of one key deadlock: `READ COMMITTED`, for that transaction only.
+const READ_COMMITTED: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
 
 /// The MySQL error numbers of a lock conflict that a claim retries: a deadlock (1213) and a lock
 /// wait timeout (1205). Concurrent inserts of one new key can deadlock on its unique index. (The
@@ -382,6 +386,11 @@ impl Dialect for MySql {
         done.rows_affected()
     }
 
+    /// A deadlock (1213) or a lock wait timeout (1205).
+    fn lock_conflict(e: &sqlx::Error) -> bool {
+        lock_conflict(e)
+    }
+
     /// One round trip: the claim statement and a read of the key's live row, as one text batch
     /// (values as hexadecimal and decimal literals only, see `inline.rs`). The statement's OK packet
     /// says whether it took the key; the row answers when it did not.
@@ -501,7 +510,9 @@ impl Dialect for MySql {
         }
     }
 
-    /// Appends journal rows and trims the key's journal to its latest events, in one transaction.
+    /// Appends journal rows and trims the key's journal to its latest events, in one `READ
+    /// COMMITTED` transaction (no gap locks: two appends to one key under `REPEATABLE READ`
+    /// deadlocked in the trim, and an event was lost), run again on a lock conflict.
     async fn append_journal(
         store: &MySqlStore,
         key: &Key,
@@ -510,26 +521,43 @@ impl Dialect for MySql {
         _now_ms: u64,
     ) -> Result<(), StoreError> {
         let events = &events[events.len().saturating_sub(JOURNAL_LIMIT)..];
-        let mut tx = store.pool().begin().await.map_err(driver)?;
+        let mut rows = Vec::with_capacity(events.len());
         for event in events {
-            sqlx::query(MySqlStore::INSERT_JOURNAL_SQL)
-                .bind(key.digest().as_slice())
-                .bind(event.call_id.to_string())
-                .bind(int(event.at_ms)?)
-                .bind(int(keep_ms)?)
-                .bind(journal::encode(event)?)
-                .execute(&mut *tx)
-                .await
-                .map_err(driver)?;
+            rows.push((
+                event.call_id.to_string(),
+                int(event.at_ms)?,
+                journal::encode(event)?,
+            ));
         }
-        sqlx::query(MySqlStore::TRIM_JOURNAL_SQL)
-            .bind(key.digest().as_slice())
-            .bind(key.digest().as_slice())
-            .bind(i64::try_from(JOURNAL_LIMIT).unwrap_or(i64::MAX))
-            .execute(&mut *tx)
-            .await
-            .map_err(driver)?;
-        tx.commit().await.map_err(driver)
+        let keep = int(keep_ms)?;
+        let mut conflicts = 0;
+        loop {
+            let appended = async {
+                let mut tx = store.pool().begin_with(READ_COMMITTED).await?;
+                for (call_id, at_ms, event) in &rows {
+                    sqlx::query(MySqlStore::INSERT_JOURNAL_SQL)
+                        .bind(key.digest().as_slice())
+                        .bind(call_id.as_str())
+                        .bind(*at_ms)
+                        .bind(keep)
+                        .bind(event.as_str())
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                sqlx::query(MySqlStore::TRIM_JOURNAL_SQL)
+                    .bind(key.digest().as_slice())
+                    .bind(key.digest().as_slice())
+                    .bind(i64::try_from(JOURNAL_LIMIT).unwrap_or(i64::MAX))
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await
+            };
+            match appended.await {
+                Ok(()) => return Ok(()),
+                Err(e) if lock_conflict(&e) && conflicts < 3 => conflicts += 1,
+                Err(e) => return Err(driver(e)),
+            }
+        }
     }
 
     /// By polling: MySQL has no `LISTEN` (see [`MySqlStore`]'s documentation).

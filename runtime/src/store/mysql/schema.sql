@@ -14,7 +14,7 @@ INSERT INTO samekey_fence (id, floor) VALUES (1, 0) ON DUPLICATE KEY UPDATE id =
 -- One row per key: the receipt of its call.
 CREATE TABLE IF NOT EXISTS samekey_receipts (
     `key`       VARBINARY(32) NOT NULL PRIMARY KEY,  -- SHA-256 of scope and key parts: the unique index
-    scope       TEXT NOT NULL,                 -- the function's scope, as its key was built in
+    scope       MEDIUMTEXT NOT NULL,           -- the function's scope, as its key was built in
     scope_digest BINARY(32) AS (UNHEX(SHA2(scope, 256))) STORED, -- the scope's SHA-256, for its index
     call_id     VARCHAR(255) NOT NULL,         -- the call that holds (or held) the key
     state       VARCHAR(16) NOT NULL,          -- RECEIVED PROCESSING UNKNOWN SUCCESS FAILED, or RELEASED
@@ -36,7 +36,7 @@ CREATE TABLE IF NOT EXISTS samekey_receipts (
 CREATE TABLE IF NOT EXISTS samekey_compensation (
     call_id     VARCHAR(255) NOT NULL PRIMARY KEY,
     `key`       VARBINARY(32) NOT NULL,        -- the call's key (samekey_receipts.key)
-    scope       TEXT NOT NULL,                 -- the operation the worker runs it by
+    scope       MEDIUMTEXT NOT NULL,           -- the operation the worker runs it by
     reason      TEXT NOT NULL,                 -- why it was queued, for people
     round       BIGINT NOT NULL,               -- rounds done so far
     next_at     DATETIME(3) NOT NULL,          -- the next round is due then (UTC)

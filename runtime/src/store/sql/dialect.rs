@@ -45,6 +45,13 @@ pub trait Dialect: sqlx::Database {
     /// How many rows a statement changed.
     fn rows_affected(done: &Self::QueryResult) -> u64;
 
+    /// Whether `e` is a lock conflict (a deadlock, a lock wait timeout) that running the statement
+    /// again resolves: the purge runs again, up to three times. None on a database whose writers
+    /// never deadlock on these statements.
+    fn lock_conflict(_e: &sqlx::Error) -> bool {
+        false
+    }
+
     /// [`Store::claim`](crate::store::Store::claim): where the dialects differ most (one statement that
     /// answers either way on PostgreSQL; a statement and, when the key is held, a read on SQLite).
     fn claim(

@@ -397,20 +397,29 @@ where
     }
 
     async fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
-        if let Some(statement) = D::SQL.fence_floor {
-            sqlx::query(statement)
-                .bind(int(now_ms)?)
-                .execute(&self.pool)
-                .await
-                .map_err(driver)?;
-        }
-        let done = sqlx::query(D::SQL.purge_expired)
-            .bind(int(now_ms)?)
-            .execute(&self.pool)
-            .await
-            .map_err(driver)?;
+        // The purge scans what expired while claims take rows: where the database reports a lock
+        // conflict between them (MySQL), the purge gives way and runs again (the floor is raised
+        // again first, so it covers every row the delete may take).
+        let now = int(now_ms)?;
+        let mut conflicts = 0;
+        let done = loop {
+            let purged = async {
+                if let Some(statement) = D::SQL.fence_floor {
+                    sqlx::query(statement).bind(now).execute(&self.pool).await?;
+                }
+                sqlx::query(D::SQL.purge_expired)
+                    .bind(now)
+                    .execute(&self.pool)
+                    .await
+            };
+            match purged.await {
+                Ok(done) => break done,
+                Err(e) if D::lock_conflict(&e) && conflicts < 3 => conflicts += 1,
+                Err(e) => return Err(driver(e)),
+            }
+        };
         sqlx::query(D::SQL.purge_journal)
-            .bind(int(now_ms)?)
+            .bind(now)
             .execute(&self.pool)
             .await
             .map_err(driver)?;
