@@ -343,3 +343,437 @@ async fn held_a_duplicate_stage_leaves_the_business_row() {
         (Staged::Duplicate, Staged::New, 1, 2)
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Second pass (review28b): the fixed relay attacked.
+// ---------------------------------------------------------------------------------------------
+
+/// A database of this test's own whose every connection runs `init` first (a session setting a
+/// server could have globally).
+async fn open_init(test: &str, init: &'static str) -> Option<Db> {
+    let Ok(url) = std::env::var("SAMEKEY_MYSQL_URL") else {
+        samekey::conformance::skipped("set SAMEKEY_MYSQL_URL to run the MySQL review tests");
+        return None;
+    };
+    let database = format!(
+        "review28b_{test}_{:x}",
+        samekey::TraceId::new().as_u128() >> 80
+    );
+    let admin = MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .unwrap();
+    sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {database}")))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let options = MySqlConnectOptions::from_str(&url)
+        .unwrap()
+        .database(&database);
+    let pool = MySqlPoolOptions::new()
+        .max_connections(16)
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                conn.execute(init).await?;
+                Ok(())
+            })
+        })
+        .connect_with(options)
+        .await
+        .unwrap();
+    let outbox = MySqlOutbox::from_pool(pool);
+    outbox.migrate().await.unwrap();
+    Some(Db {
+        outbox,
+        admin,
+        database,
+    })
+}
+
+/// A publisher that records each publish it confirmed; the first publish of `gate_id` waits until
+/// `gate` is notified.
+#[derive(Clone, Default)]
+struct Gated {
+    log: Arc<Mutex<Vec<String>>>,
+    gate_id: Arc<Mutex<Option<String>>>,
+    entered: Arc<tokio::sync::Notify>,
+    gate: Arc<tokio::sync::Notify>,
+}
+
+impl Publish for Gated {
+    async fn publish(&self, message: &Message) -> Result<(), PublishError> {
+        let gated = {
+            let mut g = self.gate_id.lock().unwrap();
+            if g.as_deref() == Some(message.id.as_str()) {
+                *g = None;
+                true
+            } else {
+                false
+            }
+        };
+        if gated {
+            self.entered.notify_one();
+            self.gate.notified().await;
+        }
+        self.log.lock().unwrap().push(message.id.clone());
+        Ok(())
+    }
+}
+
+/// FIXED (a stage finds a staged id by a plain read first, and takes no lock then). Was: FINDING
+/// (medium; `keep_sent(0)`, a duplicate stage of a message while a relay publishes it). A
+/// stage of an id already staged answers `Staged::Duplicate` through error 1062, and InnoDB keeps the
+/// shared lock the duplicate check took on the id's unique-index record until the *caller's*
+/// transaction ends. The relay's `delete_sent.sql` must delete that index record, so the relay's
+/// batch waits on the caller's transaction; when it stays open longer than
+/// `innodb_lock_wait_timeout` (50 s by default; 1 s here, to keep the test short) the delete fails
+/// with error 1205, `run_once` returns `Err` and drops the batch's transaction, and the message the
+/// broker already confirmed is unsent again: published a second time, with no crash anywhere. (With
+/// `keep_sent` > 0 the mark does not touch that index, but the purge of the row later waits the same
+/// way, and fails the batch's `run_once` after it committed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_duplicate_stage_in_an_open_transaction_does_not_make_the_relay_publish_twice() {
+    let Some(db) = open_init("dupwait", "SET SESSION innodb_lock_wait_timeout = 1").await else {
+        return;
+    };
+    assert_eq!(
+        stage(&db.outbox, "k", &message("dw-1", "orders.placed", 0)).await,
+        Staged::New
+    );
+    let publisher = Gated::default();
+    *publisher.gate_id.lock().unwrap() = Some("dw-1".to_owned());
+    let relay = Relay::new(db.outbox.clone(), publisher.clone()).keep_sent(Duration::ZERO);
+    let entered = publisher.entered.clone();
+    let batch = tokio::spawn(async move { relay.run_once().await });
+    entered.notified().await;
+    // The relay holds dw-1 and is publishing it; a caller restages it (an inbox redelivery, say) in a
+    // transaction that goes on working for a while.
+    let mut tx = db.outbox.pool().begin().await.unwrap();
+    let again = db
+        .outbox
+        .stage(&mut tx, "k", &message("dw-1", "orders.placed", 0))
+        .await
+        .unwrap();
+    publisher.gate.notify_one();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    tx.commit().await.unwrap();
+    let first = batch.await.unwrap();
+    let relay = Relay::new(db.outbox.clone(), publisher.clone()).keep_sent(Duration::ZERO);
+    let second = relay.run_once().await;
+    let published = publisher.log.lock().unwrap().clone();
+    db.cleanup().await;
+    assert_eq!(again, Staged::Duplicate);
+    assert!(
+        first.is_ok() && published == ["dw-1"],
+        "the broker confirmed dw-1 once; published {published:?}; the first batch: {first:?}, \
+         the next: {second:?}"
+    );
+}
+
+/// A publisher whose publishes fail now and then (`Refused`, sometimes `Unavailable`), by a counter:
+/// records each publish it confirmed.
+#[derive(Clone, Default)]
+struct Flaky {
+    confirmed: Arc<Mutex<Vec<String>>>,
+    tries: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Publish for Flaky {
+    async fn publish(&self, message: &Message) -> Result<(), PublishError> {
+        let n = self
+            .tries
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_micros(300 + (n % 7) * 200)).await;
+        let roll = n.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58; // 0..63
+        if roll < 10 {
+            return Err(PublishError::Refused {
+                id: message.id.clone(),
+                reason: "nack".into(),
+            });
+        }
+        if roll < 12 {
+            return Err(PublishError::Unavailable("blip".into()));
+        }
+        self.confirmed.lock().unwrap().push(message.id.clone());
+        Ok(())
+    }
+}
+
+/// The storm (`REVIEW_DEADLOCK=1` prints InnoDB's latest deadlock). Four relays (batches of 5, 3 publishes at once) over one table, a publisher that refuses one
+/// publish in six and is unreachable one in thirty, failed heads retried after 1 to 4 ms, sent rows
+/// purged after `keep` (0: deleted when marked), while four tasks stage 30 keys × 8 messages, two
+/// keys per transaction in either order, and restage messages already staged. Answers the confirmed
+/// publishes and the errors the relays' `run_once` returned.
+async fn storm(
+    db: &Db,
+    keep: Duration,
+    restage: bool,
+) -> (Vec<String>, Vec<String>, usize, BTreeMap<String, usize>) {
+    let publisher = Flaky::default();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let relays: Vec<_> = (0..4)
+        .map(|_| {
+            let relay = Relay::new(db.outbox.clone(), publisher.clone())
+                .batch_size(5)
+                .concurrency(3)
+                .retry_backoff(Duration::from_millis(1), Duration::from_millis(4))
+                .keep_sent(keep);
+            let done = done.clone();
+            let errors = errors.clone();
+            tokio::spawn(async move {
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    match relay.run_once().await {
+                        Ok(batch) if batch.taken == 0 => {
+                            tokio::time::sleep(Duration::from_millis(2)).await
+                        }
+                        Ok(_) => {}
+                        Err(e) => errors.lock().unwrap().push(e.to_string()),
+                    }
+                }
+            })
+        })
+        .collect();
+    let keys = 30u32;
+    let per_key = 8u32;
+    let stagers: Vec<_> = (0..4u32)
+        .map(|s| {
+            let outbox = db.outbox.clone();
+            tokio::spawn(async move {
+                let mut stage_errors = 0usize;
+                let mut staged_new: Vec<String> = Vec::new();
+                // Stager s owns keys k with k % 4 == s, two per transaction.
+                let mine: Vec<u32> = (0..keys).filter(|k| k % 4 == s).collect();
+                for n in 0..per_key {
+                    for pair in mine.chunks(2) {
+                        let mut pair = pair.to_vec();
+                        if n % 2 == 1 {
+                            pair.reverse();
+                        }
+                        loop {
+                            let mut tx = outbox.pool().begin().await.unwrap();
+                            let mut ok = true;
+                            let mut new_here = Vec::new();
+                            for k in &pair {
+                                let key = format!("key-{k}");
+                                let m = message(&format!("{key}/{n}"), "orders.placed", n);
+                                match outbox.stage(&mut tx, &key, &m).await {
+                                    Ok(Staged::New) => new_here.push(m.id.clone()),
+                                    Ok(Staged::Duplicate) => {}
+                                    Err(_) => {
+                                        ok = false;
+                                        break;
+                                    }
+                                }
+                                if restage && n > 0 {
+                                    // A redelivery restaging the key's previous message.
+                                    let old = message(
+                                        &format!("{key}/{}", n - 1),
+                                        "orders.placed",
+                                        n - 1,
+                                    );
+                                    match outbox.stage(&mut tx, &key, &old).await {
+                                        // Its row was purged: staged again, to be published again.
+                                        Ok(Staged::New) => new_here.push(old.id.clone()),
+                                        Ok(Staged::Duplicate) => {}
+                                        Err(_) => {
+                                            ok = false;
+                                            break;
+                                        }
+                                    }
+                                }
+                            }
+                            if ok && tx.commit().await.is_ok() {
+                                staged_new.extend(new_here);
+                                break;
+                            }
+                            stage_errors += 1;
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                }
+                (stage_errors, staged_new)
+            })
+        })
+        .collect();
+    let mut stage_errors = 0;
+    let mut staged: BTreeMap<String, usize> = BTreeMap::new();
+    for s in stagers {
+        let (e, new) = s.await.unwrap();
+        stage_errors += e;
+        for id in new {
+            *staged.entry(id).or_default() += 1;
+        }
+    }
+    let total = (keys * per_key) as usize;
+    for _ in 0..1_500 {
+        if db.outbox.pending().await.unwrap() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    for r in relays {
+        let _ = tokio::time::timeout(Duration::from_secs(20), r).await;
+    }
+    let confirmed = publisher.confirmed.lock().unwrap().clone();
+    let errors = errors.lock().unwrap().clone();
+    if std::env::var_os("REVIEW_DEADLOCK").is_some() {
+        let status: (String, String, String) = sqlx::query_as("SHOW ENGINE INNODB STATUS")
+            .fetch_one(&db.admin)
+            .await
+            .unwrap();
+        if let Some(at) = status.2.find("LATEST DETECTED DEADLOCK") {
+            eprintln!("{}", &status.2[at..(at + 20000).min(status.2.len())]);
+        }
+    }
+    let _ = total;
+    (confirmed, errors, stage_errors, staged)
+}
+
+/// Checks a storm's confirmed publishes: each message as many times as it was staged new (once,
+/// or again after its sent row was purged), each key's first publishes in its order.
+fn check_storm(
+    confirmed: &[String],
+    errors: &[String],
+    stage_errors: usize,
+    staged: &BTreeMap<String, usize>,
+) {
+    let mut by_key: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for id in confirmed {
+        let (key, n) = id.split_once('/').unwrap();
+        by_key
+            .entry(key.to_owned())
+            .or_default()
+            .push(n.parse().unwrap());
+    }
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for id in confirmed {
+        *counts.entry(id.clone()).or_default() += 1;
+    }
+    let wrong: Vec<(&String, usize, usize)> = staged
+        .iter()
+        .map(|(id, n)| (id, *n, counts.get(id).copied().unwrap_or(0)))
+        .filter(|(_, n, c)| n != c)
+        .collect();
+    let disordered: Vec<(&String, Vec<u32>)> = by_key
+        .iter()
+        .map(|(k, ns)| {
+            let mut seen = std::collections::BTreeSet::new();
+            (
+                k,
+                ns.iter()
+                    .copied()
+                    .filter(|n| seen.insert(*n))
+                    .collect::<Vec<u32>>(),
+            )
+        })
+        .filter(|(_, firsts)| !firsts.windows(2).all(|w| w[0] < w[1]))
+        .collect();
+    assert!(
+        wrong.is_empty() && disordered.is_empty(),
+        "confirmed {} publishes for {} new stages; (id, staged new, confirmed) that differ: \
+         {wrong:?}; first publishes out of order: {disordered:?}; relay errors ({}): {:?}; stage \
+         transactions retried: {stage_errors}",
+        confirmed.len(),
+        staged.values().sum::<usize>(),
+        errors.len(),
+        errors.iter().take(5).collect::<Vec<_>>()
+    );
+}
+
+/// FIXED (the purge finds its rows by a plain read and deletes them by primary key; a relay's batch
+/// is a `READ COMMITTED` transaction). Was: FINDING
+/// (high; a short `keep_sent`, or any purge that finds much of the table old enough). Storm
+/// with restaging, sent rows purged 1 ms after they were marked. Fails 4 runs of 4: 30–50 relay
+/// batches end in error 1213 (deadlock), each rolled back after its publishes were confirmed, and
+/// ~50 messages are published two or three times with no crash. The cause is `purge.sql`, the one
+/// relay write left as a scan: when many sent rows are old enough MariaDB 10.11 plans it as a full
+/// table scan (`EXPLAIN`: `type ALL`, `Using filesort`), which under `REPEATABLE READ` locks every
+/// row it passes — the heads other relays hold included — while those relays' `mark_sent.sql` needs
+/// the `samekey_outbox_unsent` entries the purge has locked (the deadlock InnoDB reports). With
+/// the default 1 h the plan is a range on that index and the storm holds (see
+/// `storm_without_duplicates_or_purge…`, `storm_with_duplicates_without_purge…`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 6)]
+async fn storm_of_relays_stagings_failures_and_purge_publishes_each_once_in_order() {
+    let Some(db) = open_init("storm", "SET SESSION innodb_lock_wait_timeout = 5").await else {
+        return;
+    };
+    let (confirmed, errors, stage_errors, staged) =
+        storm(&db, Duration::from_millis(1), true).await;
+    db.cleanup().await;
+    check_storm(&confirmed, &errors, stage_errors, &staged);
+}
+
+/// FIXED (as above, and a duplicate stage takes no lock). Was: FINDING
+/// (high; `keep_sent(0)` with duplicate stages, the inbox-redelivery pattern). Storm with
+/// sent rows deleted when marked, and each staging transaction restaging its key's previous message
+/// (`Staged::Duplicate`). Fails 4 runs of 4: 2–10 batches end in error 1213, two relays'
+/// `delete_sent.sql` waiting on each other (next-key locks on `PRIMARY`: the duplicate checks'
+/// shared locks on the message-id index, and the take's locks on heads deleted since its plain read),
+/// and the rolled-back batches' confirmed messages are published again. The same storm without the
+/// restaging holds (`storm_keep_sent_zero_without_duplicates…`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 6)]
+async fn storm_with_keep_sent_zero_publishes_each_once_in_order() {
+    let Some(db) = open_init("storm0", "SET SESSION innodb_lock_wait_timeout = 5").await else {
+        return;
+    };
+    let (confirmed, errors, stage_errors, staged) = storm(&db, Duration::ZERO, true).await;
+    db.cleanup().await;
+    check_storm(&confirmed, &errors, stage_errors, &staged);
+}
+
+/// FIXED (as above). Was: FINDING
+/// (high, as `storm_of_relays_stagings_failures_and_purge…`, without any duplicate stage):
+/// relays, stagings, failing publishes and a 1 ms `keep_sent`. Fails 4 runs of 4 (2–5 deadlocks,
+/// `mark_sent.sql` against the purge's scan), messages published twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 6)]
+async fn storm_without_duplicate_stages_publishes_each_once_in_order() {
+    let Some(db) = open_init("storm1", "SET SESSION innodb_lock_wait_timeout = 5").await else {
+        return;
+    };
+    let (confirmed, errors, stage_errors, staged) =
+        storm(&db, Duration::from_millis(1), false).await;
+    db.cleanup().await;
+    check_storm(&confirmed, &errors, stage_errors, &staged);
+}
+
+/// HELD (4 runs of 4). Storm without restaging and without a purge that deletes anything (sent rows
+/// kept an hour): four relays, four stagers (two keys per transaction, in either order), refused and
+/// unreachable publishes retried after 1–4 ms: each message published once, each key in order, no
+/// relay error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 6)]
+async fn storm_without_duplicates_or_purge_publishes_each_once_in_order() {
+    let Some(db) = open_init("storm2", "SET SESSION innodb_lock_wait_timeout = 5").await else {
+        return;
+    };
+    let (confirmed, errors, stage_errors, staged) =
+        storm(&db, Duration::from_secs(3600), false).await;
+    db.cleanup().await;
+    check_storm(&confirmed, &errors, stage_errors, &staged);
+}
+
+/// HELD (4 runs of 4). Storm with restaging (duplicate stages), sent rows kept an hour: the marks
+/// (`UPDATE … WHERE id IN`) touch no index the duplicate checks lock; each message once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 6)]
+async fn storm_with_duplicates_without_purge_publishes_each_once_in_order() {
+    let Some(db) = open_init("storm3", "SET SESSION innodb_lock_wait_timeout = 5").await else {
+        return;
+    };
+    let (confirmed, errors, stage_errors, staged) =
+        storm(&db, Duration::from_secs(3600), true).await;
+    db.cleanup().await;
+    check_storm(&confirmed, &errors, stage_errors, &staged);
+}
+
+/// HELD (4 runs of 4). Storm without restaging, sent rows deleted when marked (`keep_sent(0)`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 6)]
+async fn storm_keep_sent_zero_without_duplicates_publishes_each_once_in_order() {
+    let Some(db) = open_init("storm4", "SET SESSION innodb_lock_wait_timeout = 5").await else {
+        return;
+    };
+    let (confirmed, errors, stage_errors, staged) = storm(&db, Duration::ZERO, false).await;
+    db.cleanup().await;
+    check_storm(&confirmed, &errors, stage_errors, &staged);
+}

@@ -1,5 +1,5 @@
-//! Review of issue 28: `MySqlStore` attacked. Each test says in its doc comment whether it is a
-//! FINDING (it fails on the current code) or HELD (an attack that the code withstood).
+//! Review of issue 28: `MySqlStore` attacked, twice. Each test says in its doc comment what the
+//! finding was and how it was fixed (FIXED), or that the attack held (HELD).
 //!
 //! Needs `SAMEKEY_MYSQL_URL`; keys are this run's own (the database is shared with the other MySQL
 //! tests, as in `mysql_durability.rs`).
@@ -247,7 +247,8 @@ async fn an_outcome_over_max_allowed_packet_is_left_unknown_never_run_twice() {
     );
 }
 
-/// HELD. Claims racing a purge: a key whose record expires over and over, and is taken again (an
+/// HELD (and FIXED: the second review saw the purge fail with a deadlock against the claims about
+/// one run in six; the purge now gives way and runs again on a lock conflict). Claims racing a purge: a key whose record expires over and over, and is taken again (an
 /// expired row) or claimed anew (a purged one) while another task purges in a loop, gets fences
 /// that only ever grow (the floor is raised before the delete, and the delete spares rows above it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -351,4 +352,90 @@ async fn held_a_unicode_scope_round_trips() {
     };
     let record = store.get(&key, now).await.unwrap().expect("record");
     assert_eq!(record.key.scope(), scope);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Second pass (review28b).
+// ---------------------------------------------------------------------------------------------
+
+/// The store in a database of this test's own (dropped by the caller with `DROP DATABASE`), every
+/// connection first running `setup`.
+async fn own_store(
+    url: &str,
+    name: &str,
+    setup: &'static str,
+) -> (MySqlStore, sqlx::MySqlPool, String) {
+    use std::str::FromStr as _;
+    let database = unique(&format!("b_{name}"));
+    let admin = MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(url)
+        .await
+        .unwrap();
+    sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {database}")))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let options = samekey_runtime::sqlx::mysql::MySqlConnectOptions::from_str(url)
+        .unwrap()
+        .database(&database);
+    let pool = MySqlPoolOptions::new()
+        .max_connections(8)
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                conn.execute(AssertSqlSafe(setup)).await?;
+                Ok(())
+            })
+        })
+        .connect_with(options)
+        .await
+        .unwrap();
+    let store = MySqlStore::from_pool(pool);
+    store.migrate().await.expect("migrate");
+    (store, admin, database)
+}
+
+/// FIXED (scope is a `MEDIUMTEXT` now: 16 MiB, beyond any packet a claim can send). Was: FINDING
+/// (low; a scope over 65 535 bytes — `TEXT`'s bound, not "any length" as documented). On a
+/// server whose `sql_mode` is not strict the scope is cut at 65 535 bytes without an error: the
+/// receipt's key (a digest of the whole scope) is right, but the record names another scope, so the
+/// listing by its scope does not find it and its compensation entry (also `TEXT`) names an
+/// operation no worker runs. In strict mode the same claim fails with error 1406. (`MEDIUMTEXT`, or
+/// a refusal before writing as the outbox's `TooLong`, would hold.)
+#[tokio::test]
+async fn a_scope_over_64_kib_is_kept_whole_or_refused() {
+    let Some(url) = url() else { return };
+    let (store, admin, database) = own_store(
+        &url,
+        "scope64k",
+        "SET SESSION sql_mode = 'NO_ENGINE_SUBSTITUTION'",
+    )
+    .await;
+    let scope = format!("http:GET /{}", "a/".repeat(33_000));
+    assert!(scope.len() > 65_535);
+    let key = Key::build(&scope, unique("s64").as_str());
+    let now = store.now_ms(0).await.unwrap();
+    let claimed = store.claim(claim(&key, 10_000, now)).await;
+    let stored = store.get(&key, now).await;
+    let query = samekey_runtime::store::ReceiptQuery::created_between(0, u64::MAX >> 2)
+        .scope(scope.as_str());
+    let listed = store
+        .list_receipts(&query, now)
+        .await
+        .map(|l| l.receipts.len());
+    store.pool().close().await;
+    let _ = sqlx::raw_sql(AssertSqlSafe(format!("DROP DATABASE IF EXISTS {database}")))
+        .execute(&admin)
+        .await;
+    let stored_len = stored
+        .as_ref()
+        .ok()
+        .and_then(|r| r.as_ref())
+        .map(|r| r.key.scope().len());
+    assert!(
+        claimed.is_err() || (stored_len == Some(scope.len()) && matches!(listed, Ok(1))),
+        "a {}-byte scope: claimed {:?}; stored scope {stored_len:?} bytes; listed by it: {listed:?}",
+        scope.len(),
+        claimed.map(|_| "acquired")
+    );
 }
