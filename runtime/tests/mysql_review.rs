@@ -84,7 +84,7 @@ impl Classify for ReviewError {
 static STALE: AtMostOnce = AtMostOnce::new("review28.stale_owner").retries(0);
 
 /// FIXED (was FINDING, low: the refusal's reason read from the transaction's old snapshot; now a
-/// locking read, `refused_row.sql`). A stalled owner whose transaction read anything before the take-over (a plain
+/// locking read, the dialect's `refused_row`). A stalled owner whose transaction read anything before the take-over (a plain
 /// `SELECT`: under InnoDB's default `REPEATABLE READ` that fixes the transaction's snapshot) and then
 /// calls `MySqlStore::complete_in` is refused — good — but with
 /// `InvalidTransition { from: PROCESSING, to: SUCCESS }`, not the documented `StoreError::Fenced`

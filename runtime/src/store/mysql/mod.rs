@@ -356,7 +356,14 @@ impl Dialect for MySql {
         release: include_str!("statements/release.sql"),
         forget: include_str!("statements/forget.sql"),
         key_row: include_str!("statements/key_row.sql"),
-        refused_row: include_str!("statements/refused_row.sql"),
+        // key_row.sql as a locking read, which sees the latest commit inside the caller's
+        // transaction too (its REPEATABLE READ snapshot may predate the take-over that refused the
+        // completion). In a transaction the refused UPDATE already holds the row's lock; in
+        // autocommit the read waits at most for a transaction that is writing the row.
+        refused_row: concat!(
+            include_str!("statements/key_row.sql"),
+            "LOCK IN SHARE MODE\n"
+        ),
         live_row: include_str!("statements/live_row.sql"),
         by_call_id: include_str!("statements/by_call_id.sql"),
         by_call_ids: include_str!("statements/by_call_ids.sql"),
