@@ -1,0 +1,323 @@
+//! The promise, as six generic invariants checked after every history. None is written for a known
+//! defect: each states what must hold of any history, whatever happened in it.
+//!
+//! 1. **At most one effect per key** at the gateways, and never a charge beside its reversal.
+//! 2. **No caller told failed or "nothing ran" for a request whose effect happened**, none told
+//!    succeeded for one that did not; no receipt that says either.
+//! 3. **Every answer to a duplicate is the first outcome**: one charge number per order, never a
+//!    success beside a failure that stands.
+//! 4. **Nothing lost**: once faults stop and the worker has run, every receipt is settled (or
+//!    `MANUAL` with the escalation hook called), the queue holds nothing else, every effect has a
+//!    receipt that says so.
+//! 5. **One callId per logical call**, each effect traceable to it: the receipt of the callId the
+//!    charge carried.
+//! 6. **Nothing hangs**: once faults stop, every request is answered within the customers' patience,
+//!    no work stays in flight, and the worker settles within a bound.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use samekey::compensation::{CompensationEntry, CompensationState};
+use samekey::{Receipt, ReceiptState};
+
+use crate::customers::{Answer, Told};
+use crate::gateway::Effect;
+use crate::payments::{SCOPE_CHECKOUT, SCOPE_PAY, SCOPE_PAY_HOLD, SCOPE_PAY_RERUN};
+
+/// An invariant a history broke.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// Which invariant (1 to 6).
+    pub invariant: u8,
+    /// The order or message it concerns, if one.
+    pub subject: Option<String>,
+    /// What broke, in a sentence.
+    pub what: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invariant {}", self.invariant)?;
+        if let Some(s) = &self.subject {
+            write!(f, " [{s}]")?;
+        }
+        write!(f, ": {}", self.what)
+    }
+}
+
+/// What a history left behind, for the check.
+#[derive(Debug, Default)]
+pub struct Facts {
+    /// What every customer was told.
+    pub told: Vec<Told>,
+    /// What the gateways did.
+    pub effects: Vec<Effect>,
+    /// What reversals released: (order, the reversal's callId).
+    pub releases: Vec<(String, String)>,
+    /// Every receipt in the store at the end.
+    pub receipts: Vec<Receipt>,
+    /// Every compensation entry at the end.
+    pub entries: Vec<CompensationEntry>,
+    /// The callIds the escalation hook was called for.
+    pub escalated: BTreeSet<String>,
+    /// Work still in flight on live nodes at the end.
+    pub inflight: Vec<String>,
+    /// The final compensation pass did not end within its bound.
+    pub settle_hung: bool,
+    /// The final compensation pass failed.
+    pub settle_failed: Option<String>,
+}
+
+const CHARGING_SCOPES: [&str; 4] = [SCOPE_PAY, SCOPE_PAY_HOLD, SCOPE_PAY_RERUN, SCOPE_CHECKOUT];
+
+/// Checks every invariant; an empty list when the history kept the promise.
+pub fn check(f: &Facts, short: &dyn Fn(&str) -> String) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let mut v = |invariant: u8, subject: Option<&str>, what: String| {
+        out.push(Violation {
+            invariant,
+            subject: subject.map(str::to_owned),
+            what,
+        })
+    };
+    let mut by_order: BTreeMap<&str, Vec<&Effect>> = BTreeMap::new();
+    for e in &f.effects {
+        by_order.entry(e.order.as_str()).or_default().push(e);
+    }
+    // 1. At most one effect per key, and no charge beside its reversal.
+    for (order, effects) in &by_order {
+        if effects.len() > 1 {
+            let list: Vec<String> = effects
+                .iter()
+                .map(|e| format!("#{} under {}", e.no, short(&e.call_id)))
+                .collect();
+            v(
+                1,
+                Some(order),
+                format!("charged {} times: {}", effects.len(), list.join(", ")),
+            );
+        }
+    }
+    for (order, call) in &f.releases {
+        if let Some(effects) = by_order.get(order.as_str()) {
+            v(
+                1,
+                Some(order),
+                format!(
+                    "stock released (reversal {}) beside charge #{} under {}",
+                    short(call),
+                    effects[0].no,
+                    short(&effects[0].call_id)
+                ),
+            );
+        }
+    }
+    // 2 and 3: what callers were told.
+    let mut successes: BTreeMap<&str, BTreeSet<u64>> = BTreeMap::new();
+    let mut failures: BTreeMap<&str, &str> = BTreeMap::new();
+    for t in &f.told {
+        let effects = by_order
+            .get(t.order.as_str())
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        let own = |e: &&&Effect| {
+            t.call_id.as_deref() == Some(e.call_id.as_str())
+                || t.trace_id.as_deref() == Some(e.trace_id.as_str())
+        };
+        match &t.answer {
+            Answer::Succeeded(no) => {
+                successes.entry(&t.order).or_default().insert(*no);
+                if !effects.iter().any(|e| e.no == *no) {
+                    v(
+                        2,
+                        Some(&t.order),
+                        format!("told succeeded with #{no}, a charge that never happened"),
+                    );
+                }
+            }
+            Answer::Failed(why) | Answer::NothingRan(why) => {
+                if let Answer::Failed(why) = &t.answer {
+                    failures.insert(&t.order, why);
+                }
+                if let Some(e) = effects.iter().find(own) {
+                    let said = if matches!(t.answer, Answer::Failed(_)) {
+                        "failed"
+                    } else {
+                        "nothing ran"
+                    };
+                    v(
+                        2,
+                        Some(&t.order),
+                        format!(
+                            "told {said} ({why}) under {}, but charge #{} happened under {}",
+                            t.call_id.as_deref().map(short).unwrap_or_default(),
+                            e.no,
+                            short(&e.call_id)
+                        ),
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+    for (order, nos) in &successes {
+        if nos.len() > 1 {
+            v(
+                3,
+                Some(order),
+                format!("duplicates told different outcomes: charges {nos:?}"),
+            );
+        }
+        if let Some(why) = failures.get(order) {
+            v(
+                3,
+                Some(order),
+                format!("told succeeded ({nos:?}) and failed for good ({why})"),
+            );
+        }
+    }
+    // 4 and 5: the store at the end.
+    let entries: BTreeMap<&str, &CompensationEntry> =
+        f.entries.iter().map(|e| (e.call_id.as_str(), e)).collect();
+    for e in &f.entries {
+        if e.state != CompensationState::Manual {
+            v(
+                4,
+                None,
+                format!(
+                    "{} still queued ({:?}) after the worker settled: {}",
+                    short(e.call_id.as_str()),
+                    e.state,
+                    e.reason
+                ),
+            );
+        } else if !f.escalated.contains(e.call_id.as_str()) {
+            v(
+                4,
+                None,
+                format!(
+                    "{} is MANUAL but the escalation hook was never called",
+                    short(e.call_id.as_str())
+                ),
+            );
+        }
+    }
+    let manual = |call: &str| {
+        entries
+            .get(call)
+            .is_some_and(|e| e.state == CompensationState::Manual)
+            && f.escalated.contains(call)
+    };
+    let mut receipts: BTreeMap<&str, &Receipt> = BTreeMap::new();
+    for r in &f.receipts {
+        receipts.insert(r.call_id.as_str(), r);
+        let call = r.call_id.as_str();
+        match r.state {
+            ReceiptState::Processing | ReceiptState::Received if !manual(call) => {
+                v(
+                    4,
+                    None,
+                    format!(
+                        "{} ({}) still {:?} after faults stopped and the worker ran",
+                        short(call),
+                        r.key.scope(),
+                        r.state
+                    ),
+                );
+            }
+            ReceiptState::Unknown if !manual(call) => {
+                v(4, None, format!("{} ({}) UNKNOWN with no one to settle it (not MANUAL with the hook called)", short(call), r.key.scope()));
+            }
+            ReceiptState::Success if CHARGING_SCOPES.contains(&r.key.scope()) => {
+                let no = r
+                    .outcome
+                    .as_deref()
+                    .and_then(|o| serde_json::from_slice::<serde_json::Value>(o).ok())
+                    .and_then(|v| v.get("no").and_then(serde_json::Value::as_u64));
+                match no {
+                    Some(no) if f.effects.iter().any(|e| e.no == no) => {}
+                    _ => v(
+                        2,
+                        None,
+                        format!(
+                            "{} ({}) recorded SUCCESS ({no:?}) for a charge that never happened",
+                            short(call),
+                            r.key.scope()
+                        ),
+                    ),
+                }
+            }
+            ReceiptState::Failed if CHARGING_SCOPES.contains(&r.key.scope()) => {
+                if let Some(e) = f.effects.iter().find(|e| e.call_id == call) {
+                    v(
+                        2,
+                        Some(&e.order),
+                        format!(
+                            "{} recorded FAILED, but charge #{} happened under it",
+                            short(call),
+                            e.no
+                        ),
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+    for e in &f.effects {
+        let traced = match receipts.get(e.call_id.as_str()) {
+            Some(r) if r.state == ReceiptState::Success => {
+                let no = r
+                    .outcome
+                    .as_deref()
+                    .and_then(|o| serde_json::from_slice::<serde_json::Value>(o).ok())
+                    .and_then(|v| v.get("no").and_then(serde_json::Value::as_u64));
+                no == Some(e.no)
+            }
+            Some(r) if r.state == ReceiptState::Unknown => manual(e.call_id.as_str()),
+            _ => false,
+        };
+        if !traced {
+            let found = receipts
+                .get(e.call_id.as_str())
+                .map(|r| format!("{:?}", r.state))
+                .unwrap_or_else(|| "no receipt".into());
+            v(
+                5,
+                Some(&e.order),
+                format!(
+                    "charge #{} under {} is not on record: {found}",
+                    e.no,
+                    short(&e.call_id)
+                ),
+            );
+        }
+    }
+    // 6. Nothing hangs.
+    for t in &f.told {
+        if t.after_faults && t.answer == Answer::GaveUp {
+            v(6, Some(&t.order), format!("a request sent after faults stopped got no answer within the customer's patience (node{})", t.node));
+        }
+    }
+    for what in &f.inflight {
+        v(
+            6,
+            Some(what),
+            "work still in flight on a live node at the end".into(),
+        );
+    }
+    if f.settle_hung {
+        v(
+            6,
+            None,
+            "the compensation worker did not settle within its bound".into(),
+        );
+    }
+    if let Some(e) = &f.settle_failed {
+        v(
+            4,
+            None,
+            format!("the compensation worker could not settle: {e}"),
+        );
+    }
+    out
+}

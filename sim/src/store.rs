@@ -1,0 +1,373 @@
+//! The store every node shares, and each node's connection to it.
+//!
+//! * [`SharedStore`]: the in-memory store judged by the **true** clock, whatever time a node sends —
+//!   as PostgreSQL or Redis judge leases and expiries by their own clock ([`StoreClock::Own`]).
+//! * [`NodeStore`]: one node's connection, where the faults are: an operation that fails before it
+//!   reached the store, one that applied and whose answer was lost, one that is slow; a node paused
+//!   (its operations wait until it resumes); a node that crashed (nothing it sends arrives, nothing
+//!   comes back to it: a dead process's tasks never finish).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use samekey::compensation::CompensationEntry;
+use samekey::journal::Event;
+use samekey::receipt::{Fence, Transition};
+use samekey::store::{
+    async_trait, Claim, Claimed, Completion, ReceiptPage, ReceiptQuery, StoreClock, StoreError,
+    StoreFuture, StoreWrapper,
+};
+use samekey::{Key, MemoryStore, Receipt, Store};
+use tokio::time::Instant;
+
+use crate::clock::TrueClock;
+use crate::coverage::{Fault, Surface};
+use crate::world::Shared;
+
+/// The in-memory store, judging time by the true clock: the one store all nodes share.
+pub struct SharedStore {
+    inner: MemoryStore,
+    truth: Arc<TrueClock>,
+}
+
+impl SharedStore {
+    /// An empty store on the true clock.
+    pub fn new(truth: Arc<TrueClock>) -> SharedStore {
+        SharedStore {
+            inner: MemoryStore::new(),
+            truth,
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.truth.now_ms()
+    }
+}
+
+#[async_trait]
+impl StoreWrapper for SharedStore {
+    type Inner = MemoryStore;
+
+    fn wrapped(&self) -> &MemoryStore {
+        &self.inner
+    }
+
+    fn clock(_this: &Self) -> StoreClock {
+        StoreClock::Own
+    }
+
+    async fn now_ms(this: &Self, _caller_now_ms: u64) -> Result<u64, StoreError> {
+        Ok(this.now())
+    }
+
+    async fn claim(this: &Self, mut claim: Claim) -> Result<Claimed, StoreError> {
+        claim.now_ms = this.now();
+        this.inner.claim(claim).await
+    }
+
+    async fn take_over(
+        this: &Self,
+        key: &Key,
+        expected: Fence,
+        lease_ms: u64,
+        _now_ms: u64,
+    ) -> Result<Claimed, StoreError> {
+        this.inner
+            .take_over(key, expected, lease_ms, this.now())
+            .await
+    }
+
+    async fn extend_lease(
+        this: &Self,
+        key: &Key,
+        fence: Fence,
+        lease_ms: u64,
+        _now_ms: u64,
+    ) -> Result<(), StoreError> {
+        this.inner
+            .extend_lease(key, fence, lease_ms, this.now())
+            .await
+    }
+
+    async fn complete(
+        this: &Self,
+        key: &Key,
+        fence: Fence,
+        completion: Completion,
+        _now_ms: u64,
+    ) -> Result<Transition, StoreError> {
+        this.inner
+            .complete(key, fence, completion, this.now())
+            .await
+    }
+
+    async fn mark_unknown(
+        this: &Self,
+        key: &Key,
+        fence: Fence,
+        _now_ms: u64,
+    ) -> Result<Transition, StoreError> {
+        this.inner.mark_unknown(key, fence, this.now()).await
+    }
+
+    async fn get(this: &Self, key: &Key, _now_ms: u64) -> Result<Option<Receipt>, StoreError> {
+        this.inner.get(key, this.now()).await
+    }
+
+    async fn wait_settled(
+        this: &Self,
+        key: &Key,
+        timeout: Duration,
+        _now_ms: u64,
+    ) -> Result<Option<Receipt>, StoreError> {
+        this.inner.wait_settled(key, timeout, this.now()).await
+    }
+
+    async fn take_due_compensations(
+        this: &Self,
+        _now_ms: u64,
+        limit: usize,
+        lease_ms: u64,
+    ) -> Result<Vec<CompensationEntry>, StoreError> {
+        this.inner
+            .take_due_compensations(this.now(), limit, lease_ms)
+            .await
+    }
+
+    async fn reschedule_compensation(
+        this: &Self,
+        call_id: &samekey::CallId,
+        fence: Fence,
+        round: u32,
+        delay_ms: u64,
+        _now_ms: u64,
+    ) -> Result<(), StoreError> {
+        this.inner
+            .reschedule_compensation(call_id, fence, round, delay_ms, this.now())
+            .await
+    }
+
+    async fn escalate_compensation(
+        this: &Self,
+        call_id: &samekey::CallId,
+        fence: Fence,
+        _now_ms: u64,
+    ) -> Result<(), StoreError> {
+        this.inner
+            .escalate_compensation(call_id, fence, this.now())
+            .await
+    }
+
+    async fn append_journal(
+        this: &Self,
+        key: &Key,
+        events: &[Event],
+        keep_ms: u64,
+        _now_ms: u64,
+    ) -> Result<(), StoreError> {
+        this.inner
+            .append_journal(key, events, keep_ms, this.now())
+            .await
+    }
+
+    async fn journal(this: &Self, key: &Key, _now_ms: u64) -> Result<Vec<Event>, StoreError> {
+        this.inner.journal(key, this.now()).await
+    }
+
+    async fn journal_of_call(
+        this: &Self,
+        call_id: &samekey::CallId,
+        _now_ms: u64,
+    ) -> Result<Vec<Event>, StoreError> {
+        this.inner.journal_of_call(call_id, this.now()).await
+    }
+
+    async fn list_receipts(
+        this: &Self,
+        query: &ReceiptQuery,
+        _now_ms: u64,
+    ) -> Result<ReceiptPage, StoreError> {
+        this.inner.list_receipts(query, this.now()).await
+    }
+
+    async fn list_orphans(
+        this: &Self,
+        _now_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<Receipt>, StoreError> {
+        this.inner.list_orphans(this.now(), limit).await
+    }
+
+    async fn count_expired(this: &Self, _now_ms: u64) -> Result<usize, StoreError> {
+        this.inner.count_expired(this.now()).await
+    }
+
+    async fn purge_expired(this: &Self, _now_ms: u64) -> Result<usize, StoreError> {
+        this.inner.purge_expired(this.now()).await
+    }
+}
+
+/// One incarnation of a node: alive until it crashes, paused for a while now and then. Everything the
+/// node sends (store operations, requests, publishes) goes through [`Life::io`], and every answer
+/// through [`Life::answered`].
+pub struct Life {
+    /// The node's name and incarnation (`node2#1`).
+    pub name: String,
+    dead: AtomicBool,
+    paused_until: Mutex<Option<Instant>>,
+}
+
+impl Life {
+    /// A live incarnation.
+    pub fn new(name: String) -> Life {
+        Life {
+            name,
+            dead: AtomicBool::new(false),
+            paused_until: Mutex::new(None),
+        }
+    }
+
+    /// Kills it: nothing it sends from now on leaves, no answer reaches it.
+    pub fn kill(&self) {
+        self.dead.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether it was killed.
+    pub fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::SeqCst)
+    }
+
+    /// Pauses it until `until` (a GC pause, a SIGSTOP, a VM migration): what it sends waits.
+    pub fn pause_until(&self, until: Instant) {
+        *self.paused_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(until);
+    }
+
+    fn paused_until(&self) -> Option<Instant> {
+        *self.paused_until.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Before the node sends anything: waits while it is paused; never returns once it is dead.
+    pub async fn io(&self) {
+        while let Some(until) = self.paused_until().filter(|t| *t > Instant::now()) {
+            tokio::time::sleep_until(until).await;
+        }
+        self.answered().await;
+    }
+
+    /// Before an answer reaches the node: never returns once it is dead.
+    pub async fn answered(&self) {
+        if self.is_dead() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// The store operations a fault may hit (the lease renewal is left alone: a stall or a crash ends
+/// renewals well enough, and its draws would depend on tokio's unseeded `select!` order).
+const FAULTED: &[&str] = &[
+    "claim",
+    "take_over",
+    "complete",
+    "mark_unknown",
+    "release",
+    "get",
+    "get_by_call_id",
+    "wait_settled",
+    "enqueue_compensation",
+    "take_due_compensations",
+    "reschedule_compensation",
+    "finish_compensation",
+    "escalate_compensation",
+    "append_journal",
+];
+
+/// One node's connection to the [`SharedStore`], with the faults of a network and a server between.
+pub struct NodeStore {
+    shared: Arc<SharedStore>,
+    life: Arc<Life>,
+    world: Arc<Shared>,
+}
+
+impl NodeStore {
+    /// The connection of the node incarnation `life`.
+    pub fn new(shared: Arc<SharedStore>, life: Arc<Life>, world: Arc<Shared>) -> NodeStore {
+        NodeStore {
+            shared,
+            life,
+            world,
+        }
+    }
+}
+
+#[async_trait]
+impl StoreWrapper for NodeStore {
+    type Inner = SharedStore;
+
+    fn wrapped(&self) -> &SharedStore {
+        &self.shared
+    }
+
+    fn clock(_this: &Self) -> StoreClock {
+        StoreClock::Own
+    }
+
+    fn around<'a, T: Send + 'a>(
+        &'a self,
+        op: &'static str,
+        call: StoreFuture<'a, T>,
+    ) -> StoreFuture<'a, T> {
+        Box::pin(async move {
+            self.life.io().await;
+            let faulted = FAULTED.contains(&op);
+            if faulted {
+                self.world.draws.shuffle().await;
+            }
+            let draws = &self.world.draws;
+            // The compensation queue's operations are the worker's surface; the rest, the store's.
+            let surface = if op.contains("compensation") {
+                Surface::Compensation
+            } else {
+                Surface::Store
+            };
+            let fault = if faulted && draws.fault(3) {
+                draws.keep(
+                    Some(match draws.below(3) {
+                        0 => Fault::StoreFailBefore,
+                        1 => Fault::StoreFailAfter,
+                        _ => Fault::StoreSlow,
+                    }),
+                    surface,
+                )
+            } else {
+                None
+            };
+            let answer = match fault {
+                None => call.await,
+                Some(fault) => {
+                    self.world.cover(fault, surface);
+                    self.world
+                        .history
+                        .log(&self.life.name, None, format!("store {op}: {fault:?}"));
+                    match fault {
+                        Fault::StoreFailBefore => Err(StoreError::Unavailable(format!(
+                            "sim: {op} never reached the store"
+                        ))),
+                        Fault::StoreFailAfter => {
+                            let _applied = call.await;
+                            Err(StoreError::Unavailable(format!(
+                                "sim: {op} applied, its answer lost"
+                            )))
+                        }
+                        _ => {
+                            tokio::time::sleep(draws.ms(200, 3_000)).await;
+                            call.await
+                        }
+                    }
+                }
+            };
+            self.life.answered().await;
+            answer
+        })
+    }
+}
