@@ -10,6 +10,7 @@ use std::sync::Arc;
 use samekey::{idempotent, Classify, ErrorClass, Runtime};
 use serde::{Deserialize, Serialize, Serializer};
 
+use crate::gateway::Gateway;
 use crate::store::Life;
 use crate::world::World;
 
@@ -191,14 +192,7 @@ impl Payments {
     )]
     async fn pay(&self, order: &str, amount: u64) -> Result<Charged, PayError> {
         let _ = amount;
-        let call = samekey::current();
-        let charged = self
-            .world
-            .gw_every
-            .charge(&self.life, call.call_id(), call.trace_id(), order)
-            .await?;
-        charged.trap.spring(TrapOn::Body);
-        Ok(charged)
+        self.charge(&self.world.gw_every, order).await
     }
 
     #[idempotent(
@@ -212,14 +206,7 @@ impl Payments {
     )]
     async fn pay_hold(&self, order: &str, amount: u64) -> Result<Charged, PayError> {
         let _ = amount;
-        let call = samekey::current();
-        let charged = self
-            .world
-            .gw_every
-            .charge(&self.life, call.call_id(), call.trace_id(), order)
-            .await?;
-        charged.trap.spring(TrapOn::Body);
-        Ok(charged)
+        self.charge(&self.world.gw_every, order).await
     }
 
     #[idempotent(
@@ -233,10 +220,14 @@ impl Payments {
     )]
     async fn pay_rerun(&self, order: &str, amount: u64) -> Result<Charged, PayError> {
         let _ = amount;
+        self.charge(&self.world.gw_dedup, order).await
+    }
+
+    /// What each charging function's body does: sends the charge under the call's callId and trace,
+    /// then lets a panic armed in the reply go off (user code failing after the effect).
+    async fn charge(&self, gateway: &Arc<Gateway>, order: &str) -> Result<Charged, PayError> {
         let call = samekey::current();
-        let charged = self
-            .world
-            .gw_dedup
+        let charged = gateway
             .charge(&self.life, call.call_id(), call.trace_id(), order)
             .await?;
         charged.trap.spring(TrapOn::Body);
