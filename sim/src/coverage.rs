@@ -61,11 +61,20 @@ pub enum Fault {
     Redeployed,
     /// A duplicate sent while the first call runs.
     ConcurrentDuplicate,
+    /// A composition drawn per run: both consumer scopes' handlers call one downstream service that
+    /// deduplicates by callId (a notifications API), instead of one each.
+    OneDownstream,
+    /// A composition drawn per run: a second consumer scope of the same messages.
+    SecondScope,
+    /// A handler that charged answers `303 See Other` (POST-redirect-GET).
+    AnsweredRedirect,
+    /// A handler that charged answers `502` (a later step failed upstream).
+    Answered5xx,
 }
 
 impl Fault {
     /// Every fault, for `--without` and the coverage line.
-    pub const ALL: [Fault; 27] = [
+    pub const ALL: [Fault; 31] = [
         Fault::RequestLost,
         Fault::ReplyLost,
         Fault::ReplyLate,
@@ -93,6 +102,10 @@ impl Fault {
         Fault::Returned,
         Fault::Redeployed,
         Fault::ConcurrentDuplicate,
+        Fault::OneDownstream,
+        Fault::SecondScope,
+        Fault::AnsweredRedirect,
+        Fault::Answered5xx,
     ];
 }
 
@@ -134,11 +147,13 @@ pub enum Surface {
     Broker,
     /// A consumer's inbox and handler.
     Inbox,
+    /// The HTTP API behind the Idempotency-Key layer, and its client.
+    Http,
 }
 
 impl Surface {
     /// Every surface.
-    pub const ALL: [Surface; 10] = [
+    pub const ALL: [Surface; 11] = [
         Surface::Call,
         Surface::Lookup,
         Surface::Nested,
@@ -149,6 +164,7 @@ impl Surface {
         Surface::Publish,
         Surface::Broker,
         Surface::Inbox,
+        Surface::Http,
     ];
 }
 

@@ -180,3 +180,32 @@ pub async fn customer(
     }
     told
 }
+
+/// One shop: has its order's events staged (retrying as a customer does), and returns what each try
+/// was told — the events themselves are checked at the consumers.
+pub async fn producer(world: Arc<World>, order: String, start: Duration) -> Vec<Told> {
+    let shared = Arc::clone(&world.shared);
+    tokio::time::sleep(start).await;
+    for attempt in 1..=TRIES {
+        let node = shared.draws.below(world.nodes.len() as u64) as usize;
+        let owned = order.clone();
+        let served = tokio::time::timeout(
+            PATIENCE,
+            world.nodes[node].serve(&order, move |p| async move {
+                p.stage_events(&owned, 100).await.map_err(|e| e.quiet())
+            }),
+        )
+        .await;
+        let done = matches!(served, Ok(Served::Answered(Ok(_))));
+        shared.history.log(
+            format!("shop→n{node}"),
+            Some(&order),
+            format!("stage events: {served:?}"),
+        );
+        if done {
+            break;
+        }
+        tokio::time::sleep(shared.draws.ms(500, 15_000 * u64::from(attempt))).await;
+    }
+    Vec::new()
+}

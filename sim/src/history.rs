@@ -68,7 +68,7 @@ impl History {
 
     /// `text` with every callId in it written short: the random part of a callId differs from run to
     /// run, its order of appearance does not.
-    fn shorten(&self, text: &str) -> String {
+    pub fn shorten(&self, text: &str) -> String {
         let id_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
         let mut out = String::with_capacity(text.len());
         let mut rest = text;

@@ -22,7 +22,8 @@ use samekey::{Receipt, ReceiptState};
 
 use crate::customers::{Answer, Told};
 use crate::gateway::Effect;
-use crate::payments::{SCOPE_CHECKOUT, SCOPE_PAY, SCOPE_PAY_HOLD, SCOPE_PAY_RERUN};
+use crate::messaging::{keys_of, DeadLetter, Staged, Work};
+use crate::payments::{SCOPE_CHECKOUT, SCOPE_PAY, SCOPE_PAY_API, SCOPE_PAY_HOLD, SCOPE_PAY_RERUN};
 
 /// An invariant a history broke.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,9 +67,25 @@ pub struct Facts {
     pub settle_hung: bool,
     /// The final compensation pass failed.
     pub settle_failed: Option<String>,
+    /// Every message staged in the outbox.
+    pub staged: Vec<Staged>,
+    /// Every piece of work the consumers' downstream service performed.
+    pub work: Vec<Work>,
+    /// Every dead letter.
+    pub dead_letters: Vec<DeadLetter>,
+    /// Messages still in the broker at the end.
+    pub undelivered: usize,
+    /// The consumer scopes of the run.
+    pub scopes: Vec<&'static str>,
 }
 
-const CHARGING_SCOPES: [&str; 4] = [SCOPE_PAY, SCOPE_PAY_HOLD, SCOPE_PAY_RERUN, SCOPE_CHECKOUT];
+const CHARGING_SCOPES: [&str; 5] = [
+    SCOPE_PAY,
+    SCOPE_PAY_HOLD,
+    SCOPE_PAY_RERUN,
+    SCOPE_CHECKOUT,
+    SCOPE_PAY_API,
+];
 
 /// Checks every invariant; an empty list when the history kept the promise.
 pub fn check(f: &Facts, short: &dyn Fn(&str) -> String) -> Vec<Violation> {
@@ -210,7 +227,9 @@ pub fn check(f: &Facts, short: &dyn Fn(&str) -> String) -> Vec<Violation> {
     };
     let mut receipts: BTreeMap<&str, &Receipt> = BTreeMap::new();
     for r in &f.receipts {
-        receipts.insert(r.call_id.as_str(), r);
+        if CHARGING_SCOPES.contains(&r.key.scope()) {
+            receipts.insert(r.call_id.as_str(), r);
+        }
         let call = r.call_id.as_str();
         match r.state {
             ReceiptState::Processing | ReceiptState::Received if !manual(call) => {
@@ -273,7 +292,10 @@ pub fn check(f: &Facts, short: &dyn Fn(&str) -> String) -> Vec<Violation> {
                     .and_then(|v| v.get("no").and_then(serde_json::Value::as_u64));
                 no == Some(e.no)
             }
-            Some(r) if r.state == ReceiptState::Unknown => manual(e.call_id.as_str()),
+            // Uncertain, and in a person's hands: on record as what it is.
+            Some(r) if matches!(r.state, ReceiptState::Unknown | ReceiptState::Processing) => {
+                manual(e.call_id.as_str())
+            }
             _ => false,
         };
         if !traced {
@@ -291,6 +313,83 @@ pub fn check(f: &Facts, short: &dyn Fn(&str) -> String) -> Vec<Violation> {
                 ),
             );
         }
+    }
+    // Messages: each staged one published, worked once by each consumer scope, none dead-lettered.
+    for staged in &f.staged {
+        let (order, kind) = (
+            &staged.envelope.payload.order,
+            &staged.envelope.payload.kind,
+        );
+        if !staged.sent {
+            v(
+                4,
+                Some(order),
+                format!(
+                    "the {kind} event ({}) was staged and never published",
+                    staged.message.id
+                ),
+            );
+        }
+        for &scope in &f.scopes {
+            let worked: Vec<&Work> = f
+                .work
+                .iter()
+                .filter(|w| w.scope == scope && &w.order == order && &w.kind == kind)
+                .collect();
+            if worked.len() > 1 {
+                let calls: Vec<String> = worked.iter().map(|w| short(&w.call_id)).collect();
+                v(
+                    1,
+                    Some(order),
+                    format!(
+                        "the {kind} event was worked {} times by {scope}, under {}",
+                        worked.len(),
+                        calls.join(", ")
+                    ),
+                );
+            }
+            if worked.is_empty() {
+                let keys = keys_of(scope, staged);
+                let held = f.receipts.iter().any(|r| {
+                    keys.iter().any(|k| k.digest() == r.key.digest()) && manual(r.call_id.as_str())
+                });
+                if !held {
+                    let beside = f
+                        .work
+                        .iter()
+                        .find(|w| w.scope != scope && &w.order == order && &w.kind == kind)
+                        .map(|w| format!(" ({} worked it under {}; the downstream service saw that callId already)", w.scope, short(&w.call_id)))
+                        .unwrap_or_default();
+                    v(
+                        4,
+                        Some(order),
+                        format!("the {kind} event was never worked by {scope}{beside}"),
+                    );
+                }
+            }
+        }
+    }
+    for dead in &f.dead_letters {
+        let subject = dead.event.as_ref().map(|e| e.0.as_str());
+        let kind = dead.event.as_ref().map(|e| e.1.as_str()).unwrap_or("?");
+        v(
+            4,
+            subject,
+            format!(
+                "the {kind} event was dead-lettered by {}: {}",
+                dead.queue, dead.reason
+            ),
+        );
+    }
+    if f.undelivered > 0 {
+        v(
+            6,
+            None,
+            format!(
+                "{} deliveries still in the broker after faults stopped",
+                f.undelivered
+            ),
+        );
     }
     // 6. Nothing hangs.
     for t in &f.told {

@@ -54,6 +54,17 @@
 //! * **The compensation worker** with the reversal (releasing the order's stock through an
 //!   `AtMostOnce` operation), the re-run under the call's callId, and the escalation hook.
 //! * **Customers** ([`customers`]): one per order, retrying as people do, with duplicates at once.
+//! * **An HTTP API** ([`api`]): each node also serves a payments API behind samekey-http's
+//!   `CallContextLayer` and `IdempotencyLayer` (tower services called in-process, on a store of the
+//!   API's own), whose handler charges the gateway itself and answers 201, or 303 to the charge, or
+//!   502 when a later step failed; customers call it through an `#[idempotent]` function whose client
+//!   is reqwest with samekey-http's `CallHeaders` middleware, the request ending in the simulation's
+//!   network instead of a socket.
+//! * **Messaging** ([`messaging`]): shops staging two events per order through an outbox (the
+//!   staging is itself `#[idempotent]`), a relay publishing them with `Confirms`, a RabbitMQ-like
+//!   broker routing each to a `shipping` queue and (drawn per run) an `email` queue, consumers on
+//!   every node running an `Inbox` per queue, whose handlers call a downstream service that
+//!   deduplicates by callId (one per scope, or — drawn per run — one shared).
 //!
 //! # The faults (drawn while the fault window is open)
 //!
@@ -62,20 +73,31 @@
 //! a node crashed at any `.await` (its drop guards' writes never arrive) and restarted; a node paused
 //! past its lease and resumed; clocks skewed; panics in user code — the body after its effect, the
 //! value's `Serialize`, the error's `Classify` and `Display`; callbacks repeated and late; duplicates
-//! at once. [`coverage::Coverage`] counts which fault hit which surface.
+//! at once. For messages: confirms lost (the relay republishes under the same id), publishes returned
+//! or refused, acks lost (redelivery), deliveries duplicated or reordered, the deliveries of a dead
+//! consumer given back, bodies re-serialised (the bare payload; the envelope without its callId or its
+//! seq), headers rewritten (a middleware's own trace header; nothing left but the message id), a
+//! consumer redeployed with a newer payload type, handlers that panic after their work, a downstream
+//! service that fails or loses its reply. Two compositions are drawn per run the same way: a second
+//! consumer scope, and one downstream service shared by both scopes. [`coverage::Coverage`] counts
+//! which fault hit which surface.
 //!
 //! # The invariants
 //!
-//! See [`invariants`]: at most one effect per key; nobody told failed or "nothing ran" for what ran,
-//! nor succeeded for what did not; duplicates get the first outcome; nothing lost once faults stop
-//! and the worker ran; one callId per call, each effect on record under it; nothing hangs.
+//! See [`invariants`]: at most one effect per key (and each message worked at most once per consumer
+//! scope); nobody told failed or "nothing ran" for what ran, nor succeeded for what did not;
+//! duplicates get the first outcome; nothing lost once faults stop and the worker ran (every staged
+//! message published and worked once by every scope, none dead-lettered); one callId per call, each
+//! effect on record under it; nothing hangs.
 
+pub mod api;
 pub mod clock;
 pub mod coverage;
 pub mod customers;
 pub mod gateway;
 pub mod history;
 pub mod invariants;
+pub mod messaging;
 pub mod payments;
 pub mod rng;
 pub mod store;
@@ -89,7 +111,7 @@ use samekey::store::ReceiptQuery;
 use samekey::Store;
 
 use crate::coverage::{Coverage, Fault, Without};
-use crate::customers::customer;
+use crate::customers::{customer, producer};
 use crate::invariants::{check, Facts, Violation};
 use crate::payments::Op;
 use crate::rng::Draws;
@@ -156,6 +178,43 @@ pub const HELD_BACK: &[(&str, &str)] = &[
     (
         "StoreFailAfter@Compensation",
         "found by the simulation; with issue 38's escalation fixes",
+    ),
+    // Two consumer scopes of one message work under one callId: a downstream service that
+    // deduplicates by callId swallows the second scope's work, and when both go UNKNOWN only one is
+    // queued for compensation (the queue is keyed by callId), the other is lost.
+    (
+        "SecondScope",
+        "issue 40 (two consumers of one message share one work identity)",
+    ),
+    (
+        "OneDownstream",
+        "issue 40 (two consumers of one message share one work identity)",
+    ),
+    // A body re-serialised without its call_id is dead-lettered unread; without its seq, the second
+    // message of a call is read as the first and dead-lettered as another payload under its identity.
+    ("BodyRewritten", "issue 40, defects 4 and 5"),
+    // A trace header rewritten by a middleware, or only the broker's message id left: the message
+    // is keyed as a foreign one and worked twice.
+    ("HeadersRewritten", "issue 40, defects 1 and 2"),
+    // A consumer redeployed with one more optional field dead-letters a redelivery worked by the
+    // older consumer as "another payload under this identity": the fingerprint is taken of the
+    // payload as the consumer re-serialises it, not as it arrived.
+    ("Redeployed", "found by the simulation; with issue 40"),
+    // The HTTP Idempotency-Key layer gives the key back on a 3xx and on every 5xx: a handler that
+    // charged and answered 303 See Other, or 502 after its upstream call timed out or a later step
+    // failed, runs again on the client's retry under the same key, and charges again.
+    ("AnsweredRedirect", "issue 39 (a 3xx gives the key back)"),
+    (
+        "Answered5xx",
+        "issue 39 (a 5xx after a write gives the key back)",
+    ),
+    (
+        "ReplyLost@Http",
+        "issue 39 (a 502 after an upstream timeout gives the key back)",
+    ),
+    (
+        "ReplyLate@Http",
+        "issue 39 (a 502 after an upstream timeout gives the key back)",
     ),
 ];
 
@@ -233,6 +292,23 @@ async fn simulate(seed: u64, options: &Options) -> Report {
         ));
     }
 
+    // The shops: each stages an order's two events, at most once, through the outbox.
+    for n in 0..shared.draws.between(2, 6) {
+        let start = shared.draws.ms(0, 60_000);
+        customers.spawn(producer(Arc::clone(&world), format!("m{n}"), start));
+    }
+
+    // The broker gives a dead consumer's deliveries back to their queues.
+    let reaper = {
+        let messaging = Arc::clone(&world.messaging);
+        tokio::spawn(async move {
+            loop {
+                messaging.requeue_the_dead();
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    };
+
     // The chaos: crashes and pauses inside the fault window.
     let chaos = {
         let world = Arc::clone(&world);
@@ -250,11 +326,21 @@ async fn simulate(seed: u64, options: &Options) -> Report {
 
     // Faults have stopped: the auditor's worker settles what is left.
     let life = Arc::new(Life::new("auditor".into()));
-    let auditor = world.auditor(&life);
+    let auditor = world.auditor(&shared.store, &life);
     let worker = world.compensator(&auditor, &life);
+    // The API's own store has no operations to resolve: its uncertain calls go to a person.
+    let api_auditor = world.auditor(&shared.api_store, &life);
+    let api_worker = {
+        let shared = Arc::clone(&shared);
+        samekey::Compensator::new(&api_auditor)
+            .rounds(world::ROUNDS)
+            .on_escalate(move |entry| shared.escalate(entry.call_id.as_str()))
+    };
     let settled = tokio::time::timeout(SETTLE_BOUND, async {
         worker.sweep().await?;
-        worker.settle().await
+        worker.settle().await?;
+        api_worker.sweep().await?;
+        api_worker.settle().await
     })
     .await;
     let (settle_hung, settle_failed) = match settled {
@@ -262,35 +348,51 @@ async fn simulate(seed: u64, options: &Options) -> Report {
         Ok(Err(e)) => (false, Some(e.to_string())),
         Ok(Ok(_)) => (false, None),
     };
-    // Late callbacks and replies have arrived by now.
+    // Late callbacks and replies have arrived by now, and the consumers have drained the queues.
+    let drained = tokio::time::Instant::now() + Duration::from_secs(30 * 60);
+    while world.messaging.pending() > 0 && tokio::time::Instant::now() < drained {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
     tokio::time::sleep(Duration::from_secs(60)).await;
+    reaper.abort();
 
-    let store = &shared.store;
     let now = shared.truth.now_ms();
     let mut receipts = Vec::new();
-    let mut query = ReceiptQuery::created_between(0, u64::MAX);
-    loop {
-        let Ok(page) = store.list_receipts(&query, now).await else {
-            break;
-        };
-        receipts.extend(page.receipts);
-        match page.next {
-            Some(next) => query.after = Some(next),
-            None => break,
+    let mut entries = Vec::new();
+    for store in [&shared.store, &shared.api_store] {
+        let mut query = ReceiptQuery::created_between(0, u64::MAX);
+        loop {
+            let Ok(page) = store.list_receipts(&query, now).await else {
+                break;
+            };
+            receipts.extend(page.receipts);
+            match page.next {
+                Some(next) => query.after = Some(next),
+                None => break,
+            }
         }
+        entries.extend(store.list_compensations().await.unwrap_or_default());
     }
     let facts = Facts {
         told,
         effects: shared.effects(),
         releases: shared.releases(),
         receipts,
-        entries: store.list_compensations().await.unwrap_or_default(),
+        entries,
         escalated: shared.escalated(),
         inflight: world.nodes.iter().flat_map(|n| n.inflight()).collect(),
         settle_hung,
         settle_failed,
+        staged: world.messaging.staged(),
+        work: world.messaging.work(),
+        dead_letters: world.messaging.dead_letters(),
+        undelivered: world.messaging.pending(),
+        scopes: world.messaging.scopes(),
     };
-    let violations = check(&facts, &|id| shared.history.id(id));
+    let mut violations = check(&facts, &|id| shared.history.id(id));
+    for violation in &mut violations {
+        violation.what = shared.history.shorten(&violation.what);
+    }
     for violation in &violations {
         shared.history.log(
             "check",

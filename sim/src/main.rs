@@ -66,7 +66,7 @@ fn parse() -> Result<Args, String> {
             "--held-back" => args.options.without.extend(samekey_sim::held_back()),
             "--without" => {
                 let list = it.next().ok_or("--without takes a list of faults (PanicSerialize,Crash)")?;
-                args.options.without = faults(&list)?;
+                args.options.without.extend(faults(&list)?);
             }
             "--keep-going" => args.keep_going = true,
             "-h" | "--help" => {

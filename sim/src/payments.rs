@@ -143,11 +143,14 @@ pub enum Op {
     PayRerun,
     /// `checkout`: no timeout (its lease is renewed), calls `pay` nested.
     Checkout,
+    /// `pay_api`: `timeout`, `on_unknown = "rerun"`, through another node's HTTP API (the
+    /// Idempotency-Key layer), which charges the gateway that executes every request.
+    Api,
 }
 
 impl Op {
     /// Every function, in the order a seed picks from.
-    pub const ALL: [Op; 4] = [Op::Pay, Op::PayHold, Op::PayRerun, Op::Checkout];
+    pub const ALL: [Op; 5] = [Op::Pay, Op::PayHold, Op::PayRerun, Op::Checkout, Op::Api];
 }
 
 /// The scope of each function, as the compensation worker knows them.
@@ -158,11 +161,15 @@ pub const SCOPE_PAY_HOLD: &str = "sim.pay_hold";
 pub const SCOPE_PAY_RERUN: &str = "sim.pay_rerun";
 /// See [`SCOPE_PAY`].
 pub const SCOPE_CHECKOUT: &str = "sim.checkout";
+/// See [`SCOPE_PAY`].
+pub const SCOPE_PAY_API: &str = "sim.pay_api";
 
 /// One node incarnation's service.
 pub struct Payments {
     /// The node's runtime (its store connection, clock and name).
     pub rt: Runtime,
+    /// The runtime of the node's payments API, on the API's own store.
+    pub api_rt: Runtime,
     /// The node incarnation, for what it sends.
     pub life: Arc<Life>,
     /// The world it calls out into.
@@ -177,6 +184,7 @@ impl Payments {
             Op::PayHold => self.pay_hold(order, amount).await,
             Op::PayRerun => self.pay_rerun(order, amount).await,
             Op::Checkout => self.checkout(order, amount).await,
+            Op::Api => self.pay_api(order, amount).await,
         }
     }
 

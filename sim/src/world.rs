@@ -17,6 +17,7 @@ use crate::clock::{NodeClock, TrueClock};
 use crate::coverage::{Coverage, Fault, Surface};
 use crate::gateway::{Effect, Gateway, Stock};
 use crate::history::History;
+use crate::messaging::{consume, Messaging, OrderEvent, OrderEventV2};
 use crate::payments::{Op, PayError, Payments, SCOPE_PAY, SCOPE_PAY_HOLD, SCOPE_PAY_RERUN};
 use crate::rng::Draws;
 use crate::store::{Life, NodeStore, SharedStore};
@@ -45,8 +46,10 @@ pub struct Shared {
     pub history: History,
     /// The true time.
     pub truth: Arc<TrueClock>,
-    /// The one store.
+    /// The one store of the service.
     pub store: Arc<SharedStore>,
+    /// The store of the payments API, a service of its own (behind the Idempotency-Key layer).
+    pub api_store: Arc<SharedStore>,
     coverage: Mutex<Coverage>,
     effects: Mutex<Vec<Effect>>,
     releases: Mutex<Vec<(String, String)>>,
@@ -138,6 +141,7 @@ impl Shared {
             .get(order)
         {
             Some(Op::Checkout) => Surface::Nested,
+            Some(Op::Api) => Surface::Http,
             _ => Surface::Call,
         }
     }
@@ -260,6 +264,8 @@ pub struct World {
     pub gw_dedup: Arc<Gateway>,
     /// The stock service reversals release stock through.
     pub stock: Stock,
+    /// The outbox, the broker and the consumers' downstream service.
+    pub messaging: Arc<Messaging>,
 }
 
 /// The reversal's own operation: releasing an order's stock at most once.
@@ -272,6 +278,7 @@ impl World {
         let truth = Arc::new(TrueClock::new());
         let shared = Arc::new(Shared {
             store: Arc::new(SharedStore::new(Arc::clone(&truth))),
+            api_store: Arc::new(SharedStore::new(Arc::clone(&truth))),
             draws,
             history: History::new(),
             truth,
@@ -310,6 +317,7 @@ impl World {
             gw_every: Arc::new(Gateway::new("gw-every", false, Arc::clone(&shared))),
             gw_dedup: Arc::new(Gateway::new("gw-dedup", true, Arc::clone(&shared))),
             stock: Stock::new(Arc::clone(&shared)),
+            messaging: Arc::new(Messaging::new(Arc::clone(&shared))),
             nodes,
             shared,
         });
@@ -321,9 +329,15 @@ impl World {
     }
 
     /// A runtime for a node incarnation (or the auditor): its connection to the store, its clock.
-    fn runtime(&self, name: &str, life: &Arc<Life>, skew_ms: i64) -> Runtime {
+    fn runtime(
+        &self,
+        store: &Arc<SharedStore>,
+        name: &str,
+        life: &Arc<Life>,
+        skew_ms: i64,
+    ) -> Runtime {
         let store = NodeStore::new(
-            Arc::clone(&self.shared.store),
+            Arc::clone(store),
             Arc::clone(life),
             Arc::clone(&self.shared),
         );
@@ -350,9 +364,11 @@ impl World {
         let incarnation = n.incarnations.fetch_add(1, Ordering::Relaxed);
         let name = format!("node{node}#{incarnation}");
         let life = Arc::new(Life::new(name.clone()));
-        let rt = self.runtime(&name, &life, n.skew_ms);
+        let rt = self.runtime(&self.shared.store, &name, &life, n.skew_ms);
+        let api_rt = self.runtime(&self.shared.api_store, &name, &life, n.skew_ms);
         let payments = Arc::new(Payments {
             rt: rt.clone(),
+            api_rt,
             life: Arc::clone(&life),
             world: Arc::clone(self),
         });
@@ -363,6 +379,38 @@ impl World {
                 worker
                     .run(Duration::from_secs(5), std::future::pending())
                     .await;
+            });
+        }
+        // Consumers of both queues on every node; a restarted node may come back with a newer
+        // consumer, whose payload type has one more optional field.
+        let newer = incarnation > 0
+            && self.shared.draws.fault(30)
+            && self
+                .shared
+                .draws
+                .keep(Some(Fault::Redeployed), Surface::Inbox)
+                .is_some();
+        if newer {
+            self.shared.cover(Fault::Redeployed, Surface::Inbox);
+            self.shared
+                .history
+                .log(name.clone(), None, "redeployed with the newer consumer");
+        }
+        for queue in self.messaging.scopes() {
+            let (messaging, payments) = (Arc::clone(&self.messaging), Arc::clone(&payments));
+            if newer {
+                tasks.spawn(consume::<OrderEventV2>(messaging, payments, queue));
+            } else {
+                tasks.spawn(consume::<OrderEvent>(messaging, payments, queue));
+            }
+        }
+        if node == 1 % self.nodes.len() {
+            let (messaging, life) = (Arc::clone(&self.messaging), Arc::clone(&life));
+            tasks.spawn(async move {
+                loop {
+                    messaging.relay_once(&life).await;
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
             });
         }
         *n.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(Incarnation {
@@ -505,9 +553,9 @@ fn order_of(entry: &CompensationEntry) -> Result<String, PayError> {
 }
 
 impl World {
-    /// A runtime for the final pass, on a healthy connection of its own.
-    pub fn auditor(&self, life: &Arc<Life>) -> Runtime {
-        self.runtime("auditor", life, 0)
+    /// A runtime for the final pass on `store`, on a healthy connection of its own.
+    pub fn auditor(&self, store: &Arc<SharedStore>, life: &Arc<Life>) -> Runtime {
+        self.runtime(store, "auditor", life, 0)
     }
 
     /// Ends every incarnation (their tasks are dropped), breaking the world's reference cycles.

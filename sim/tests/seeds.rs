@@ -64,35 +64,125 @@ fn finds(seed: u64, without: &str, expected: &str) {
     )));
 }
 
-/// Issue 38, defect 1: `Display` panics after the gateway charged; the key is given back and the
-/// customer's next try charges again.
+/// The faults and compositions held back, as lists for `--without`, by the issue that fixes them.
+const PANICS: &str = "PanicBody,PanicSerialize,PanicClassify,PanicDisplay";
+const REVERSAL: &str = "ReplyLost@Compensation";
+const ESCALATION: &str = "StoreFailAfter@Compensation";
+const HTTP: &str = "AnsweredRedirect,Answered5xx,ReplyLost@Http,ReplyLate@Http";
+const MESSAGING: [&str; 5] = [
+    "SecondScope",
+    "OneDownstream",
+    "BodyRewritten",
+    "HeadersRewritten",
+    "Redeployed",
+];
+
+/// Every held-back fault but `kept`.
+fn all_held_back_but(kept: &[&str]) -> String {
+    let mut all: Vec<&str> = [PANICS, REVERSAL, ESCALATION, HTTP]
+        .iter()
+        .flat_map(|list| list.split(','))
+        .chain(MESSAGING)
+        .collect();
+    all.retain(|f| !kept.contains(f));
+    all.join(",")
+}
+
+/// Issue 38, defect 1: user code panics after the gateway charged (here a panic in the value's
+/// `Serialize`, or the error's `Classify`); the key is given back and a duplicate charges again.
 #[test]
 fn finds_a_panic_in_user_code_after_the_effect_freeing_the_key() {
     finds(
-        1,
+        0,
         "",
-        "invariant 1 [o7]: charged 2 times: #8 under c9, #12 under c13",
+        "invariant 1 [o5]: charged 2 times: #4 under c14, #9 under c19",
     );
 }
 
-/// Issue 38, defect 2: the reversal's release acted and its answer was lost; the call goes back to
-/// `UNKNOWN`, the customer's retry takes it over, hears "not received" and charges.
+/// Issue 39: the HTTP Idempotency-Key layer gives the key back on a `303 See Other` from a handler
+/// that charged (seed 91), on a `502` after the charge (seed 8), and on a `502` after the handler's
+/// upstream call timed out (seed 6): the client's retry under the same key charges again.
 #[test]
-fn finds_a_reversal_that_failed_taken_for_nothing_ran() {
+fn finds_an_http_answer_that_may_have_run_giving_the_key_back() {
     finds(
-        5449,
-        "PanicBody,PanicSerialize,PanicClassify,PanicDisplay",
-        "stock released (reversal c10) beside charge #7 under c6",
+        91,
+        &all_held_back_but(&["AnsweredRedirect"]),
+        "invariant 1 [o4]: charged 2 times: #3 under c8, #5 under c8",
+    );
+    finds(
+        8,
+        &all_held_back_but(&["Answered5xx"]),
+        "invariant 1 [o0]: charged 2 times: #5 under c13, #6 under c13",
+    );
+    finds(
+        6,
+        &all_held_back_but(&["ReplyLost@Http"]),
+        "invariant 1 [o11]: charged 2 times: #7 under c20, #8 under c20",
     );
 }
 
-/// Found by the simulation: the worker's escalation reached the store and its answer was lost; the
-/// entry is `MANUAL` and the escalation hook is never called, so no person hears of it.
+/// Issue 40: both consumer scopes work a message under one callId; a downstream service that
+/// deduplicates by callId answers the second scope with the first's work, which is never done —
+/// and when both go UNKNOWN, the compensation queue (keyed by callId) keeps only one of them.
 #[test]
-fn finds_an_escalation_that_never_reaches_the_hook() {
+fn finds_two_consumer_scopes_sharing_one_work_identity() {
     finds(
-        29017,
-        "PanicBody,PanicSerialize,PanicClassify,PanicDisplay,ReplyLost@Compensation",
-        "c6 is MANUAL but the escalation hook was never called",
+        0,
+        &all_held_back_but(&["SecondScope", "OneDownstream"]),
+        "invariant 4 [m0]: the placed event was never worked by shipping (email worked it under c3; the downstream service saw that callId already)",
+    );
+    finds(
+        0,
+        &all_held_back_but(&["SecondScope"]),
+        "invariant 4: c11 (shipping) UNKNOWN with no one to settle it",
+    );
+}
+
+/// Issue 40, defect 5: the seed's incident — a body re-serialised without its `call_id`, the
+/// headers intact — is dead-lettered unworked.
+#[test]
+fn finds_a_message_whose_body_lost_its_call_id_dead_lettered_unworked() {
+    finds(
+        3,
+        &all_held_back_but(&["BodyRewritten"]),
+        "invariant 4 [m0]: the paid event was dead-lettered by shipping: the body is neither a samekey envelope nor the handler's payload",
+    );
+}
+
+/// Issue 40, defect 4: a second message whose body lost its `seq` is read as the first, and
+/// dead-lettered as another payload under that identity.
+#[test]
+fn finds_a_message_whose_body_lost_its_seq_read_as_another() {
+    finds(
+        0,
+        &all_held_back_but(&["BodyRewritten"]),
+        "invariant 4 [m2]: the paid event was dead-lettered by shipping: samekey: idempotency key reused",
+    );
+}
+
+/// Issue 40, defects 1 and 2: a copy whose trace header a middleware rewrote (seed 4), or that kept
+/// nothing but the broker's message id (seed 13), is keyed as a foreign message and worked again.
+#[test]
+fn finds_a_message_whose_headers_were_rewritten_worked_twice() {
+    finds(
+        4,
+        &all_held_back_but(&["HeadersRewritten"]),
+        "invariant 1 [m1]: the placed event was worked 2 times by shipping, under c15, c21",
+    );
+    finds(
+        13,
+        &all_held_back_but(&["HeadersRewritten"]),
+        "invariant 1 [m3]: the placed event was worked 2 times by shipping, under c24, c26",
+    );
+}
+
+/// Found by the simulation: a consumer redeployed with one more optional field in its payload type
+/// dead-letters a redelivery the older consumer worked, as "another payload under this identity".
+#[test]
+fn finds_a_newer_consumer_dead_lettering_a_redelivery() {
+    finds(
+        0,
+        &all_held_back_but(&["Redeployed"]),
+        "invariant 4 [m1]: the placed event was dead-lettered by shipping: samekey: idempotency key reused",
     );
 }

@@ -1,0 +1,327 @@
+//! The HTTP wire, in-process: each node serves a payments API behind samekey-http's
+//! `CallContextLayer` and `IdempotencyLayer` (tower, called directly — no socket), whose handler
+//! charges the gateway itself, relying on the layer for idempotency; customers call it through an
+//! `#[idempotent]` function whose client is reqwest with samekey-http's `CallHeaders` middleware,
+//! the request ending in the simulation's network ([`InProcess`]) instead of a socket.
+//!
+//! The handler answers as real handlers do: `201 Created` with the charge; sometimes `303 See Other`
+//! to the charge it created (POST-redirect-GET); sometimes `502 Bad Gateway` after the charge, when
+//! a step after it failed upstream. Between client and server the network loses requests and
+//! replies, or delivers replies late.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
+use samekey::{idempotent, ErrorClass};
+use samekey_http::{classify_status, CallContextLayer, CallHeaders, IdempotencyLayer, RequestIds};
+use serde::{Deserialize, Serialize};
+use tower::{ServiceBuilder, ServiceExt};
+
+use crate::coverage::{Fault, Surface};
+use crate::payments::{Charged, PayError, Payments};
+use crate::store::Life;
+use crate::world::{Served, World};
+
+/// How long the API's handler waits for the gateway.
+pub const UPSTREAM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What the API takes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct PayRequest {
+    order: String,
+    amount: u64,
+}
+
+/// What the API answers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct PayResponse {
+    no: u64,
+}
+
+fn respond(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+}
+
+impl Payments {
+    /// Serves one request of the payments API through the layers.
+    pub async fn serve_http(
+        self: Arc<Self>,
+        request: Request<Full<Bytes>>,
+    ) -> Response<Full<Bytes>> {
+        let payments = Arc::clone(&self);
+        let handler = tower::service_fn(move |req: Request<Full<Bytes>>| {
+            let payments = Arc::clone(&payments);
+            async move { Ok::<_, Infallible>(payments.api(req).await) }
+        });
+        let service = ServiceBuilder::new()
+            .layer(CallContextLayer::new())
+            .layer(IdempotencyLayer::new().runtime(&self.api_rt))
+            .service(handler);
+        match service.oneshot(request).await {
+            Ok(response) => response,
+            Err(e) => respond(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("{e:?}").into_bytes(),
+            ),
+        }
+    }
+
+    /// The handler: charges the gateway under the request's callId, then answers.
+    async fn api(&self, req: Request<Full<Bytes>>) -> Response<Full<Bytes>> {
+        let (response, order) = self.handle(req).await;
+        self.world.shared.history.log(
+            format!("{}/api", self.life.name),
+            order.as_deref(),
+            format!("handler answers {}", response.status()),
+        );
+        response
+    }
+
+    async fn handle(&self, req: Request<Full<Bytes>>) -> (Response<Full<Bytes>>, Option<String>) {
+        let ids = req.extensions().get::<RequestIds>().cloned();
+        let body = match req.into_body().collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(e) => match e {},
+        };
+        let Ok(pay) = serde_json::from_slice::<PayRequest>(&body) else {
+            return (
+                respond(StatusCode::BAD_REQUEST, b"not a payment".to_vec()),
+                None,
+            );
+        };
+        let Some(call_id) = ids.as_ref().and_then(|i| i.call_id.clone()) else {
+            return (
+                respond(StatusCode::BAD_REQUEST, b"no X-Call-Id".to_vec()),
+                Some(pay.order),
+            );
+        };
+        let trace = ids.map(|i| i.trace_id).unwrap_or_default();
+        // The handler's own deadline on its upstream call, as any handler has.
+        let charged = tokio::time::timeout(
+            UPSTREAM_TIMEOUT,
+            self.world
+                .gw_every
+                .charge(&self.life, &call_id, trace, &pay.order),
+        )
+        .await
+        .unwrap_or(Err(PayError::TimedOut));
+        let shared = &self.world.shared;
+        let response = match charged {
+            Ok(c) => {
+                let body = serde_json::to_vec(&PayResponse { no: c.no }).unwrap_or_default();
+                let answer = if shared.draws.fault(15) {
+                    shared.draws.keep(
+                        Some(if shared.draws.chance(50) {
+                            Fault::AnsweredRedirect
+                        } else {
+                            Fault::Answered5xx
+                        }),
+                        Surface::Http,
+                    )
+                } else {
+                    None
+                };
+                if let Some(answer) = answer {
+                    shared.cover(answer, Surface::Http);
+                }
+                match answer {
+                    Some(Fault::AnsweredRedirect) => {
+                        let mut r = respond(StatusCode::SEE_OTHER, body);
+                        if let Ok(location) = format!("/payments/{}", c.no).parse() {
+                            r.headers_mut().insert(http::header::LOCATION, location);
+                        }
+                        r
+                    }
+                    Some(_) => respond(
+                        StatusCode::BAD_GATEWAY,
+                        b"the receipt service failed after the charge".to_vec(),
+                    ),
+                    None => respond(StatusCode::CREATED, body),
+                }
+            }
+            Err(PayError::Declined) => respond(StatusCode::PAYMENT_REQUIRED, b"declined".to_vec()),
+            Err(PayError::Refused(why)) => {
+                respond(StatusCode::UNPROCESSABLE_ENTITY, why.into_bytes())
+            }
+            Err(PayError::Unavailable) => respond(
+                StatusCode::SERVICE_UNAVAILABLE,
+                b"gateway unavailable".to_vec(),
+            ),
+            Err(_) => respond(
+                StatusCode::BAD_GATEWAY,
+                b"the gateway did not answer".to_vec(),
+            ),
+        };
+        (response, Some(pay.order))
+    }
+
+    /// The client side: pays through the API of another node, under this call's callId (the
+    /// middleware sends it as `X-Call-Id` and `Idempotency-Key`, the same on every attempt).
+    #[idempotent(
+        key = "order + \"pay\"",
+        scope = "sim.pay_api",
+        runtime = &self.rt,
+        timeout = "2s",
+        on_unknown = "rerun",
+        verify = "amount",
+        inputs = "order, amount"
+    )]
+    pub async fn pay_api(&self, order: &str, amount: u64) -> Result<Charged, PayError> {
+        let client = client(&self.world, &self.life);
+        let sent = client
+            .post("http://payments.sim/payments")
+            .body(
+                serde_json::to_vec(&PayRequest {
+                    order: order.to_owned(),
+                    amount,
+                })
+                .unwrap_or_default(),
+            )
+            .send()
+            .await;
+        let response = match sent {
+            Ok(r) => r,
+            // Nothing was sent to a node that was down; anything else may have been served.
+            Err(e) if e.to_string().contains("connection refused") => {
+                return Err(PayError::Unavailable)
+            }
+            Err(_) => return Err(PayError::TimedOut),
+        };
+        let status = response.status();
+        let class = classify_status(&http::Method::POST, status, response.headers());
+        let body = response.bytes().await.map_err(|_| PayError::TimedOut)?;
+        match class {
+            None => serde_json::from_slice::<PayResponse>(&body)
+                .map(|p| Charged {
+                    no: p.no,
+                    trap: Default::default(),
+                })
+                .map_err(|_| PayError::TimedOut),
+            Some(ErrorClass::Permanent) if status == StatusCode::PAYMENT_REQUIRED => {
+                Err(PayError::Declined)
+            }
+            Some(ErrorClass::Permanent) => Err(PayError::Refused(
+                String::from_utf8_lossy(&body).into_owned(),
+            )),
+            Some(ErrorClass::Rejected) => Err(PayError::Declined),
+            Some(ErrorClass::Retryable | ErrorClass::RateLimited { .. }) => {
+                Err(PayError::Unavailable)
+            }
+            Some(ErrorClass::Unknown) => Err(PayError::TimedOut),
+        }
+    }
+}
+
+/// The client of node `life`: reqwest with samekey-http's `CallHeaders`, ending in [`InProcess`].
+fn client(world: &Arc<World>, life: &Arc<Life>) -> ClientWithMiddleware {
+    ClientBuilder::new(reqwest::Client::new())
+        .with(CallHeaders::new())
+        .with(InProcess {
+            world: Arc::clone(world),
+            life: Arc::clone(life),
+        })
+        .build()
+}
+
+/// The last middleware: carries the request over the simulation's network to a node's API, and its
+/// response back, with the network's faults.
+pub struct InProcess {
+    world: Arc<World>,
+    life: Arc<Life>,
+}
+
+#[async_trait::async_trait]
+impl Middleware for InProcess {
+    async fn handle(
+        &self,
+        req: reqwest::Request,
+        _extensions: &mut http::Extensions,
+        _next: Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        let shared = &self.world.shared;
+        let mut builder = Request::builder()
+            .method(req.method().clone())
+            .uri(req.url().as_str());
+        for (name, value) in req.headers() {
+            builder = builder.header(name, value);
+        }
+        let body = req
+            .body()
+            .and_then(|b| b.as_bytes())
+            .map(Bytes::copy_from_slice)
+            .unwrap_or_default();
+        let Ok(request) = builder.body(Full::new(body)) else {
+            return Err(reqwest_middleware::Error::middleware(
+                std::io::Error::other("bad request"),
+            ));
+        };
+        self.life.io().await;
+        shared.draws.shuffle().await;
+        let fault = if shared.draws.fault(20) {
+            shared.draws.keep(
+                Some(match shared.draws.below(3) {
+                    0 => Fault::RequestLost,
+                    1 => Fault::ReplyLost,
+                    _ => Fault::ReplyLate,
+                }),
+                Surface::Http,
+            )
+        } else {
+            None
+        };
+        if let Some(fault) = fault {
+            shared.cover(fault, Surface::Http);
+        }
+        if fault == Some(Fault::RequestLost) {
+            return std::future::pending().await;
+        }
+        tokio::time::sleep(shared.draws.ms(5, 40)).await;
+        let node = shared.draws.below(self.world.nodes.len() as u64) as usize;
+        // The request is on the network: it is served even if the client gives up.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let world = Arc::clone(&self.world);
+        let back = if fault == Some(Fault::ReplyLate) {
+            shared.draws.ms(2_500, 15_000)
+        } else {
+            shared.draws.ms(5, 40)
+        };
+        tokio::spawn(async move {
+            let served = world.nodes[node]
+                .serve("http", move |p: Arc<Payments>| async move {
+                    let response = p.serve_http(request).await;
+                    let (parts, body) = response.into_parts();
+                    let bytes = body
+                        .collect()
+                        .await
+                        .map(|b| b.to_bytes())
+                        .unwrap_or_default();
+                    Response::from_parts(parts, bytes)
+                })
+                .await;
+            tokio::time::sleep(back).await;
+            if fault != Some(Fault::ReplyLost) {
+                let _ = tx.send(served);
+            }
+        });
+        let served = match rx.await {
+            Ok(served) => served,
+            Err(_) => std::future::pending().await,
+        };
+        self.life.answered().await;
+        match served {
+            Served::Answered(response) => Ok(reqwest::Response::from(response)),
+            Served::Refused => Err(reqwest_middleware::Error::middleware(
+                std::io::Error::other("connection refused"),
+            )),
+            Served::Lost => Err(reqwest_middleware::Error::middleware(
+                std::io::Error::other("connection reset"),
+            )),
+        }
+    }
+}
