@@ -37,7 +37,7 @@
 //! `cargo test -p samekey-sim` runs 300 seeds (`SAMEKEY_SIM_FROM`, `SAMEKEY_SIM_SEEDS` move and widen
 //! the range) with the held-back faults left out ([`HELD_BACK`]), replays the seeds of the defects
 //! found and not yet fixed, and checks determinism. For a soak: `cargo run --release -p samekey-sim --
-//! --seeds 100000 --held-back` (about 50 s); `--seed N` replays one seed and prints its history,
+//! --seeds 20000 --held-back` (about 3 minutes); `--seed N` replays one seed and prints its history,
 //! shortened, when it fails; `--without FAULT@SURFACE,…` looks past a known defect.
 //!
 //! # The world
@@ -162,19 +162,20 @@ impl Report {
 
 /// Faults held back because they find defects that are known and not yet fixed, each with where it is
 /// tracked: what CI runs without (`--held-back`), so that it fails only on what is new. The issue that
-/// fixes a defect removes its line and adds the seed that found it to `tests/regressions.rs`.
+/// fixes a defect removes its line and turns the `finds_…` test of `tests/seeds.rs` that replays its
+/// seed into a regression: the same seed and faults, now keeping the promise.
 pub const HELD_BACK: &[(&str, &str)] = &[
     // A panic in user code after the effect (the body, `Serialize`, `Classify`, `Display`) frees the
-    // key, and a duplicate charges again: seed 1 and most others.
+    // key, and a duplicate charges again (tests/seeds.rs has the seeds of every finding).
     ("PanicBody", "issue 38, defect 1"),
     ("PanicSerialize", "issue 38, defect 1"),
     ("PanicClassify", "issue 38, defect 1"),
     ("PanicDisplay", "issue 38, defect 1"),
     // A reversal whose answer was lost is taken for "nothing ran": a customer's retry takes the call
-    // over and charges beside the released stock (seed 5449).
+    // over and charges beside the released stock.
     ("ReplyLost@Compensation", "issue 38, defect 2"),
     // The worker escalates an entry and the store's answer is lost: the entry is MANUAL and the
-    // escalation hook is never called (seed 29017).
+    // escalation hook is never called.
     (
         "StoreFailAfter@Compensation",
         "found by the simulation; with issue 38's escalation fixes",

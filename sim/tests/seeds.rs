@@ -1,7 +1,7 @@
 //! The seeds the simulation runs in every `cargo test`: a range with every fault but the held-back
 //! ones, and the seeds that found the defects known and not yet fixed — which must go on finding them
-//! until the fix lands (then the seed moves to the regressions below, and its fault leaves
-//! `HELD_BACK`).
+//! until the fix lands (then its test becomes a regression — the same seed, keeping the promise — and
+//! its fault leaves `HELD_BACK`).
 
 use samekey_sim::{held_back, run_with, Options, Report};
 
@@ -44,8 +44,9 @@ fn a_range_of_seeds_keeps_the_promise() {
 
 /// The defects the simulation found on its own, on the code as it stands, each replayed as a person
 /// replays a seed (`samekey-sim --seed N --without …`, a process of its own) with a part of the
-/// violation it reports. Each of these tests fails once its defect is fixed: move the seed to the
-/// regressions, and its fault out of `HELD_BACK`.
+/// violation it reports. Each of these tests fails once its defect is fixed: turn it into a
+/// regression (the same seed and faults, asserting the promise kept), and its fault out of
+/// `HELD_BACK`.
 fn finds(seed: u64, without: &str, expected: &str) {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_samekey-sim"));
     command.args(["--seed", &seed.to_string()]);
@@ -56,8 +57,8 @@ fn finds(seed: u64, without: &str, expected: &str) {
     let printed = String::from_utf8_lossy(&out.stdout);
     assert!(
         printed.contains(expected),
-        "seed {seed} no longer finds {expected:?}: was the defect fixed? Then move it to the \
-         regressions. It printed:\n{printed}"
+        "seed {seed} no longer finds {expected:?}: was the defect fixed? Then make this test \
+         a regression. It printed:\n{printed}"
     );
     assert!(printed.contains(&format!(
         "replay: cargo run -p samekey-sim -- --seed {seed}"
@@ -96,6 +97,18 @@ fn finds_a_panic_in_user_code_after_the_effect_freeing_the_key() {
         0,
         "",
         "invariant 1 [o5]: charged 2 times: #4 under c14, #9 under c19",
+    );
+}
+
+/// Issue 38, defect 2: the reversal's release acted and its answer was lost; the call goes back to
+/// `UNKNOWN`, the customer's retry takes it over, hears "not received" and charges beside the
+/// released stock.
+#[test]
+fn finds_a_reversal_that_failed_taken_for_nothing_ran() {
+    finds(
+        23271,
+        &all_held_back_but(&["ReplyLost@Compensation"]),
+        "invariant 1 [o2]: stock released (reversal c15) beside charge #9 under c9",
     );
 }
 
