@@ -10,19 +10,20 @@
 //! replies, or delivers replies late.
 
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
-use samekey::{idempotent, ErrorClass};
+use samekey::{idempotent, Classify, ErrorClass};
 use samekey_http::{classify_status, CallContextLayer, CallHeaders, IdempotencyLayer, RequestIds};
 use serde::{Deserialize, Serialize};
+use tower::util::BoxCloneSyncService;
 use tower::{ServiceBuilder, ServiceExt};
 
 use crate::coverage::{Fault, Surface};
-use crate::payments::{Charged, PayError, Payments};
+use crate::payments::{Charged, PayError, Payments, TrapOn};
 use crate::store::Life;
 use crate::world::{Served, World};
 
@@ -48,28 +49,37 @@ fn respond(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
     response
 }
 
+/// A node's payments API: the handler behind the layers, as a tower service.
+pub type ApiService = BoxCloneSyncService<Request<Full<Bytes>>, Response<Full<Bytes>>, Infallible>;
+
+/// The API of the node whose service is `payments`: built once per node incarnation, as a server
+/// builds its router once (the layer keeps one operation per instance).
+pub fn api(payments: Weak<Payments>, rt: &samekey::Runtime) -> ApiService {
+    let handler = tower::service_fn(move |req: Request<Full<Bytes>>| {
+        let payments = payments.upgrade();
+        async move {
+            Ok::<_, Infallible>(match payments {
+                Some(payments) => payments.api(req).await,
+                None => respond(StatusCode::SERVICE_UNAVAILABLE, b"shutting down".to_vec()),
+            })
+        }
+    });
+    BoxCloneSyncService::new(
+        ServiceBuilder::new()
+            .layer(CallContextLayer::new())
+            .layer(IdempotencyLayer::new().runtime(rt))
+            .service(handler),
+    )
+}
+
 impl Payments {
     /// Serves one request of the payments API through the layers.
     pub async fn serve_http(
         self: Arc<Self>,
         request: Request<Full<Bytes>>,
     ) -> Response<Full<Bytes>> {
-        let payments = Arc::clone(&self);
-        let handler = tower::service_fn(move |req: Request<Full<Bytes>>| {
-            let payments = Arc::clone(&payments);
-            async move { Ok::<_, Infallible>(payments.api(req).await) }
-        });
-        let service = ServiceBuilder::new()
-            .layer(CallContextLayer::new())
-            .layer(IdempotencyLayer::new().runtime(&self.api_rt))
-            .service(handler);
-        match service.oneshot(request).await {
-            Ok(response) => response,
-            Err(e) => respond(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("{e:?}").into_bytes(),
-            ),
-        }
+        let Ok(response) = self.api.clone().oneshot(request).await;
+        response
     }
 
     /// The handler: charges the gateway under the request's callId, then answers.
@@ -114,6 +124,10 @@ impl Payments {
         let shared = &self.world.shared;
         let response = match charged {
             Ok(c) => {
+                // User code after the effect: a panic armed in the reply goes off here, in the
+                // handler (the layer answers 500 for a handler that panicked).
+                c.trap.spring(TrapOn::Body);
+                let _ = serde_json::to_vec(&c);
                 let body = serde_json::to_vec(&PayResponse { no: c.no }).unwrap_or_default();
                 let answer = if shared.draws.fault(15) {
                     shared.draws.keep(
@@ -153,10 +167,14 @@ impl Payments {
                 StatusCode::SERVICE_UNAVAILABLE,
                 b"gateway unavailable".to_vec(),
             ),
-            Err(_) => respond(
-                StatusCode::BAD_GATEWAY,
-                b"the gateway did not answer".to_vec(),
-            ),
+            Err(e) => {
+                // The handler logs what went wrong: the error's `Classify` and `Display` run.
+                let class = e.classify();
+                respond(
+                    StatusCode::BAD_GATEWAY,
+                    format!("upstream failed ({class:?}): {e}").into_bytes(),
+                )
+            }
         };
         (response, Some(pay.order))
     }
@@ -173,8 +191,8 @@ impl Payments {
         inputs = "order, amount"
     )]
     pub async fn pay_api(&self, order: &str, amount: u64) -> Result<Charged, PayError> {
-        let client = client(&self.world, &self.life);
-        let sent = client
+        let sent = self
+            .client
             .post("http://payments.sim/payments")
             .body(
                 serde_json::to_vec(&PayRequest {
@@ -210,16 +228,15 @@ impl Payments {
                 String::from_utf8_lossy(&body).into_owned(),
             )),
             Some(ErrorClass::Rejected) => Err(PayError::Declined),
-            Some(ErrorClass::Retryable | ErrorClass::RateLimited { .. }) => {
-                Err(PayError::Unavailable)
-            }
+            Some(ErrorClass::Retryable) => Err(PayError::Unavailable),
+            Some(ErrorClass::RateLimited { retry_after }) => Err(PayError::Later(retry_after)),
             Some(ErrorClass::Unknown) => Err(PayError::TimedOut),
         }
     }
 }
 
 /// The client of node `life`: reqwest with samekey-http's `CallHeaders`, ending in [`InProcess`].
-fn client(world: &Arc<World>, life: &Arc<Life>) -> ClientWithMiddleware {
+pub fn client(world: &Arc<World>, life: &Arc<Life>) -> ClientWithMiddleware {
     ClientBuilder::new(reqwest::Client::new())
         .with(CallHeaders::new())
         .with(InProcess {
@@ -270,13 +287,13 @@ impl Middleware for InProcess {
                     1 => Fault::ReplyLost,
                     _ => Fault::ReplyLate,
                 }),
-                Surface::Http,
+                Surface::Wire,
             )
         } else {
             None
         };
         if let Some(fault) = fault {
-            shared.cover(fault, Surface::Http);
+            shared.cover(fault, Surface::Wire);
         }
         if fault == Some(Fault::RequestLost) {
             return std::future::pending().await;

@@ -70,11 +70,15 @@ pub enum Fault {
     AnsweredRedirect,
     /// A handler that charged answers `502` (a later step failed upstream).
     Answered5xx,
+    /// A client that hangs up mid-call, and the server cancels the call's work.
+    HangUp,
+    /// A body re-serialised as the bare payload, its ids left in the headers (which must work).
+    BareBody,
 }
 
 impl Fault {
     /// Every fault, for `--without` and the coverage line.
-    pub const ALL: [Fault; 31] = [
+    pub const ALL: [Fault; 33] = [
         Fault::RequestLost,
         Fault::ReplyLost,
         Fault::ReplyLate,
@@ -106,6 +110,8 @@ impl Fault {
         Fault::SecondScope,
         Fault::AnsweredRedirect,
         Fault::Answered5xx,
+        Fault::HangUp,
+        Fault::BareBody,
     ];
 }
 
@@ -147,13 +153,15 @@ pub enum Surface {
     Broker,
     /// A consumer's inbox and handler.
     Inbox,
-    /// The HTTP API behind the Idempotency-Key layer, and its client.
+    /// The HTTP API behind the Idempotency-Key layer: its handler's upstream call.
     Http,
+    /// The network between the HTTP client and the API.
+    Wire,
 }
 
 impl Surface {
     /// Every surface.
-    pub const ALL: [Surface; 11] = [
+    pub const ALL: [Surface; 12] = [
         Surface::Call,
         Surface::Lookup,
         Surface::Nested,
@@ -165,6 +173,7 @@ impl Surface {
         Surface::Broker,
         Surface::Inbox,
         Surface::Http,
+        Surface::Wire,
     ];
 }
 

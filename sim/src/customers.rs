@@ -36,6 +36,8 @@ pub enum Answer {
     Refused,
     /// No answer within [`PATIENCE`].
     GaveUp,
+    /// The customer hung up early (the node cancelled the call's work).
+    HungUp,
 }
 
 /// One try of one customer.
@@ -81,9 +83,21 @@ async fn one_try(world: &Arc<World>, node: usize, order: &str, op: Op, amount: u
     let sent_ms = shared.history.now_ms();
     let after_faults = !shared.draws.faulty();
     let owned = order.to_owned();
+    // Most wait long; some hang up after a few seconds, and the node cancels the call's work.
+    let patience = if shared.draws.fault(15)
+        && shared
+            .draws
+            .keep(Some(Fault::HangUp), Surface::Call)
+            .is_some()
+    {
+        shared.cover(Fault::HangUp, Surface::Call);
+        shared.draws.ms(100, 4_000)
+    } else {
+        PATIENCE
+    };
     let served = tokio::time::timeout(
-        PATIENCE,
-        world.nodes[node].serve(order, move |p| async move {
+        patience,
+        world.nodes[node].serve_until_hang_up(order, move |p| async move {
             let (out, report) = observed(p.call(op, &owned, amount)).await;
             let refused = report.as_ref().map(|r| r.answer()) == Some(CallAnswer::Refused);
             (
@@ -95,6 +109,7 @@ async fn one_try(world: &Arc<World>, node: usize, order: &str, op: Op, amount: u
     )
     .await;
     let (answer, call_id, trace_id) = match served {
+        Err(_) if patience < PATIENCE => (Answer::HungUp, None, None),
         Err(_) => (Answer::GaveUp, None, None),
         Ok(Served::Refused) => (Answer::Refused, None, None),
         Ok(Served::Lost) => (Answer::Lost, None, None),
@@ -159,7 +174,14 @@ pub async fn customer(
                 one_try(&world, other, &order, op, amount).await
             }));
         }
-        let this = one_try(&world, node, &order, op, amount).await;
+        // Now and then a retry carries another amount (the basket changed in another tab): the key's
+        // `verify` refuses it, and nothing runs.
+        let sent = if shared.draws.chance(5) {
+            amount + 1
+        } else {
+            amount
+        };
+        let this = one_try(&world, node, &order, op, sent).await;
         let again = match &this.answer {
             Answer::Succeeded(_) | Answer::Failed(_) => false,
             Answer::NothingRan(_) => shared.draws.chance(40),

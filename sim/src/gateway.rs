@@ -28,7 +28,7 @@ use tokio::sync::oneshot;
 use crate::coverage::{Fault, Surface};
 use crate::payments::{Charged, PayError, Trap, TrapOn};
 use crate::store::Life;
-use crate::world::{Shared, World};
+use crate::world::{Served, Shared, World};
 
 /// A callId the gateway never saw, older than this by its clock, is refused.
 pub const REFUSE_AFTER: Duration = Duration::from_secs(30);
@@ -130,6 +130,7 @@ impl Gateway {
         from.io().await;
         let shared = &self.shared;
         shared.draws.shuffle().await;
+        shared.about(call_id.as_str(), order);
         let surface = shared.surface_of(order);
         let fault = self.draw_charge_fault(surface);
         let short = shared.history.id(call_id.as_str());
@@ -159,7 +160,10 @@ impl Gateway {
         let call = call_id.to_string();
         let trace = trace_id.to_string();
         let order_owned = order.to_owned();
+        // A request to the gateway that executes every request arrives as it leaves (a FIFO link):
+        // a lookup sent after it can never overtake it. See the module docs.
         let there = shared.draws.ms(5, 40);
+        let there = if self.dedup { there } else { Duration::ZERO };
         let back = match fault {
             Some(Fault::ReplyLate) => shared.draws.ms(2_500, 15_000),
             _ => shared.draws.ms(5, 40),
@@ -202,7 +206,10 @@ impl Gateway {
                 Some(Record::Charged(no)) => return Ok(charged(no, None)),
                 Some(Record::Declined) => return Err(PayError::Declined),
                 Some(Record::Refused) => return Err(PayError::Refused("refused".into())),
-                Some(Record::Processing) => return Err(PayError::Unavailable),
+                // A duplicate of a request still being processed: come back later.
+                Some(Record::Processing) => {
+                    return Err(PayError::Later(Some(Duration::from_secs(1))))
+                }
                 None => {}
             }
         }
@@ -312,7 +319,7 @@ impl Gateway {
             };
             shared.history.log(
                 self.name,
-                None,
+                shared.subject_of(call_id.as_str()).as_deref(),
                 format!(
                     "status {}: {said}{}",
                     shared.history.id(call_id.as_str()),
@@ -441,6 +448,12 @@ impl World {
                     })
                     .await;
                 let short = world.shared.history.id(&call);
+                if matches!(
+                    applied,
+                    Served::Answered(Ok(samekey::callback::Applied::Applied))
+                ) {
+                    world.shared.callback_applied(&call, &order);
+                }
                 world.shared.history.log(
                     format!("node{node}"),
                     Some(&order),

@@ -22,8 +22,9 @@ use samekey::{Receipt, ReceiptState};
 
 use crate::customers::{Answer, Told};
 use crate::gateway::Effect;
-use crate::messaging::{keys_of, DeadLetter, Staged, Work};
+use crate::messaging::{keys_of, DeadLetter, Staged, Work, RERUNS};
 use crate::payments::{SCOPE_CHECKOUT, SCOPE_PAY, SCOPE_PAY_API, SCOPE_PAY_HOLD, SCOPE_PAY_RERUN};
+use crate::world::Place;
 
 /// An invariant a history broke.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,12 +56,16 @@ pub struct Facts {
     pub effects: Vec<Effect>,
     /// What reversals released: (order, the reversal's callId).
     pub releases: Vec<(String, String)>,
-    /// Every receipt in the store at the end.
-    pub receipts: Vec<Receipt>,
-    /// Every compensation entry at the end.
-    pub entries: Vec<CompensationEntry>,
-    /// The callIds the escalation hook was called for.
-    pub escalated: BTreeSet<String>,
+    /// Every receipt at the end, and the store it is in.
+    pub receipts: Vec<(Place, Receipt)>,
+    /// Every compensation entry at the end, and the store it is in.
+    pub entries: Vec<(Place, CompensationEntry)>,
+    /// The callIds the escalation hook was called for, by store.
+    pub escalated: BTreeSet<(Place, String)>,
+    /// The order (or shop) each callId was about, for the violations that know only a callId.
+    pub subjects: BTreeMap<String, String>,
+    /// The callbacks a node applied (`Applied`, not `AlreadyApplied`): callId and order.
+    pub callbacks_applied: Vec<(String, String)>,
     /// Work still in flight on live nodes at the end.
     pub inflight: Vec<String>,
     /// The final compensation pass did not end within its bound.
@@ -112,6 +117,19 @@ pub fn check(f: &Facts, short: &dyn Fn(&str) -> String) -> Vec<Violation> {
                 1,
                 Some(order),
                 format!("charged {} times: {}", effects.len(), list.join(", ")),
+            );
+        }
+    }
+    let mut released: BTreeMap<&str, usize> = BTreeMap::new();
+    for (order, _) in &f.releases {
+        *released.entry(order.as_str()).or_default() += 1;
+    }
+    for (order, n) in &released {
+        if *n > 1 {
+            v(
+                1,
+                Some(order),
+                format!("the stock of the order was released {n} times"),
             );
         }
     }
@@ -193,80 +211,93 @@ pub fn check(f: &Facts, short: &dyn Fn(&str) -> String) -> Vec<Violation> {
             );
         }
     }
-    // 4 and 5: the store at the end.
-    let entries: BTreeMap<&str, &CompensationEntry> =
-        f.entries.iter().map(|e| (e.call_id.as_str(), e)).collect();
-    for e in &f.entries {
+    // 4 and 5: the stores at the end. Two stores (the service's and the API's) may hold the same
+    // callId (the API adopts its client's): every record is judged in its own store.
+    let of = |place: Place, call: &str| (place, call.to_owned());
+    let entries: BTreeMap<(Place, String), &CompensationEntry> = f
+        .entries
+        .iter()
+        .map(|(place, e)| (of(*place, e.call_id.as_str()), e))
+        .collect();
+    let subject = |call: &str| f.subjects.get(call).cloned();
+    for (place, e) in &f.entries {
+        let call = e.call_id.as_str();
         if e.state != CompensationState::Manual {
             v(
                 4,
-                None,
+                subject(call).as_deref(),
                 format!(
-                    "{} still queued ({:?}) after the worker settled: {}",
-                    short(e.call_id.as_str()),
+                    "{} ({place:?}) still queued ({:?}) after the worker settled: {}",
+                    short(call),
                     e.state,
                     e.reason
                 ),
             );
-        } else if !f.escalated.contains(e.call_id.as_str()) {
+        } else if !f.escalated.contains(&of(*place, call)) {
             v(
                 4,
-                None,
+                subject(call).as_deref(),
                 format!(
-                    "{} is MANUAL but the escalation hook was never called",
-                    short(e.call_id.as_str())
+                    "{} ({place:?}) is MANUAL but the escalation hook was never called",
+                    short(call)
                 ),
             );
         }
     }
-    let manual = |call: &str| {
+    let manual = |place: Place, call: &str| {
         entries
-            .get(call)
+            .get(&of(place, call))
             .is_some_and(|e| e.state == CompensationState::Manual)
-            && f.escalated.contains(call)
+            && f.escalated.contains(&of(place, call))
+    };
+    let charge_no = |r: &Receipt| {
+        r.outcome
+            .as_deref()
+            .and_then(|o| serde_json::from_slice::<serde_json::Value>(o).ok())
+            .and_then(|v| v.get("no").and_then(serde_json::Value::as_u64))
     };
     let mut receipts: BTreeMap<&str, &Receipt> = BTreeMap::new();
-    for r in &f.receipts {
-        if CHARGING_SCOPES.contains(&r.key.scope()) {
-            receipts.insert(r.call_id.as_str(), r);
-        }
+    for (place, r) in &f.receipts {
         let call = r.call_id.as_str();
+        let scope = r.key.scope();
+        let charging = *place == Place::Service && CHARGING_SCOPES.contains(&scope);
+        if charging {
+            receipts.insert(call, r);
+        }
         match r.state {
-            ReceiptState::Processing | ReceiptState::Received if !manual(call) => {
+            ReceiptState::Processing | ReceiptState::Received if !manual(*place, call) => {
                 v(
                     4,
-                    None,
+                    subject(call).as_deref(),
                     format!(
-                        "{} ({}) still {:?} after faults stopped and the worker ran",
+                        "{} ({scope}) still {:?} after faults stopped and the worker ran",
                         short(call),
-                        r.key.scope(),
                         r.state
                     ),
                 );
             }
-            ReceiptState::Unknown if !manual(call) => {
-                v(4, None, format!("{} ({}) UNKNOWN with no one to settle it (not MANUAL with the hook called)", short(call), r.key.scope()));
+            ReceiptState::Unknown if !manual(*place, call) => {
+                v(4, subject(call).as_deref(), format!(
+                    "{} ({scope}) UNKNOWN with no one to settle it (not MANUAL with the hook called)",
+                    short(call)
+                ));
             }
-            ReceiptState::Success if CHARGING_SCOPES.contains(&r.key.scope()) => {
-                let no = r
-                    .outcome
-                    .as_deref()
-                    .and_then(|o| serde_json::from_slice::<serde_json::Value>(o).ok())
-                    .and_then(|v| v.get("no").and_then(serde_json::Value::as_u64));
-                match no {
-                    Some(no) if f.effects.iter().any(|e| e.no == no) => {}
-                    _ => v(
-                        2,
-                        None,
-                        format!(
-                            "{} ({}) recorded SUCCESS ({no:?}) for a charge that never happened",
-                            short(call),
-                            r.key.scope()
-                        ),
-                    ),
+            ReceiptState::Success if charging => {
+                // The charge it records, made under its own callId (a checkout's, by the `pay` it
+                // nests, under another).
+                let no = charge_no(r);
+                let made = f
+                    .effects
+                    .iter()
+                    .any(|e| Some(e.no) == no && (e.call_id == call || scope == SCOPE_CHECKOUT));
+                if !made {
+                    v(2, subject(call).as_deref(), format!(
+                        "{} ({scope}) recorded SUCCESS ({no:?}) for a charge that never happened under it",
+                        short(call)
+                    ));
                 }
             }
-            ReceiptState::Failed if CHARGING_SCOPES.contains(&r.key.scope()) => {
+            ReceiptState::Failed if charging => {
                 if let Some(e) = f.effects.iter().find(|e| e.call_id == call) {
                     v(
                         2,
@@ -284,17 +315,10 @@ pub fn check(f: &Facts, short: &dyn Fn(&str) -> String) -> Vec<Violation> {
     }
     for e in &f.effects {
         let traced = match receipts.get(e.call_id.as_str()) {
-            Some(r) if r.state == ReceiptState::Success => {
-                let no = r
-                    .outcome
-                    .as_deref()
-                    .and_then(|o| serde_json::from_slice::<serde_json::Value>(o).ok())
-                    .and_then(|v| v.get("no").and_then(serde_json::Value::as_u64));
-                no == Some(e.no)
-            }
+            Some(r) if r.state == ReceiptState::Success => charge_no(r) == Some(e.no),
             // Uncertain, and in a person's hands: on record as what it is.
             Some(r) if matches!(r.state, ReceiptState::Unknown | ReceiptState::Processing) => {
-                manual(e.call_id.as_str())
+                manual(Place::Service, e.call_id.as_str())
             }
             _ => false,
         };
@@ -311,6 +335,19 @@ pub fn check(f: &Facts, short: &dyn Fn(&str) -> String) -> Vec<Violation> {
                     e.no,
                     short(&e.call_id)
                 ),
+            );
+        }
+    }
+    // Callbacks: each outcome recorded once.
+    let mut applied: BTreeMap<&str, usize> = BTreeMap::new();
+    for (call, order) in &f.callbacks_applied {
+        let n = applied.entry(call.as_str()).or_default();
+        *n += 1;
+        if *n == 2 {
+            v(
+                1,
+                Some(order),
+                format!("two callbacks about {} were both applied", short(call)),
             );
         }
     }
@@ -350,9 +387,14 @@ pub fn check(f: &Facts, short: &dyn Fn(&str) -> String) -> Vec<Violation> {
             }
             if worked.is_empty() {
                 let keys = keys_of(scope, staged);
-                let held = f.receipts.iter().any(|r| {
-                    keys.iter().any(|k| k.digest() == r.key.digest()) && manual(r.call_id.as_str())
-                });
+                // A scope that re-runs an uncertain message on its next delivery leaves none to a
+                // person; one that holds it may.
+                let held = scope != RERUNS
+                    && f.receipts.iter().any(|(place, r)| {
+                        *place == Place::Service
+                            && keys.iter().any(|k| k.digest() == r.key.digest())
+                            && manual(*place, r.call_id.as_str())
+                    });
                 if !held {
                     let beside = f
                         .work

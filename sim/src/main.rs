@@ -75,6 +75,9 @@ fn parse() -> Result<Args, String> {
             other => return Err(format!("unknown argument {other:?} (try --help)")),
         }
     }
+    if args.count == 0 {
+        return Err("no seeds to run (--seeds 0)".into());
+    }
     Ok(args)
 }
 

@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use samekey::{idempotent, CallId, Key};
+use samekey::{idempotent, Key};
 use samekey_messaging::{
     Confirms, Delivery, Disposition, Envelope, Handled, Inbox, Message, OnUnknown, Publish,
     PublishError,
@@ -38,6 +38,9 @@ use crate::world::Shared;
 pub const DESTINATION: &str = "orders.events";
 /// The queues bound to it, each consumed under an inbox scope of the same name.
 pub const QUEUES: [&str; 2] = ["shipping", "email"];
+/// The scope whose inbox re-runs an uncertain message on its next delivery
+/// (`OnUnknown::Rerun`); the other holds it for compensation (`OnUnknown::Hold`).
+pub const RERUNS: &str = "shipping";
 /// The kinds of event staged per order, in order (seq 0 and 1 of the staging call).
 pub const KINDS: [&str; 2] = ["placed", "paid"];
 
@@ -619,6 +622,7 @@ fn in_transit(shared: &Shared, message: &Message) -> Received {
     };
     let fault = match rewrite {
         Rewrite::TraceHeader | Rewrite::OnlyMessageId => Fault::HeadersRewritten,
+        Rewrite::BarePayload => Fault::BareBody,
         _ => Fault::BodyRewritten,
     };
     if draws.keep(Some(fault), Surface::Broker).is_none() {
@@ -676,7 +680,7 @@ pub async fn consume<T: Event>(
         Inbox::new(queue)
             .runtime(&payments.rt)
             .max_deliveries(8)
-            .on_unknown(if queue == "email" {
+            .on_unknown(if queue == RERUNS {
                 OnUnknown::Rerun
             } else {
                 OnUnknown::Hold
@@ -784,9 +788,4 @@ pub fn keys_of(scope: &str, staged: &Staged) -> [Key; 2] {
         inbox.key_of(&staged.envelope),
         inbox.key_of_foreign(&staged.message.id),
     ]
-}
-
-/// The callId a staged message carries.
-pub fn producer_call(staged: &Staged) -> &CallId {
-    &staged.envelope.call_id
 }

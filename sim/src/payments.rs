@@ -76,6 +76,8 @@ pub enum PayError {
     Refused(String),
     /// 503 before processing (`Retryable`).
     Unavailable,
+    /// Asked to come back later (`RateLimited`): a 409 or 429 with `Retry-After`.
+    Later(Option<std::time::Duration>),
     /// No answer in time (`Unknown`).
     TimedOut,
     /// The gateway charged and then answered 500 (`Unknown`); its `Classify` or `Display` may panic.
@@ -91,6 +93,9 @@ impl PayError {
             PayError::Declined => ErrorClass::Rejected,
             PayError::Refused(_) => ErrorClass::Permanent,
             PayError::Unavailable => ErrorClass::Retryable,
+            PayError::Later(retry_after) => ErrorClass::RateLimited {
+                retry_after: *retry_after,
+            },
             PayError::TimedOut | PayError::Broken(_) => ErrorClass::Unknown,
             PayError::Samekey(e) => e.classify(),
         }
@@ -168,8 +173,10 @@ pub const SCOPE_PAY_API: &str = "sim.pay_api";
 pub struct Payments {
     /// The node's runtime (its store connection, clock and name).
     pub rt: Runtime,
-    /// The runtime of the node's payments API, on the API's own store.
-    pub api_rt: Runtime,
+    /// The node's payments API (the handler behind samekey-http's layers, on the API's own store).
+    pub api: crate::api::ApiService,
+    /// The node's HTTP client (reqwest with samekey-http's middleware, over the simulated network).
+    pub client: reqwest_middleware::ClientWithMiddleware,
     /// The node incarnation, for what it sends.
     pub life: Arc<Life>,
     /// The world it calls out into.

@@ -32,8 +32,9 @@ impl Draws {
         }
     }
 
-    /// `fault`, unless the run was told to go without it: a fault left out is drawn all the same
-    /// (so the rest of the history stays the seed's) and then not injected.
+    /// `fault`, unless the run was told to go without it (everywhere, or at `surface`). The fault
+    /// was drawn all the same, so the history is the seed's up to where it would have struck; after
+    /// that the two histories part (a fault injected draws and waits where one left out does not).
     pub fn keep(&self, fault: Option<Fault>, surface: Surface) -> Option<Fault> {
         fault.filter(|f| !self.without.iter().any(|w| w.covers(*f, surface)))
     }

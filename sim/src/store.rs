@@ -130,9 +130,18 @@ impl StoreWrapper for SharedStore {
         limit: usize,
         lease_ms: u64,
     ) -> Result<Vec<CompensationEntry>, StoreError> {
-        this.inner
+        let mut taken = this
+            .inner
             .take_due_compensations(this.now(), limit, lease_ms)
-            .await
+            .await?;
+        in_a_fixed_order(&mut taken);
+        Ok(taken)
+    }
+
+    async fn list_compensations(this: &Self) -> Result<Vec<CompensationEntry>, StoreError> {
+        let mut all = this.inner.list_compensations().await?;
+        in_a_fixed_order(&mut all);
+        Ok(all)
     }
 
     async fn reschedule_compensation(
@@ -206,6 +215,26 @@ impl StoreWrapper for SharedStore {
     async fn purge_expired(this: &Self, _now_ms: u64) -> Result<usize, StoreError> {
         this.inner.purge_expired(this.now()).await
     }
+}
+
+/// Entries in the order the memory store gives (due, then queued), ties broken by key digest and
+/// callId instead of by the order of a hash map seeded per process: what keeps a seed's history the
+/// same from one process to the next.
+fn in_a_fixed_order(entries: &mut [CompensationEntry]) {
+    entries.sort_by(|a, b| {
+        (
+            a.next_at_ms,
+            a.enqueued_ms,
+            a.key.digest(),
+            a.call_id.as_str(),
+        )
+            .cmp(&(
+                b.next_at_ms,
+                b.enqueued_ms,
+                b.key.digest(),
+                b.call_id.as_str(),
+            ))
+    });
 }
 
 /// One incarnation of a node: alive until it crashes, paused for a while now and then. Everything the

@@ -1,7 +1,7 @@
 //! The world of one run: nodes of one service on one shared store, the gateways and the stock
 //! service they call, the compensation worker, and what every component recorded.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -53,7 +53,9 @@ pub struct Shared {
     coverage: Mutex<Coverage>,
     effects: Mutex<Vec<Effect>>,
     releases: Mutex<Vec<(String, String)>>,
-    escalated: Mutex<BTreeSet<String>>,
+    escalated: Mutex<BTreeSet<(Place, String)>>,
+    subjects: Mutex<BTreeMap<String, String>>,
+    callbacks_applied: Mutex<Vec<(String, String)>>,
     ops: Mutex<HashMap<String, Op>>,
     world: OnceLock<Weak<World>>,
 }
@@ -108,17 +110,66 @@ impl Shared {
             .clone()
     }
 
-    /// Records that the escalation hook was called for `call_id`.
-    pub fn escalate(&self, call_id: &str) {
+    /// Records that the escalation hook of the worker of `place` was called for `call_id`.
+    pub fn escalate(&self, place: Place, call_id: &str) {
         self.escalated
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(call_id.to_owned());
+            .insert((place, call_id.to_owned()));
+        let short = self.history.id(call_id);
+        let subject = self.subject_of(call_id);
+        self.history.log(
+            "worker",
+            subject.as_deref(),
+            format!("escalates {short} ({place:?}) to MANUAL"),
+        );
     }
 
-    /// The callIds the escalation hook was called for.
-    pub fn escalated(&self) -> BTreeSet<String> {
+    /// The callIds the escalation hook was called for, by store.
+    pub fn escalated(&self) -> BTreeSet<(Place, String)> {
         self.escalated
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Notes that `call_id` is about `subject` (an order, a shop's events).
+    pub fn about(&self, call_id: &str, subject: &str) {
+        self.subjects
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(call_id.to_owned())
+            .or_insert_with(|| subject.to_owned());
+    }
+
+    /// What `call_id` is about, if known.
+    pub fn subject_of(&self, call_id: &str) -> Option<String> {
+        self.subjects
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(call_id)
+            .cloned()
+    }
+
+    /// Every callId's subject.
+    pub fn subjects(&self) -> BTreeMap<String, String> {
+        self.subjects
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Records a callback that a node applied (`Applied`, not `AlreadyApplied`).
+    pub fn callback_applied(&self, call_id: &str, order: &str) {
+        self.callbacks_applied
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((call_id.to_owned(), order.to_owned()));
+    }
+
+    /// Every callback applied.
+    pub fn callbacks_applied(&self) -> Vec<(String, String)> {
+        self.callbacks_applied
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
@@ -152,6 +203,15 @@ impl Shared {
     }
 }
 
+/// Which store a record is in: the service's, or its payments API's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Place {
+    /// The service's store (its calls, the compensation worker, the consumers' inboxes).
+    Service,
+    /// The payments API's store (the Idempotency-Key layer's records).
+    Api,
+}
+
 /// One node of the service: its incarnations, one at a time.
 pub struct Node {
     index: usize,
@@ -159,7 +219,7 @@ pub struct Node {
     hosts_worker: bool,
     incarnations: AtomicU64,
     current: Mutex<Option<Incarnation>>,
-    inflight: Arc<Mutex<HashMap<u64, String>>>,
+    inflight: Arc<Mutex<BTreeMap<u64, String>>>,
     next_request: AtomicU64,
 }
 
@@ -193,15 +253,36 @@ impl Node {
     }
 
     /// Runs `f` on the node's service, as a request handled by a task of the node (a crash aborts it
-    /// at whatever `.await` it is).
+    /// at whatever `.await` it is). The work goes on if the caller stops waiting.
     pub async fn serve<T, F, Fut>(&self, what: &str, f: F) -> Served<T>
     where
         T: Send + 'static,
         F: FnOnce(Arc<Payments>) -> Fut,
         Fut: Future<Output = T> + Send + 'static,
     {
+        self.serve_as(what, false, f).await
+    }
+
+    /// [`Node::serve`], as a server that cancels a request's work when its client hangs up (hyper
+    /// drops the handler's future): dropping the returned future before it answers drops the work at
+    /// whatever `.await` it is, on a node that lives on.
+    pub async fn serve_until_hang_up<T, F, Fut>(&self, what: &str, f: F) -> Served<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Payments>) -> Fut,
+        Fut: Future<Output = T> + Send + 'static,
+    {
+        self.serve_as(what, true, f).await
+    }
+
+    async fn serve_as<T, F, Fut>(&self, what: &str, hang_up_cancels: bool, f: F) -> Served<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Payments>) -> Fut,
+        Fut: Future<Output = T> + Send + 'static,
+    {
         let (tx, rx) = oneshot::channel();
-        {
+        let _hang_up = {
             let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
             let Some(inc) = current.as_mut().filter(|i| !i.life.is_dead()) else {
                 return Served::Refused;
@@ -214,12 +295,13 @@ impl Node {
                 .insert(id, what.to_owned());
             let done = InFlight { id, inflight };
             let work = f(Arc::clone(&inc.payments));
-            inc.tasks.spawn(async move {
+            let task = inc.tasks.spawn(async move {
                 let out = work.await;
                 drop(done);
                 let _ = tx.send(out);
             });
-        }
+            HangUp(hang_up_cancels.then_some(task))
+        };
         match rx.await {
             Ok(out) => Served::Answered(out),
             Err(_) => Served::Lost,
@@ -237,10 +319,22 @@ impl Node {
     }
 }
 
+/// Cancels a request's work when its client stops waiting (dropped before the answer came), for a
+/// server that cancels on hang-up; a finished task is not affected.
+struct HangUp(Option<tokio::task::AbortHandle>);
+
+impl Drop for HangUp {
+    fn drop(&mut self) {
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
+    }
+}
+
 /// Unregisters a request when its task ends or is dropped (aborted by a crash).
 struct InFlight {
     id: u64,
-    inflight: Arc<Mutex<HashMap<u64, String>>>,
+    inflight: Arc<Mutex<BTreeMap<u64, String>>>,
 }
 
 impl Drop for InFlight {
@@ -286,6 +380,8 @@ impl World {
             effects: Mutex::new(Vec::new()),
             releases: Mutex::new(Vec::new()),
             escalated: Mutex::new(BTreeSet::new()),
+            subjects: Mutex::new(BTreeMap::new()),
+            callbacks_applied: Mutex::new(Vec::new()),
             ops: Mutex::new(HashMap::new()),
             world: OnceLock::new(),
         });
@@ -308,7 +404,7 @@ impl World {
                     hosts_worker: index == 0,
                     incarnations: AtomicU64::new(0),
                     current: Mutex::new(None),
-                    inflight: Arc::new(Mutex::new(HashMap::new())),
+                    inflight: Arc::new(Mutex::new(BTreeMap::new())),
                     next_request: AtomicU64::new(0),
                 }
             })
@@ -366,9 +462,10 @@ impl World {
         let life = Arc::new(Life::new(name.clone()));
         let rt = self.runtime(&self.shared.store, &name, &life, n.skew_ms);
         let api_rt = self.runtime(&self.shared.api_store, &name, &life, n.skew_ms);
-        let payments = Arc::new(Payments {
+        let payments = Arc::new_cyclic(|me| Payments {
             rt: rt.clone(),
-            api_rt,
+            api: crate::api::api(me.clone(), &api_rt),
+            client: crate::api::client(self, &life),
             life: Arc::clone(&life),
             world: Arc::clone(self),
         });
@@ -511,13 +608,7 @@ impl World {
                 SCOPE_PAY_RERUN,
                 CompensationOperation::new(lookup(Arc::clone(&self.gw_dedup))).rerun(rerun),
             )
-            .on_escalate(move |entry| {
-                shared.escalate(entry.call_id.as_str());
-                let short = shared.history.id(entry.call_id.as_str());
-                shared
-                    .history
-                    .log("worker", None, format!("escalates {short} to MANUAL"));
-            })
+            .on_escalate(move |entry| shared.escalate(Place::Service, entry.call_id.as_str()))
     }
 
     /// The reversal: releases the order's stock through its own at-most-once operation.
