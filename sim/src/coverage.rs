@@ -74,11 +74,15 @@ pub enum Fault {
     HangUp,
     /// A body re-serialised as the bare payload, its ids left in the headers (which must work).
     BareBody,
+    /// A gRPC handler that charged passes up a nested call's refusal (`ABORTED`) with `?`.
+    NestedRefusal,
+    /// A gRPC handler that charged answers a reply larger than the layer stores.
+    HugeReply,
 }
 
 impl Fault {
     /// Every fault, for `--without` and the coverage line.
-    pub const ALL: [Fault; 33] = [
+    pub const ALL: [Fault; 35] = [
         Fault::RequestLost,
         Fault::ReplyLost,
         Fault::ReplyLate,
@@ -112,6 +116,8 @@ impl Fault {
         Fault::Answered5xx,
         Fault::HangUp,
         Fault::BareBody,
+        Fault::NestedRefusal,
+        Fault::HugeReply,
     ];
 }
 
@@ -155,13 +161,15 @@ pub enum Surface {
     Inbox,
     /// The HTTP API behind the Idempotency-Key layer: its handler's upstream call.
     Http,
-    /// The network between the HTTP client and the API.
+    /// The network between the HTTP or gRPC client and the API.
     Wire,
+    /// The gRPC method behind samekey-grpc's layers: its handler's upstream call and answers.
+    Grpc,
 }
 
 impl Surface {
     /// Every surface.
-    pub const ALL: [Surface; 12] = [
+    pub const ALL: [Surface; 13] = [
         Surface::Call,
         Surface::Lookup,
         Surface::Nested,
@@ -174,6 +182,7 @@ impl Surface {
         Surface::Inbox,
         Surface::Http,
         Surface::Wire,
+        Surface::Grpc,
     ];
 }
 

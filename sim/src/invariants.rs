@@ -23,7 +23,9 @@ use samekey::{Receipt, ReceiptState};
 use crate::customers::{Answer, Told};
 use crate::gateway::Effect;
 use crate::messaging::{keys_of, DeadLetter, Staged, Work, RERUNS};
-use crate::payments::{SCOPE_CHECKOUT, SCOPE_PAY, SCOPE_PAY_API, SCOPE_PAY_HOLD, SCOPE_PAY_RERUN};
+use crate::payments::{
+    SCOPE_CHECKOUT, SCOPE_PAY, SCOPE_PAY_API, SCOPE_PAY_GRPC, SCOPE_PAY_HOLD, SCOPE_PAY_RERUN,
+};
 use crate::world::Place;
 
 /// An invariant a history broke.
@@ -84,12 +86,13 @@ pub struct Facts {
     pub scopes: Vec<&'static str>,
 }
 
-const CHARGING_SCOPES: [&str; 5] = [
+const CHARGING_SCOPES: [&str; 6] = [
     SCOPE_PAY,
     SCOPE_PAY_HOLD,
     SCOPE_PAY_RERUN,
     SCOPE_CHECKOUT,
     SCOPE_PAY_API,
+    SCOPE_PAY_GRPC,
 ];
 
 /// Checks every invariant; an empty list when the history kept the promise.

@@ -44,7 +44,7 @@
 //! the range) with the held-back faults left out ([`HELD_BACK`]), replays the seeds of the defects
 //! found and not yet fixed, checks determinism, and checks that a hundred seeds draw every fault and
 //! reach every surface. For a soak: `cargo run --release -p samekey-sim --
-//! --seeds 20000 --held-back` (about 90 s); `--seed N` replays one seed and prints its history,
+//! --seeds 20000 --held-back` (about 3½ minutes); `--seed N` replays one seed and prints its history,
 //! shortened, when it fails; `--without FAULT@SURFACE,…` looks past a known defect.
 //!
 //! # The world
@@ -67,6 +67,11 @@
 //!   502 when a later step failed; customers call it through an `#[idempotent]` function whose client
 //!   is reqwest with samekey-http's `CallHeaders` middleware, the request ending in the simulation's
 //!   network instead of a socket.
+//! * **A gRPC method** ([`grpc`]): each node also serves a unary `Pay` behind samekey-grpc's
+//!   `CallContextLayer` and `IdempotencyLayer`, whose handler charges the gateway and answers `OK`,
+//!   or passes up a nested call's refusal, or a reply too large to store; customers call it through
+//!   an `#[idempotent]` function whose client is samekey-grpc's `CallMetadataLayer` over the
+//!   simulated network.
 //! * **Messaging** ([`messaging`]): shops staging two events per order through an outbox (the
 //!   staging is itself `#[idempotent]`), a relay publishing them with `Confirms`, a RabbitMQ-like
 //!   broker routing each to a `shipping` queue and (drawn per run) an `email` queue, consumers on
@@ -103,6 +108,7 @@ pub mod clock;
 pub mod coverage;
 pub mod customers;
 pub mod gateway;
+pub mod grpc;
 pub mod history;
 pub mod invariants;
 pub mod messaging;
@@ -227,6 +233,11 @@ pub const HELD_BACK: &[(&str, &str)] = &[
         "ReplyLate@Http",
         "issue 39 (a 502 after an upstream timeout gives the key back)",
     ),
+    // The gRPC layers: a handler that charged and passed up a nested call's refusal (`ABORTED`,
+    // marked unknown) gives the key back, and the retry charges again; a reply too large to store
+    // is stored as UNIMPLEMENTED, which a duplicate's client takes for "nothing ran".
+    ("NestedRefusal", "issue 39, defect 4"),
+    ("HugeReply", "issue 39, defects 1 and 2"),
 ];
 
 /// [`HELD_BACK`], parsed.

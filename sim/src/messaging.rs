@@ -284,12 +284,28 @@ impl Messaging {
     }
 
     fn route(&self, message: &Message) {
+        let draws = &self.shared.draws;
         let mut b = lock(&self.broker);
         for &queue in &self.scopes {
+            // Held back a moment in one queue (a mirror catching up, a shovel): the messages
+            // published after it overtake it there.
+            let held = draws.fault(10)
+                && draws
+                    .keep(Some(Fault::Reordered), Surface::Broker)
+                    .is_some();
+            if held {
+                self.shared.cover(Fault::Reordered, Surface::Broker);
+            }
+            let ready_at = Instant::now()
+                + if held {
+                    draws.ms(50, 3_000)
+                } else {
+                    Duration::ZERO
+                };
             b.queues.entry(queue).or_default().push_back(Queued {
                 message: message.clone(),
                 deliveries: 0,
-                ready_at: Instant::now(),
+                ready_at,
             });
         }
         self.routed.notify_waiters();
@@ -736,7 +752,12 @@ pub async fn consume<T: Event>(
             messaging.shared.history.log(
                 format!("{}/{queue}", life.name),
                 subject.as_deref(),
-                "the handler panicked: the channel closes",
+                format!(
+                    "delivery {deliveries}{}: the handler panicked, the channel closes",
+                    rewrite
+                        .map(|w| format!(" ({})", w.said()))
+                        .unwrap_or_default()
+                ),
             );
             life.answered().await;
             messaging.give_back(tag);

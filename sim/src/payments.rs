@@ -151,11 +151,20 @@ pub enum Op {
     /// `pay_api`: `timeout`, `on_unknown = "rerun"`, through another node's HTTP API (the
     /// Idempotency-Key layer), which charges the gateway that executes every request.
     Api,
+    /// `pay_grpc`: the same through another node's gRPC method (samekey-grpc's layers).
+    Grpc,
 }
 
 impl Op {
     /// Every function, in the order a seed picks from.
-    pub const ALL: [Op; 5] = [Op::Pay, Op::PayHold, Op::PayRerun, Op::Checkout, Op::Api];
+    pub const ALL: [Op; 6] = [
+        Op::Pay,
+        Op::PayHold,
+        Op::PayRerun,
+        Op::Checkout,
+        Op::Api,
+        Op::Grpc,
+    ];
 }
 
 /// The scope of each function, as the compensation worker knows them.
@@ -168,6 +177,8 @@ pub const SCOPE_PAY_RERUN: &str = "sim.pay_rerun";
 pub const SCOPE_CHECKOUT: &str = "sim.checkout";
 /// See [`SCOPE_PAY`].
 pub const SCOPE_PAY_API: &str = "sim.pay_api";
+/// See [`SCOPE_PAY`].
+pub const SCOPE_PAY_GRPC: &str = "sim.pay_grpc";
 
 /// One node incarnation's service.
 pub struct Payments {
@@ -175,6 +186,8 @@ pub struct Payments {
     pub rt: Runtime,
     /// The node's payments API (the handler behind samekey-http's layers, on the API's own store).
     pub api: crate::api::ApiService,
+    /// The node's gRPC service (the handler behind samekey-grpc's layers, on the API's own store).
+    pub grpc: crate::grpc::GrpcService,
     /// The node's HTTP client (reqwest with samekey-http's middleware, over the simulated network).
     pub client: reqwest_middleware::ClientWithMiddleware,
     /// The node incarnation, for what it sends.
@@ -192,6 +205,7 @@ impl Payments {
             Op::PayRerun => self.pay_rerun(order, amount).await,
             Op::Checkout => self.checkout(order, amount).await,
             Op::Api => self.pay_api(order, amount).await,
+            Op::Grpc => self.pay_grpc(order, amount).await,
         }
     }
 

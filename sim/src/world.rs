@@ -193,6 +193,7 @@ impl Shared {
         {
             Some(Op::Checkout) => Surface::Nested,
             Some(Op::Api) => Surface::Http,
+            Some(Op::Grpc) => Surface::Grpc,
             _ => Surface::Call,
         }
     }
@@ -465,6 +466,7 @@ impl World {
         let payments = Arc::new_cyclic(|me| Payments {
             rt: rt.clone(),
             api: crate::api::api(me.clone(), &api_rt),
+            grpc: crate::grpc::service(me.clone(), &api_rt),
             client: crate::api::client(self, &life),
             life: Arc::clone(&life),
             world: Arc::clone(self),
