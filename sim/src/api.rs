@@ -23,6 +23,7 @@ use tower::util::BoxCloneSyncService;
 use tower::{ServiceBuilder, ServiceExt};
 
 use crate::coverage::{Fault, Surface};
+use crate::network::carry;
 use crate::payments::{Charged, PayError, Payments, TrapOn};
 use crate::store::Life;
 use crate::world::{Served, World};
@@ -261,7 +262,6 @@ impl Middleware for InProcess {
         _extensions: &mut http::Extensions,
         _next: Next<'_>,
     ) -> reqwest_middleware::Result<reqwest::Response> {
-        let shared = &self.world.shared;
         let mut builder = Request::builder()
             .method(req.method().clone())
             .uri(req.url().as_str());
@@ -278,59 +278,22 @@ impl Middleware for InProcess {
                 std::io::Error::other("bad request"),
             ));
         };
-        self.life.io().await;
-        shared.draws.shuffle().await;
-        let fault = if shared.draws.fault(20) {
-            shared.draws.keep(
-                Some(match shared.draws.below(3) {
-                    0 => Fault::RequestLost,
-                    1 => Fault::ReplyLost,
-                    _ => Fault::ReplyLate,
-                }),
-                Surface::Wire,
-            )
-        } else {
-            None
-        };
-        if let Some(fault) = fault {
-            shared.cover(fault, Surface::Wire);
-        }
-        if fault == Some(Fault::RequestLost) {
-            return std::future::pending().await;
-        }
-        tokio::time::sleep(shared.draws.ms(5, 40)).await;
-        let node = shared.draws.below(self.world.nodes.len() as u64) as usize;
-        // The request is on the network: it is served even if the client gives up.
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let world = Arc::clone(&self.world);
-        let back = if fault == Some(Fault::ReplyLate) {
-            shared.draws.ms(2_500, 15_000)
-        } else {
-            shared.draws.ms(5, 40)
-        };
-        tokio::spawn(async move {
-            let served = world.nodes[node]
-                .serve("http", move |p: Arc<Payments>| async move {
-                    let response = p.serve_http(request).await;
-                    let (parts, body) = response.into_parts();
-                    let bytes = body
-                        .collect()
-                        .await
-                        .map(|b| b.to_bytes())
-                        .unwrap_or_default();
-                    Response::from_parts(parts, bytes)
-                })
-                .await;
-            tokio::time::sleep(back).await;
-            if fault != Some(Fault::ReplyLost) {
-                let _ = tx.send(served);
-            }
-        });
-        let served = match rx.await {
-            Ok(served) => served,
-            Err(_) => std::future::pending().await,
-        };
-        self.life.answered().await;
+        let served = carry(
+            &self.world,
+            &self.life,
+            "http",
+            move |p: Arc<Payments>| async move {
+                let response = p.serve_http(request).await;
+                let (parts, body) = response.into_parts();
+                let bytes = body
+                    .collect()
+                    .await
+                    .map(|b| b.to_bytes())
+                    .unwrap_or_default();
+                Response::from_parts(parts, bytes)
+            },
+        )
+        .await;
         match served {
             Served::Answered(response) => Ok(reqwest::Response::from(response)),
             Served::Refused => Err(reqwest_middleware::Error::middleware(

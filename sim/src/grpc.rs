@@ -22,6 +22,7 @@ use tower::util::BoxCloneSyncService;
 use tower::{ServiceBuilder, ServiceExt};
 
 use crate::coverage::{Fault, Surface};
+use crate::network::carry;
 use crate::payments::{Charged, PayError, Payments, TrapOn};
 use crate::store::Life;
 use crate::world::{Served, World};
@@ -269,8 +270,8 @@ pub enum WireError {
     Lost,
 }
 
-/// The network between a gRPC client and a node's service, with its faults: requests lost, replies
-/// lost or late. A request on the network is served even if its client gives up.
+/// The network between a gRPC client and a node's service ([`carry`]), as a tower service the
+/// client layer wraps.
 #[derive(Clone)]
 pub struct Wire {
     world: Arc<World>,
@@ -294,68 +295,26 @@ impl tower::Service<Request<GrpcBody>> for Wire {
     fn call(&mut self, request: Request<GrpcBody>) -> Self::Future {
         let (world, life) = (Arc::clone(&self.world), Arc::clone(&self.life));
         Box::pin(async move {
-            let shared = &world.shared;
             let (parts, body) = request.into_parts();
             let Ok(collected) = body.collect().await else {
                 return Err(WireError::Lost);
             };
             let request =
                 Request::from_parts(parts, GrpcBody::new(Full::new(collected.to_bytes())));
-            life.io().await;
-            shared.draws.shuffle().await;
-            let fault = if shared.draws.fault(20) {
-                shared.draws.keep(
-                    Some(match shared.draws.below(3) {
-                        0 => Fault::RequestLost,
-                        1 => Fault::ReplyLost,
-                        _ => Fault::ReplyLate,
-                    }),
-                    Surface::Wire,
-                )
-            } else {
-                None
-            };
-            if let Some(fault) = fault {
-                shared.cover(fault, Surface::Wire);
-            }
-            if fault == Some(Fault::RequestLost) {
-                return std::future::pending().await;
-            }
-            tokio::time::sleep(shared.draws.ms(5, 40)).await;
-            let node = shared.draws.below(world.nodes.len() as u64) as usize;
-            let back = if fault == Some(Fault::ReplyLate) {
-                shared.draws.ms(2_500, 15_000)
-            } else {
-                shared.draws.ms(5, 40)
-            };
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            let server = Arc::clone(&world);
-            tokio::spawn(async move {
-                let served = server.nodes[node]
-                    .serve("grpc", move |p: Arc<Payments>| async move {
-                        let Ok(response) = p.grpc.clone().oneshot(request).await;
-                        // The whole reply, trailers included, as it crosses the wire.
-                        let (parts, body) = response.into_parts();
-                        match body.collect().await {
-                            Ok(c) => {
-                                let trailers = c.trailers().cloned();
-                                let bytes = c.to_bytes();
-                                Response::from_parts(parts, (bytes, trailers))
-                            }
-                            Err(_) => Response::from_parts(parts, (Bytes::new(), None)),
-                        }
-                    })
-                    .await;
-                tokio::time::sleep(back).await;
-                if fault != Some(Fault::ReplyLost) {
-                    let _ = tx.send(served);
+            let served = carry(&world, &life, "grpc", move |p: Arc<Payments>| async move {
+                let Ok(response) = p.grpc.clone().oneshot(request).await;
+                // The whole reply, trailers included, as it crosses the wire.
+                let (parts, body) = response.into_parts();
+                match body.collect().await {
+                    Ok(c) => {
+                        let trailers = c.trailers().cloned();
+                        let bytes = c.to_bytes();
+                        Response::from_parts(parts, (bytes, trailers))
+                    }
+                    Err(_) => Response::from_parts(parts, (Bytes::new(), None)),
                 }
-            });
-            let served = match rx.await {
-                Ok(served) => served,
-                Err(_) => std::future::pending().await,
-            };
-            life.answered().await;
+            })
+            .await;
             match served {
                 Served::Answered(response) => {
                     let (parts, (bytes, trailers)) = response.into_parts();

@@ -112,6 +112,7 @@ pub mod grpc;
 pub mod history;
 pub mod invariants;
 pub mod messaging;
+pub mod network;
 pub mod payments;
 pub mod rng;
 pub mod store;
