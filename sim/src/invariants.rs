@@ -1,7 +1,9 @@
 //! The promise, as six generic invariants checked after every history. None is written for a known
 //! defect: each states what must hold of any history, whatever happened in it.
 //!
-//! 1. **At most one effect per key** at the gateways, and never a charge beside its reversal.
+//! 1. **At most one effect per key** at the gateways, and never a charge beside its reversal; one
+//!    owner at a time: the store accepts no write from an owner that lost the key (watched at every
+//!    node's connection, whatever outcome the stale owner writes).
 //! 2. **No caller told failed or "nothing ran" for a request whose effect happened**, none told
 //!    succeeded for one that did not; no receipt that says either.
 //! 3. **Every answer to a duplicate is the first outcome**: one charge number per order, never a
@@ -66,6 +68,8 @@ pub struct Facts {
     pub escalated: BTreeSet<(Place, String)>,
     /// The order (or shop) each callId was about, for the violations that know only a callId.
     pub subjects: BTreeMap<String, String>,
+    /// Writes the store accepted from an owner that no longer held the key.
+    pub stale_writes: Vec<String>,
     /// The callbacks a node applied (`Applied`, not `AlreadyApplied`): callId and order.
     pub callbacks_applied: Vec<(String, String)>,
     /// Work still in flight on live nodes at the end.
@@ -340,6 +344,10 @@ pub fn check(f: &Facts, short: &dyn Fn(&str) -> String) -> Vec<Violation> {
                 ),
             );
         }
+    }
+    // One owner at a time: no write of a fenced-out owner lands.
+    for what in &f.stale_writes {
+        v(1, None, format!("two owners wrote one key: {what}"));
     }
     // Callbacks: each outcome recorded once.
     let mut applied: BTreeMap<&str, usize> = BTreeMap::new();

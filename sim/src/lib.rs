@@ -411,6 +411,7 @@ async fn simulate(seed: u64, options: &Options) -> Report {
         escalated: shared.escalated(),
         subjects: shared.subjects(),
         callbacks_applied: shared.callbacks_applied(),
+        stale_writes: shared.stale_writes(),
         inflight: world.nodes.iter().flat_map(|n| n.inflight()).collect(),
         settle_hung,
         settle_failed,

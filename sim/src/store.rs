@@ -311,6 +311,31 @@ const FAULTED: &[&str] = &[
     "append_journal",
 ];
 
+impl NodeStore {
+    /// The fence that owns `key` now, read from the store itself (no fault, no wait).
+    async fn owner(&self, key: &Key) -> Option<Fence> {
+        self.shared
+            .get(key, 0)
+            .await
+            .ok()
+            .flatten()
+            .map(|r| r.fence)
+    }
+
+    /// Records a write the store accepted from a fence that did not own the key.
+    fn watch(&self, op: &str, key: &Key, fence: Fence, owner: Option<Fence>, accepted: bool) {
+        if accepted && owner.is_some_and(|owner| owner != fence) {
+            self.world.stale_write(format!(
+                "{} accepted {op} under fence {} on key {} while fence {} owned it",
+                self.life.name,
+                fence.0,
+                key.short(),
+                owner.map(|f| f.0).unwrap_or_default(),
+            ));
+        }
+    }
+}
+
 /// One node's connection to the [`SharedStore`], with the faults of a network and a server between.
 pub struct NodeStore {
     shared: Arc<SharedStore>,
@@ -339,6 +364,49 @@ impl StoreWrapper for NodeStore {
 
     fn clock(_this: &Self) -> StoreClock {
         StoreClock::Own
+    }
+
+    // The owner's writes, watched: the store must refuse every one whose fence no longer owns the
+    // key (a stale owner's), whatever the outcome it writes.
+    async fn complete(
+        this: &Self,
+        key: &Key,
+        fence: Fence,
+        completion: Completion,
+        now_ms: u64,
+    ) -> Result<Transition, StoreError> {
+        let write = Box::pin(async move {
+            let owner = this.owner(key).await;
+            let written = this.shared.complete(key, fence, completion, now_ms).await;
+            this.watch("complete", key, fence, owner, written.is_ok());
+            written
+        });
+        this.around("complete", write).await
+    }
+
+    async fn mark_unknown(
+        this: &Self,
+        key: &Key,
+        fence: Fence,
+        now_ms: u64,
+    ) -> Result<Transition, StoreError> {
+        let write = Box::pin(async move {
+            let owner = this.owner(key).await;
+            let written = this.shared.mark_unknown(key, fence, now_ms).await;
+            this.watch("mark_unknown", key, fence, owner, written.is_ok());
+            written
+        });
+        this.around("mark_unknown", write).await
+    }
+
+    async fn release(this: &Self, key: &Key, fence: Fence) -> Result<(), StoreError> {
+        let write = Box::pin(async move {
+            let owner = this.owner(key).await;
+            let written = this.shared.release(key, fence).await;
+            this.watch("release", key, fence, owner, written.is_ok());
+            written
+        });
+        this.around("release", write).await
     }
 
     fn around<'a, T: Send + 'a>(

@@ -55,6 +55,7 @@ pub struct Shared {
     releases: Mutex<Vec<(String, String)>>,
     escalated: Mutex<BTreeSet<(Place, String)>>,
     subjects: Mutex<BTreeMap<String, String>>,
+    stale_writes: Mutex<Vec<String>>,
     callbacks_applied: Mutex<Vec<(String, String)>>,
     ops: Mutex<HashMap<String, Op>>,
     world: OnceLock<Weak<World>>,
@@ -128,6 +129,24 @@ impl Shared {
     /// The callIds the escalation hook was called for, by store.
     pub fn escalated(&self) -> BTreeSet<(Place, String)> {
         self.escalated
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Records a write the store accepted from an owner that no longer held the key.
+    pub fn stale_write(&self, what: String) {
+        self.history
+            .log("store", None, format!("ACCEPTS A STALE WRITE: {what}"));
+        self.stale_writes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(what);
+    }
+
+    /// Every stale write the store accepted.
+    pub fn stale_writes(&self) -> Vec<String> {
+        self.stale_writes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
@@ -382,6 +401,7 @@ impl World {
             releases: Mutex::new(Vec::new()),
             escalated: Mutex::new(BTreeSet::new()),
             subjects: Mutex::new(BTreeMap::new()),
+            stale_writes: Mutex::new(Vec::new()),
             callbacks_applied: Mutex::new(Vec::new()),
             ops: Mutex::new(HashMap::new()),
             world: OnceLock::new(),
