@@ -24,12 +24,9 @@ use tower::{ServiceBuilder, ServiceExt};
 
 use crate::coverage::{Fault, Surface};
 use crate::network::carry;
-use crate::payments::{Charged, PayError, Payments, TrapOn};
+use crate::payments::{Charged, PayError, Payments};
 use crate::store::Life;
 use crate::world::{Served, World};
-
-/// How long the API's handler waits for the gateway.
-pub const UPSTREAM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What the API takes.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -114,37 +111,15 @@ impl Payments {
         };
         let trace = ids.map(|i| i.trace_id).unwrap_or_default();
         // The handler's own deadline on its upstream call, as any handler has.
-        let charged = tokio::time::timeout(
-            UPSTREAM_TIMEOUT,
-            self.world
-                .gw_every
-                .charge(&self.life, &call_id, trace, &pay.order),
-        )
-        .await
-        .unwrap_or(Err(PayError::TimedOut));
+        let charged = self.charge_upstream(&call_id, trace, &pay.order).await;
         let shared = &self.world.shared;
         let response = match charged {
             Ok(c) => {
-                // User code after the effect: a panic armed in the reply goes off here, in the
-                // handler (the layer answers 500 for a handler that panicked).
-                c.trap.spring(TrapOn::Body);
-                let _ = serde_json::to_vec(&c);
                 let body = serde_json::to_vec(&PayResponse { no: c.no }).unwrap_or_default();
-                let answer = if shared.draws.fault(15) {
-                    shared.draws.keep(
-                        Some(if shared.draws.chance(50) {
-                            Fault::AnsweredRedirect
-                        } else {
-                            Fault::Answered5xx
-                        }),
-                        Surface::Http,
-                    )
-                } else {
-                    None
-                };
-                if let Some(answer) = answer {
-                    shared.cover(answer, Surface::Http);
-                }
+                let answer = shared.answer_after_effect(
+                    [Fault::AnsweredRedirect, Fault::Answered5xx],
+                    Surface::Http,
+                );
                 match answer {
                     Some(Fault::AnsweredRedirect) => {
                         let mut r = respond(StatusCode::SEE_OTHER, body);

@@ -23,7 +23,7 @@ use tower::{ServiceBuilder, ServiceExt};
 
 use crate::coverage::{Fault, Surface};
 use crate::network::carry;
-use crate::payments::{Charged, PayError, Payments, TrapOn};
+use crate::payments::{Charged, PayError, Payments};
 use crate::store::Life;
 use crate::world::{Served, World};
 
@@ -108,34 +108,12 @@ impl Payments {
             return tonic::Status::invalid_argument("no x-call-id").into_http();
         };
         let trace = ids.map(|i| i.trace_id).unwrap_or_default();
-        let charged = tokio::time::timeout(
-            crate::api::UPSTREAM_TIMEOUT,
-            self.world
-                .gw_every
-                .charge(&self.life, &call_id, trace, &pay.order),
-        )
-        .await
-        .unwrap_or(Err(PayError::TimedOut));
+        let charged = self.charge_upstream(&call_id, trace, &pay.order).await;
         let shared = &self.world.shared;
         let (response, said) = match charged {
             Ok(c) => {
-                c.trap.spring(TrapOn::Body);
-                let _ = serde_json::to_vec(&c);
-                let answer = if shared.draws.fault(15) {
-                    shared.draws.keep(
-                        Some(if shared.draws.chance(50) {
-                            Fault::NestedRefusal
-                        } else {
-                            Fault::HugeReply
-                        }),
-                        Surface::Grpc,
-                    )
-                } else {
-                    None
-                };
-                if let Some(answer) = answer {
-                    shared.cover(answer, Surface::Grpc);
-                }
+                let answer = shared
+                    .answer_after_effect([Fault::NestedRefusal, Fault::HugeReply], Surface::Grpc);
                 match answer {
                     Some(Fault::NestedRefusal) => {
                         // A nested call (issuing the receipt) refused as busy, passed up with `?`.

@@ -14,6 +14,9 @@ use crate::gateway::Gateway;
 use crate::store::Life;
 use crate::world::World;
 
+/// How long the API's handlers wait for the gateway.
+pub const UPSTREAM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Where an armed [`Trap`] goes off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TrapOn {
@@ -250,6 +253,29 @@ impl Payments {
     async fn pay_rerun(&self, order: &str, amount: u64) -> Result<Charged, PayError> {
         let _ = amount;
         self.charge(&self.world.gw_dedup, order).await
+    }
+
+    /// What the API's handlers do (HTTP and gRPC alike): charge the gateway under the request's
+    /// callId within the handler's own deadline ([`UPSTREAM_TIMEOUT`]), then run the user code a
+    /// reply meets — where a panic armed in it goes off (the layer answers for a handler that
+    /// panicked).
+    pub async fn charge_upstream(
+        &self,
+        call_id: &samekey::CallId,
+        trace: samekey::TraceId,
+        order: &str,
+    ) -> Result<Charged, PayError> {
+        let charged = tokio::time::timeout(
+            UPSTREAM_TIMEOUT,
+            self.world
+                .gw_every
+                .charge(&self.life, call_id, trace, order),
+        )
+        .await
+        .unwrap_or(Err(PayError::TimedOut))?;
+        charged.trap.spring(TrapOn::Body);
+        let _ = serde_json::to_vec(&charged);
+        Ok(charged)
     }
 
     /// What each charging function's body does: sends the charge under the call's callId and trace,

@@ -134,6 +134,26 @@ impl Shared {
             .clone()
     }
 
+    /// How a handler that charged answers, drawn: as it should (`None`), or — while the fault window
+    /// is open, one time in seven or so — with one of `answers` (each half the time), counted at
+    /// `surface`.
+    pub fn answer_after_effect(&self, answers: [Fault; 2], surface: Surface) -> Option<Fault> {
+        let answer = if self.draws.fault(15) {
+            let drawn = if self.draws.chance(50) {
+                answers[0]
+            } else {
+                answers[1]
+            };
+            self.draws.keep(Some(drawn), surface)
+        } else {
+            None
+        };
+        if let Some(answer) = answer {
+            self.cover(answer, surface);
+        }
+        answer
+    }
+
     /// Records a write the store accepted from an owner that no longer held the key.
     pub fn stale_write(&self, what: String) {
         self.history
