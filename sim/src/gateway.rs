@@ -22,13 +22,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use samekey::callback::Callback;
+use samekey::reconcile::{RemoteOutcome, RemoteRecord};
 use samekey::{CallId, RemoteStatus, TraceId};
 use tokio::sync::oneshot;
 
 use crate::coverage::{Fault, Surface};
 use crate::payments::{Charged, PayError, Trap, TrapOn};
 use crate::store::Life;
-use crate::world::{Served, Shared, World};
+use crate::world::{Served, Shared, World, LEASE};
 
 /// A callId the gateway never saw, older than this by its clock, is refused.
 pub const REFUSE_AFTER: Duration = Duration::from_secs(30);
@@ -87,6 +88,29 @@ impl Gateway {
             .unwrap_or_else(|p| p.into_inner())
             .get(call_id)
             .cloned()
+    }
+
+    /// The gateway's statement, as a reconciliation reads it: a record per callId it decided
+    /// (charged: succeeded; declined or refused: failed), in no particular order.
+    pub fn statement(&self) -> Vec<RemoteRecord> {
+        self.records
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(|(call_id, record)| {
+                let outcome = match record {
+                    Record::Processing => return None,
+                    Record::Charged(_) => RemoteOutcome::Succeeded,
+                    Record::Declined | Record::Refused => RemoteOutcome::Failed,
+                };
+                Some(RemoteRecord {
+                    call_id: call_id.parse().ok(),
+                    reference: None,
+                    outcome,
+                    amount: None,
+                })
+            })
+            .collect()
     }
 
     fn set(&self, call_id: &str, record: Record) {
@@ -291,7 +315,7 @@ impl Gateway {
             } else {
                 None
             };
-            let fault = shared.draws.keep(fault, Surface::Lookup);
+            let mut fault = shared.draws.keep(fault, Surface::Lookup);
             if let Some(fault) = fault {
                 shared.cover(fault, Surface::Lookup);
             }
@@ -317,13 +341,35 @@ impl Gateway {
             } else {
                 shared.draws.ms(5, 40)
             };
+            // The asker stalls as "not received" reaches it (a GC pause, a blocked thread), past its
+            // lease: what it does next, it does after another node may have taken over.
+            if fault.is_none()
+                && matches!(answer, RemoteStatus::NotReceived)
+                && shared.draws.fault(25)
+            {
+                fault = shared.draws.keep(Some(Fault::Pause), Surface::Lookup);
+            }
+            if fault == Some(Fault::Pause) {
+                shared.cover(Fault::Pause, Surface::Lookup);
+                let stall = LEASE + shared.draws.ms(1_000, 12_000);
+                from.pause_until(tokio::time::Instant::now() + back + stall);
+                shared.history.log(
+                    from.name.clone(),
+                    shared.subject_of(call_id.as_str()).as_deref(),
+                    format!("PAUSES for {} ms as the answer arrives", stall.as_millis()),
+                );
+            }
             shared.history.log(
                 self.name,
                 shared.subject_of(call_id.as_str()).as_deref(),
                 format!(
                     "status {}: {said}{}",
                     shared.history.id(call_id.as_str()),
-                    if fault.is_some() { " (late)" } else { "" }
+                    if fault == Some(Fault::ReplyLate) {
+                        " (late)"
+                    } else {
+                        ""
+                    }
                 ),
             );
             tokio::time::sleep(back).await;

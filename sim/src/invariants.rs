@@ -10,7 +10,8 @@
 //!    success beside a failure that stands.
 //! 4. **Nothing lost**: once faults stop and the worker has run, every receipt is settled (or
 //!    `MANUAL` with the escalation hook called), the queue holds nothing else, every effect has a
-//!    receipt that says so.
+//!    receipt that says so; the reconciliation pass (samekey's `Reconciler`, the gateways'
+//!    statements against the service's receipts) reports every disagreement there is, and no other.
 //! 5. **One callId per logical call**, each effect traceable to it: the receipt of the callId the
 //!    charge carried.
 //! 6. **Nothing hangs**: once faults stop, every request is answered within the customers' patience,
@@ -20,6 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use samekey::compensation::{CompensationEntry, CompensationState};
+use samekey::reconcile::{ReconcileReport, RemoteOutcome, RemoteRecord};
 use samekey::{Receipt, ReceiptState};
 
 use crate::customers::{Answer, Told};
@@ -88,7 +90,22 @@ pub struct Facts {
     pub undelivered: usize,
     /// The consumer scopes of the run.
     pub scopes: Vec<&'static str>,
+    /// The gateways' statements, as the reconciliation pass read them.
+    pub statement: Vec<RemoteRecord>,
+    /// What the reconciliation pass reported, per scope of the service's store that charges the
+    /// gateways under its own callId.
+    pub reconciled: Vec<(&'static str, Result<ReconcileReport, String>)>,
 }
+
+/// The scopes whose receipts a gateway's statement names by callId (a checkout's receipt never
+/// reaches a gateway: its nested `pay` does).
+pub const RECONCILED_SCOPES: [&str; 5] = [
+    SCOPE_PAY,
+    SCOPE_PAY_HOLD,
+    SCOPE_PAY_RERUN,
+    SCOPE_PAY_API,
+    SCOPE_PAY_GRPC,
+];
 
 const CHARGING_SCOPES: [&str; 6] = [
     SCOPE_PAY,
@@ -471,5 +488,73 @@ pub fn check(f: &Facts, short: &dyn Fn(&str) -> String) -> Vec<Violation> {
             format!("the compensation worker could not settle: {e}"),
         );
     }
+    for (scope, report) in &f.reconciled {
+        if let Some(what) = misreconciled(f, scope, report) {
+            v(4, None, what);
+        }
+    }
     out
+}
+
+/// The reconciliation pass of `scope` against what is true: it must report every disagreement
+/// between the gateways' statements and the service's receipts — a disagreement it misses is lost to
+/// the people who read its report — and none that is not there. `None` when it did.
+fn misreconciled(
+    f: &Facts,
+    scope: &str,
+    report: &Result<ReconcileReport, String>,
+) -> Option<String> {
+    let report = match report {
+        Ok(report) => report,
+        Err(e) => return Some(format!("the reconciliation of {scope} failed: {e}")),
+    };
+    let here: BTreeMap<&str, &Receipt> = f
+        .receipts
+        .iter()
+        .filter(|(place, _)| *place == Place::Service)
+        .map(|(_, r)| (r.call_id.as_str(), r))
+        .collect();
+    let mut truth = ReconcileReport::default();
+    let mut mentioned = BTreeSet::new();
+    for record in &f.statement {
+        let Some(call_id) = &record.call_id else {
+            continue;
+        };
+        truth.remote_records += 1;
+        mentioned.insert(call_id.as_str());
+        match here.get(call_id.as_str()) {
+            None => truth.missing_here += 1,
+            Some(r) if r.key.scope() != scope => truth.outside_query += 1,
+            Some(r) => match (r.state, record.outcome) {
+                (ReceiptState::Success, RemoteOutcome::Succeeded)
+                | (ReceiptState::Failed, RemoteOutcome::Failed) => truth.matched += 1,
+                _ => truth.state_mismatches += 1,
+            },
+        }
+    }
+    for r in here.values().filter(|r| r.key.scope() == scope) {
+        truth.receipts += 1;
+        if !mentioned.contains(r.call_id.as_str()) {
+            truth.missing_there += 1;
+        }
+    }
+    let counts = |r: &ReconcileReport| {
+        [
+            r.remote_records,
+            r.receipts,
+            r.matched,
+            r.missing_here,
+            r.missing_there,
+            r.state_mismatches,
+            r.outside_query,
+        ]
+    };
+    (counts(report) != counts(&truth)).then(|| {
+        format!(
+            "the reconciliation of {scope} reported [records, receipts, matched, missing here, \
+             missing there, state mismatches, outside] = {:?}; the truth is {:?}",
+            counts(report),
+            counts(&truth)
+        )
+    })
 }

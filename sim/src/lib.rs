@@ -33,10 +33,13 @@
 //! entropy, operation registrations), so a seed is replayed with the command, not inside another
 //! run.
 //!
-//! What the world does not model: a paused node's timers keep running (its sends wait, its
-//! timeouts fire), so "an owner paused past its lease resumes and sends" happens for lookups and
-//! store writes, not for a charge (every charge is sent under a timeout); TTL expiry, `forget` and
-//! `purge` (a run is minutes, a key lives a day); a person resolving a `MANUAL` entry.
+//! A paused node stands still as a stopped process does ([`store::Life::freezes`]): its tasks are
+//! not polled, their timers included, and on resuming what became ready races what expired — tokio's
+//! `timeout` polls its work first, so a send that was due goes out although its timeout "fired"
+//! during the pause. A client that hangs up on a paused node is heard when the node resumes.
+//!
+//! What the world does not model: TTL expiry, `forget` and `purge` (a run is minutes, a key lives a
+//! day); a person resolving a `MANUAL` entry.
 
 //! # Running it
 //!
@@ -60,6 +63,9 @@
 //!   deduplicates by callId; receipt lookups by callId; callbacks to random nodes, repeated.
 //! * **The compensation worker** with the reversal (releasing the order's stock through an
 //!   `AtMostOnce` operation), the re-run under the call's callId, and the escalation hook.
+//! * **A reconciliation pass** at the end, as an operator runs it each day: samekey's `Reconciler`
+//!   reads the gateways' statements against the service's receipts, scope by scope, and its report
+//!   is checked against what is true (invariant 4).
 //! * **Customers** ([`customers`]): one per order, retrying as people do, with duplicates at once.
 //! * **An HTTP API** ([`api`]): each node also serves a payments API behind samekey-http's
 //!   `CallContextLayer` and `IdempotencyLayer` (tower services called in-process, on a store of the
@@ -84,7 +90,8 @@
 //! A request lost; a reply lost; a reply late past a timeout or a lease (a lookup's too); a request
 //! declined, refused, or answered 503; a store operation failing before or after it applied, or slow;
 //! a node crashed at any `.await` (its drop guards' writes never arrive) and restarted; a node paused
-//! past its lease and resumed; clocks skewed; panics in user code — the body after its effect, the
+//! past its lease and resumed, at any moment or just as a lookup's "not received" reaches it; clocks
+//! skewed; panics in user code — the body after its effect, the
 //! value's `Serialize`, the error's `Classify` and `Display`; callbacks repeated and late; duplicates
 //! at once. For messages: confirms lost (the relay republishes under the same id), publishes returned
 //! or refused, acks lost (redelivery), deliveries duplicated or reordered, the deliveries of a dead
@@ -189,6 +196,10 @@ pub const HELD_BACK: &[(&str, &str)] = &[
     // A reversal whose answer was lost is taken for "nothing ran": a customer's retry takes the call
     // over and charges beside the released stock.
     ("ReplyLost@Compensation", "issue 38, defect 2"),
+    // A taker that hears "not received" and stalls past its lease (a GC pause, a blocked thread)
+    // sends when it wakes, without confirming it still owns the key: another node took the call
+    // over meanwhile and charged (or the worker reversed it), and the gateway charges again.
+    ("Pause@Lookup", "issue 38, defect 9"),
     // The worker escalates an entry and the store's answer is lost: the entry is MANUAL and the
     // escalation hook is never called. Found by seed 29017 of the world's first version; in this
     // one the worker escalates only after the fault window has closed, so the fault cannot strike
@@ -402,6 +413,32 @@ async fn simulate(seed: u64, options: &Options) -> Report {
         let queued = store.list_compensations().await.unwrap_or_default();
         entries.extend(queued.into_iter().map(|e| (place, e)));
     }
+    // The reconciliation pass, as an operator runs it each day: the gateways' statements against
+    // the service's receipts, scope by scope.
+    let statement: Vec<_> = [&world.gw_every, &world.gw_dedup]
+        .iter()
+        .flat_map(|gw| gw.statement())
+        .collect();
+    let mut reconciled = Vec::new();
+    for scope in invariants::RECONCILED_SCOPES {
+        let query = ReceiptQuery::created_between(0, u64::MAX).scope(scope);
+        let report = samekey::reconcile::Reconciler::new(&auditor, query)
+            .run(statement.iter().cloned().map(Ok))
+            .await
+            .map_err(|e| e.to_string());
+        if let Ok(r) = &report {
+            shared.history.log(
+                "reconcile",
+                None,
+                format!(
+                    "{scope}: {} receipts, {} matched, {} missing here, {} missing there, {} \
+                     state mismatches",
+                    r.receipts, r.matched, r.missing_here, r.missing_there, r.state_mismatches
+                ),
+            );
+        }
+        reconciled.push((scope, report));
+    }
     let facts = Facts {
         told,
         effects: shared.effects(),
@@ -420,6 +457,8 @@ async fn simulate(seed: u64, options: &Options) -> Report {
         dead_letters: world.messaging.dead_letters(),
         undelivered: world.messaging.pending(),
         scopes: world.messaging.scopes(),
+        statement,
+        reconciled,
     };
     let mut violations = check(&facts, &|id| shared.history.id(id));
     for violation in &mut violations {

@@ -726,7 +726,8 @@ pub async fn consume<T: Event>(
                 Arc::clone(&messaging),
                 Arc::clone(&life),
             );
-            tokio::spawn(async move {
+            let node = Arc::clone(&life);
+            tokio::spawn(node.freezes(async move {
                 let delivery = Delivery {
                     body: &body,
                     headers: &headers,
@@ -746,7 +747,7 @@ pub async fn consume<T: Event>(
                     })
                     .await;
                 handled.disposition()
-            })
+            }))
         };
         let Ok(disposition) = handling.await else {
             messaging.shared.history.log(

@@ -4,11 +4,14 @@
 //!   as PostgreSQL or Redis judge leases and expiries by their own clock ([`StoreClock::Own`]).
 //! * [`NodeStore`]: one node's connection, where the faults are: an operation that fails before it
 //!   reached the store, one that applied and whose answer was lost, one that is slow; a node paused
-//!   (its operations wait until it resumes); a node that crashed (nothing it sends arrives, nothing
+//!   (its tasks stand still, timers included, and what it sends waits until it resumes); a node that crashed (nothing it sends arrives, nothing
 //!   comes back to it: a dead process's tasks never finish).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use samekey::compensation::CompensationEntry;
@@ -267,12 +270,15 @@ impl Life {
         self.dead.load(Ordering::SeqCst)
     }
 
-    /// Pauses it until `until` (a GC pause, a SIGSTOP, a VM migration): what it sends waits.
+    /// Pauses it until `until` (a GC pause, a SIGSTOP, a VM migration), or longer if it already is:
+    /// its tasks stand still ([`Life::freezes`]) and what it sends waits.
     pub fn pause_until(&self, until: Instant) {
-        *self.paused_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(until);
+        let mut paused = self.paused_until.lock().unwrap_or_else(|p| p.into_inner());
+        *paused = Some(paused.map_or(until, |already| already.max(until)));
     }
 
-    fn paused_until(&self) -> Option<Instant> {
+    /// Until when it is paused, if it ever was.
+    pub fn paused_until(&self) -> Option<Instant> {
         *self.paused_until.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -289,6 +295,47 @@ impl Life {
         if self.is_dead() {
             std::future::pending::<()>().await;
         }
+    }
+
+    /// `work` as a task of this incarnation: while the node is paused it is not polled at all, its
+    /// timers included — a stopped process runs nothing — and it resumes where it stood. What became
+    /// ready meanwhile races the timers that expired meanwhile, as in a process that wakes up: tokio's
+    /// `timeout` polls its work before its timer, so a send that was due goes out even when its
+    /// timeout "fired" during the pause.
+    pub fn freezes<F: Future>(self: &Arc<Self>, work: F) -> Freezes<F> {
+        Freezes {
+            life: Arc::clone(self),
+            resume: None,
+            work: Box::pin(work),
+        }
+    }
+}
+
+/// A task that stands still while its node is paused ([`Life::freezes`]).
+pub struct Freezes<F> {
+    life: Arc<Life>,
+    resume: Option<Pin<Box<tokio::time::Sleep>>>,
+    work: Pin<Box<F>>,
+}
+
+impl<F: Future> Future for Freezes<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = &mut *self;
+        while let Some(until) = this.life.paused_until().filter(|t| *t > Instant::now()) {
+            let resume = this
+                .resume
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
+            if resume.deadline() != until {
+                resume.as_mut().reset(until);
+            }
+            if resume.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+        }
+        this.resume = None;
+        this.work.as_mut().poll(cx)
     }
 }
 

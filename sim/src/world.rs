@@ -335,12 +335,12 @@ impl Node {
                 .insert(id, what.to_owned());
             let done = InFlight { id, inflight };
             let work = f(Arc::clone(&inc.payments));
-            let task = inc.tasks.spawn(async move {
+            let task = inc.tasks.spawn(inc.life.freezes(async move {
                 let out = work.await;
                 drop(done);
                 let _ = tx.send(out);
-            });
-            HangUp(hang_up_cancels.then_some(task))
+            }));
+            HangUp(hang_up_cancels.then(|| (task, Arc::clone(&inc.life))))
         };
         match rx.await {
             Ok(out) => Served::Answered(out),
@@ -360,13 +360,23 @@ impl Node {
 }
 
 /// Cancels a request's work when its client stops waiting (dropped before the answer came), for a
-/// server that cancels on hang-up; a finished task is not affected.
-struct HangUp(Option<tokio::task::AbortHandle>);
+/// server that cancels on hang-up; a finished task is not affected. A paused node hears of the
+/// hang-up when it resumes, and the work that became ready meanwhile races it.
+struct HangUp(Option<(tokio::task::AbortHandle, Arc<Life>)>);
 
 impl Drop for HangUp {
     fn drop(&mut self) {
-        if let Some(task) = &self.0 {
-            task.abort();
+        let Some((task, life)) = self.0.take() else {
+            return;
+        };
+        match life.paused_until() {
+            Some(until) if until > tokio::time::Instant::now() => {
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(until).await;
+                    task.abort();
+                });
+            }
+            _ => task.abort(),
         }
     }
 }
@@ -514,11 +524,11 @@ impl World {
         let mut tasks = JoinSet::new();
         if n.hosts_worker {
             let worker = self.compensator(&rt, &life);
-            tasks.spawn(async move {
+            tasks.spawn(life.freezes(async move {
                 worker
                     .run(Duration::from_secs(5), std::future::pending())
                     .await;
-            });
+            }));
         }
         // Consumers of both queues on every node; a restarted node may come back with a newer
         // consumer, whose payload type has one more optional field.
@@ -538,19 +548,19 @@ impl World {
         for queue in self.messaging.scopes() {
             let (messaging, payments) = (Arc::clone(&self.messaging), Arc::clone(&payments));
             if newer {
-                tasks.spawn(consume::<OrderEventV2>(messaging, payments, queue));
+                tasks.spawn(life.freezes(consume::<OrderEventV2>(messaging, payments, queue)));
             } else {
-                tasks.spawn(consume::<OrderEvent>(messaging, payments, queue));
+                tasks.spawn(life.freezes(consume::<OrderEvent>(messaging, payments, queue)));
             }
         }
         if node == 1 % self.nodes.len() {
-            let (messaging, life) = (Arc::clone(&self.messaging), Arc::clone(&life));
-            tasks.spawn(async move {
+            let (messaging, relay_life) = (Arc::clone(&self.messaging), Arc::clone(&life));
+            tasks.spawn(life.freezes(async move {
                 loop {
-                    messaging.relay_once(&life).await;
+                    messaging.relay_once(&relay_life).await;
                     tokio::time::sleep(Duration::from_millis(300)).await;
                 }
-            });
+            }));
         }
         *n.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(Incarnation {
             life,

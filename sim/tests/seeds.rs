@@ -89,7 +89,7 @@ fn finds_a_panic_in_user_code_after_the_effect_freeing_the_key() {
     finds(
         4,
         &all_held_back_but(&panics),
-        "invariant 1 [o1]: charged 2 times: #5 under c11, #8 under c12",
+        "invariant 1 [o7]: charged 2 times: #10 under c25, #12 under c27",
     );
 }
 
@@ -99,21 +99,40 @@ fn finds_a_panic_in_user_code_after_the_effect_freeing_the_key() {
 #[test]
 fn finds_a_reversal_that_failed_taken_for_nothing_ran() {
     finds(
-        2683,
+        41,
         &all_held_back_but(&["ReplyLost@Compensation"]),
-        "invariant 1 [o1]: stock released (reversal c2) beside charge #2 under c1",
+        "invariant 1 [o8]: stock released (reversal c26) beside charge #9 under c20",
+    );
+}
+
+/// Issue 38, defect 9: a taker hears "not received" and stalls past its lease; another node takes
+/// the call over, asks, charges and records it; the first wakes and sends without confirming it
+/// still owns the key, and the gateway (which executes every request) charges again (seed 3300) —
+/// or the worker reversed the call meanwhile, and the charge lands beside the released stock
+/// (seed 4019).
+#[test]
+fn finds_a_taker_sending_after_a_stall_past_its_lease() {
+    finds(
+        3300,
+        &all_held_back_but(&["Pause@Lookup"]),
+        "invariant 1 [o2]: charged 2 times: #12 under c27, #13 under c27",
+    );
+    finds(
+        4019,
+        &all_held_back_but(&["Pause@Lookup"]),
+        "invariant 1 [o3]: stock released (reversal c18) beside charge #8 under c14",
     );
 }
 
 /// Issue 39: the HTTP Idempotency-Key layer gives the key back on a `303 See Other` from a handler
-/// that charged (seed 11), on a `502` after the charge (seed 4), and on a `502` after the handler's
+/// that charged (seed 23), on a `502` after the charge (seed 4), and on a `502` after the handler's
 /// upstream call lost its reply (seed 6): the client's retry under the same key charges again.
 #[test]
 fn finds_an_http_answer_that_may_have_run_giving_the_key_back() {
     finds(
-        11,
+        23,
         &all_held_back_but(&["AnsweredRedirect"]),
-        "invariant 1 [o9]: charged 2 times: #4 under c4, #7 under c4",
+        "invariant 1 [o5]: charged 2 times: #1 under c4, #2 under c4",
     );
     finds(
         4,
@@ -132,9 +151,9 @@ fn finds_an_http_answer_that_may_have_run_giving_the_key_back() {
 #[test]
 fn finds_a_grpc_nested_refusal_giving_the_key_back() {
     finds(
-        23,
+        39,
         &all_held_back_but(&["NestedRefusal"]),
-        "invariant 1 [o4]: charged 2 times: #6 under c18, #7 under c18",
+        "invariant 1 [o4]: charged 2 times: #9 under c29, #10 under c29",
     );
 }
 
