@@ -345,7 +345,7 @@ impl Gateway {
             // lease: what it does next, it does after another node may have taken over.
             if fault.is_none()
                 && matches!(answer, RemoteStatus::NotReceived)
-                && shared.draws.fault(25)
+                && shared.draws.fault(50)
             {
                 fault = shared.draws.keep(Some(Fault::Pause), Surface::Lookup);
             }

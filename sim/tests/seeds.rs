@@ -107,20 +107,21 @@ fn finds_a_reversal_that_failed_taken_for_nothing_ran() {
 
 /// Issue 38, defect 9: a taker hears "not received" and stalls past its lease; another node takes
 /// the call over, asks, charges and records it; the first wakes and sends without confirming it
-/// still owns the key, and the gateway (which executes every request) charges again (seed 3300) —
-/// or the worker reversed the call meanwhile, and the charge lands beside the released stock
-/// (seed 4019).
+/// still owns the key, and the gateway (which executes every request) charges again (seed 2193).
+/// And defect 4 behind it (seed 1981): the woken taker's charge lands on a call already recorded
+/// `FAILED`; the contradiction is queued `MANUAL` by the call itself, and the escalation hook that
+/// pages a person is never called.
 #[test]
 fn finds_a_taker_sending_after_a_stall_past_its_lease() {
     finds(
-        3300,
+        2193,
         &all_held_back_but(&["Pause@Lookup"]),
-        "invariant 1 [o2]: charged 2 times: #12 under c27, #13 under c27",
+        "invariant 1 [o7]: charged 2 times: #8 under c24, #10 under c24",
     );
     finds(
-        4019,
+        1981,
         &all_held_back_but(&["Pause@Lookup"]),
-        "invariant 1 [o3]: stock released (reversal c18) beside charge #8 under c14",
+        "invariant 4 [o3]: c13 (Service) is MANUAL but the escalation hook was never called",
     );
 }
 
