@@ -7,6 +7,8 @@
 //!   is never taken for a dead owner and its key never taken over by a duplicate that would act too.
 //! * A refused extension (another owner took the key: this one stalled past its lease) does not stop
 //!   the work — stopping would not undo what it already sent — and its later writes are fenced out.
+//! * The renewals run beside the work: the work is polled while a renewal waits for the store, so a
+//!   renewal never waits on a lock the work itself holds, and a slow renewal never slows the work.
 //! * The first poll takes no timer: work that finishes at once costs nothing more.
 
 use std::future::{poll_fn, Future};
@@ -46,11 +48,20 @@ impl Owner<'_> {
     async fn beat<F: Future>(&self, mut work: Pin<&mut F>) -> F::Output {
         // At least a millisecond: a lease of zero would renew in a busy loop.
         let beat = (self.lease / 3).max(Duration::from_millis(1));
-        loop {
-            tokio::select! {
-                out = &mut work => return out,
-                () = tokio::time::sleep(beat) => self.renew().await,
+        // The renewals run beside the work, never instead of it: the work is polled while a renewal
+        // waits for the store — a renewal that waits on a row lock the work's own transaction holds
+        // (`complete_in` before its `COMMIT`) would otherwise wait for ever, and a slow renewal
+        // would freeze the work for as long as it takes.
+        let renewals = async {
+            loop {
+                tokio::time::sleep(beat).await;
+                self.renew().await;
             }
+        };
+        tokio::select! {
+            biased;
+            out = &mut work => out,
+            never = renewals => never,
         }
     }
 

@@ -196,12 +196,6 @@ pub const HELD_BACK: &[(&str, &str)] = &[
     // A reversal whose answer was lost is taken for "nothing ran": a customer's retry takes the call
     // over and charges beside the released stock.
     ("ReplyLost@Compensation", "issue 38, defect 2"),
-    // A taker that hears "not received" and stalls past its lease (a GC pause, a blocked thread)
-    // sends when it wakes, without confirming it still owns the key: another node took the call
-    // over meanwhile and charged (or the worker reversed it), and the gateway charges again.
-    // When the call was recorded FAILED meanwhile, the contradiction is queued MANUAL by the call
-    // itself and the escalation hook is never called (issue 38, defect 4).
-    ("Pause@Lookup", "issue 38, defects 9 and 4"),
     // The worker escalates an entry and the store's answer is lost: the entry is MANUAL and the
     // escalation hook is never called. Found by seed 29017 of the world's first version; in this
     // one the worker escalates only after the fault window has closed, so the fault cannot strike

@@ -284,6 +284,36 @@ async fn slow_body_keeps_its_lease() {
     assert_eq!(p.attempts().len(), 1, "the duplicate never took over");
 }
 
+// Row 2b + leases (issue 38, defect 3): the renewals run beside the body. A renewal that waits for
+// the store — here for ever, as one waiting on a row lock the body's own transaction holds before its
+// `COMMIT` (`complete_in`) — neither stops the body nor delays it.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_that_waits_never_stalls_the_body() {
+    let store = Arc::new(Faulty::new(Arc::new(MemoryStore::new())));
+    let held = support::faulty::Gate::new();
+    store.plan("extend_lease", [support::faulty::Act::Before(held.clone())]);
+    let rt = runtime()
+        .lease(Duration::from_secs(3))
+        .store(Arc::clone(&store))
+        .build()
+        .unwrap();
+    let p = Arc::new(Payments::on(rt));
+    p.remote.script([Fault::Slow(Duration::from_secs(10))]);
+    let started = Instant::now();
+    let out = tokio::time::timeout(Duration::from_secs(60), p.plain("o-1", 500)).await;
+    assert_eq!(
+        out.ok(),
+        Some(Ok(500)),
+        "the body was not polled while its lease's renewal waited"
+    );
+    assert_eq!(Instant::now() - started, Duration::from_secs(10));
+    assert!(
+        store.take_ops().contains(&"extend_lease"),
+        "a renewal was sent"
+    );
+    assert_eq!(p.remote.effects("o-1"), 1);
+}
+
 // Row 2b: on_busy = reject → InProgress with the holder's callId.
 #[tokio::test(start_paused = true)]
 async fn busy_duplicate_rejected() {

@@ -374,6 +374,47 @@ async fn owner_confirms_its_key_before_a_retry(store: Arc<dyn Store>) {
     );
 }
 
+/// Issue 38, defect 9: a taker hears "not received" and stalls before it sends (a GC pause, a
+/// blocked thread) past its lease; a duplicate takes the call over, asks, sends and records the
+/// charge. Back, the first confirms under its fence that the key is still its own before sending,
+/// finds it lost, and answers the recorded charge: the remote, which executes every request that
+/// arrives, charged once.
+async fn a_taker_confirms_its_key_after_its_lookup(store: Arc<dyn Store>) {
+    let svc = Svc::on(store);
+    svc.remote.script([Fault::LoseRequest]);
+    let first = svc.hold(&svc.order, 500).await;
+    assert!(
+        matches!(first, Err(TestError::Samekey(Error::Unknown { .. }))),
+        "{first:?}"
+    );
+    // The taker's first lease extension covers its lookup; the next is the confirmation, held
+    // before it reaches the store: the stall.
+    let stall = Gate::new();
+    svc.store
+        .plan("extend_lease", [Act::Pass, Act::Before(stall.clone())]);
+    let taker = tokio::spawn({
+        let svc = svc.clone();
+        async move { svc.with_lookup(&svc.order, 500).await }
+    });
+    let confirmed = tokio::time::timeout(Duration::from_secs(5), stall.reached()).await;
+    assert!(
+        confirmed.is_ok(),
+        "after \"not received\" the taker sent without confirming it still owns the key (the \
+         remote saw {:?})",
+        svc.remote.call_ids()
+    );
+    svc.pass_lease().await;
+    svc.pass_lease().await;
+    assert_eq!(svc.with_lookup(&svc.order, 500).await, Ok(500));
+    stall.open();
+    assert_eq!(taker.await.unwrap(), Ok(500), "told the recorded charge");
+    assert_eq!(svc.remote.effects(&svc.order), 1, "charged once");
+    assert_eq!(
+        svc.state(&svc.first_call_id()).await,
+        Some(ReceiptState::Success)
+    );
+}
+
 /// Issue 6, case 7: a lookup that fails once is asked again (it re-sends nothing); the call ends with
 /// the true answer instead of `UNKNOWN`.
 async fn a_failed_lookup_is_asked_again(store: Arc<dyn Store>) {
@@ -734,6 +775,7 @@ support::on_stores!(memory, local_cache, sqlite if "sqlite", postgres if "postgr
     take_over_whose_completion_fails,
     owner_back_after_a_take_over_answers_the_outcome,
     owner_confirms_its_key_before_a_retry,
+    a_taker_confirms_its_key_after_its_lookup,
     a_failed_lookup_is_asked_again,
     a_failed_release_is_not_a_plain_failure,
     a_refused_release_answers_the_charge,

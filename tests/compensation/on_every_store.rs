@@ -228,13 +228,17 @@ async fn an_open_reversal_stops_every_taker(svc: Svc) {
 struct Paused {
     rt: Runtime,
     remote: Remote,
+    /// Where the body stands while its process is paused, until the test resumes it.
+    resume: tokio::sync::Notify,
 }
 
 impl Paused {
-    /// Sends the charge 200 ms in; its lease (300 ms) is renewed every 100 ms while it runs.
+    /// Sends the charge 200 ms in, once resumed; its lease (300 ms) is renewed every 100 ms while
+    /// it runs.
     #[idempotent(key = "order", scope = "compensation_stores.charge", runtime = &self.rt)]
     async fn charge(&self, order: &str, amount: u64) -> Result<u64, TestError> {
         tokio::time::sleep(Duration::from_millis(200)).await;
+        self.resume.notified().await;
         self.remote.call(order, || amount).await
     }
 }
@@ -252,7 +256,9 @@ async fn a_paused_owner_answers_its_late_charge(store: Arc<dyn Store>) {
             .build()
             .unwrap(),
         remote: Remote::default(),
+        resume: tokio::sync::Notify::new(),
     });
+    // The process is paused: its body stands (`resume`) and so does its lease's renewal.
     let pause = support::faulty::Gate::new();
     faulty.plan(
         "extend_lease",
@@ -282,6 +288,7 @@ async fn a_paused_owner_answers_its_late_charge(store: Arc<dyn Store>) {
     worker.run_once().await.unwrap();
     assert_eq!(svc.remote.effects(&order), 0, "nothing sent yet");
     pause.open();
+    svc.resume.notify_one();
     assert_eq!(
         owner.await.unwrap(),
         Ok(500),

@@ -710,6 +710,57 @@ async fn a_charge_never_received_may_be_sent_again_under_its_callid() {
     assert_eq!(svc.remote.effects("o-13"), 1, "a duplicate replays it");
 }
 
+/// Issue 38 (suspected, confirmed): a worker hears "not received" and stalls past its lease; a
+/// duplicate with `lookup` takes the call over, asks, sends and records it. Back, the worker's re-run
+/// confirms under its fence that the key is still its own before sending, finds it lost, and sends
+/// nothing: the remote, which executes every request that arrives, charged once.
+#[tokio::test(start_paused = true)]
+async fn a_worker_stalled_after_its_lookup_never_re_runs_a_call_taken_over() {
+    let svc = Arc::new(Svc::new());
+    svc.remote.script([Fault::LoseRequest]);
+    let _ = svc.charge_keeping_inputs("o-14", 700).await;
+    let (answered, resume) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let remote = svc.remote.clone();
+    let rerun_remote = svc.remote.clone();
+    let stalled = Compensator::new(&svc.rt)
+        .lease(Duration::from_secs(10))
+        .operation(
+            "orders.charge",
+            CompensationOperation::new({
+                let (answered, resume) = (answered.clone(), resume.clone());
+                move |call: CallId| {
+                    let (remote, answered, resume) =
+                        (remote.clone(), answered.clone(), resume.clone());
+                    async move {
+                        let status = remote.status(&call).await;
+                        // The answer is in; the worker stalls before it acts on it.
+                        answered.notify_one();
+                        resume.notified().await;
+                        status
+                    }
+                }
+            })
+            .rerun(move |entry: samekey::compensation::CompensationEntry| {
+                let remote = rerun_remote.clone();
+                async move {
+                    let (order, amount): (String, u64) = entry.inputs().unwrap().unwrap();
+                    remote.call_as(&entry.call_id, &order, || amount).await
+                }
+            }),
+        );
+    let first = tokio::spawn(async move { stalled.run_once().await });
+    answered.notified().await;
+    tokio::time::advance(Duration::from_secs(11)).await;
+    assert_eq!(svc.charge_checked("o-14", 700).await, Ok(700));
+    resume.notify_one();
+    let first = first.await.unwrap().unwrap();
+    assert_eq!((first.taken, first.lost), (1, 1), "{first:?}");
+    assert_eq!(svc.remote.effects("o-14"), 1, "charged once");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_person_makes_an_entry_due_now_or_escalates_it_and_the_journal_says_who() {
     let svc = Svc::new();

@@ -31,6 +31,16 @@ fn table(name: &str) -> String {
     format!("{name}_{:016x}", samekey::TraceId::new().as_u128() as u64)
 }
 
+/// What [`Shop::place`] does between writing its receipt and committing.
+#[derive(Debug, Clone, Copy)]
+enum BeforeCommit {
+    Nothing,
+    /// Fails: the connection is lost, the transaction rolls back.
+    Fail,
+    /// Lingers this long, past its lease's next renewal.
+    Linger(std::time::Duration),
+}
+
 struct Shop {
     rt: Runtime,
     store: PgStore,
@@ -38,10 +48,9 @@ struct Shop {
 }
 
 impl Shop {
-    /// Writes the order row and the receipt in one transaction. `fail_between` makes the body fail
-    /// after the business row and the receipt were written, before the commit.
+    /// Writes the order row and the receipt in one transaction, then does `then` before the commit.
     #[idempotent(key = "order_id", runtime = &self.rt, on_unknown = "hold")]
-    async fn place(&self, order_id: u64, fail_between: bool) -> Result<u64, TestError> {
+    async fn place(&self, order_id: u64, then: BeforeCommit) -> Result<u64, TestError> {
         let db = |_| TestError::Refused;
         let mut tx = self.store.pool().begin().await.map_err(db)?;
         sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -55,9 +64,12 @@ impl Shop {
         PgStore::complete_in(&mut tx, &samekey::current(), &order_id)
             .await
             .map_err(|e| TestError::Samekey(Error::Store(e)))?;
-        if fail_between {
+        match then {
+            BeforeCommit::Nothing => {}
             // The connection is lost before COMMIT: the transaction rolls back.
-            return Err(TestError::Reset);
+            BeforeCommit::Fail => return Err(TestError::Reset),
+            // One more step (a statement, a call out) while the transaction holds the row lock.
+            BeforeCommit::Linger(d) => tokio::time::sleep(d).await,
         }
         tx.commit().await.map_err(|_| TestError::Reset)?;
         Ok(order_id)
@@ -94,21 +106,55 @@ async fn business_row_and_receipt_commit_or_roll_back_together() {
     // Committed: both the order and the receipt, and a duplicate is a replay.
     // Ids of this run only: the database outlives test runs.
     let id = (samekey::TraceId::new().as_u128() >> 80) as u64;
-    assert_eq!(shop.place(id, false).await, Ok(id));
+    assert_eq!(shop.place(id, BeforeCommit::Nothing).await, Ok(id));
     assert_eq!(shop.order_rows(id).await, 1);
-    assert_eq!(shop.place(id, false).await, Ok(id));
+    assert_eq!(shop.place(id, BeforeCommit::Nothing).await, Ok(id));
     assert_eq!(shop.rt.stats().replays, 1);
 
     // A failure between the two writes and the commit leaves neither the order nor a SUCCESS receipt:
     // the call is UNKNOWN (for compensation), and the database shows it never happened.
     let other = id + 1_000_000;
-    let out = shop.place(other, true).await;
+    let out = shop.place(other, BeforeCommit::Fail).await;
     let Err(TestError::Samekey(Error::Unknown { call_id })) = out else {
         panic!("expected Unknown, got {out:?}");
     };
     assert_eq!(shop.order_rows(other).await, 0, "no business row");
     let receipt = shop.rt.receipt(&call_id).await.unwrap().expect("receipt");
     assert_eq!(receipt.state, ReceiptState::Unknown, "no SUCCESS receipt");
+}
+
+/// Issue 38, defect 3: a body without `timeout` keeps its lease alive; it writes its receipt with
+/// `complete_in` and lingers before `COMMIT`, past a renewal. The renewal's `UPDATE` waits for the row
+/// lock the body's own transaction holds; the body is polled meanwhile, commits, and the renewal
+/// then goes through: the call ends, it does not hang.
+#[tokio::test]
+async fn a_renewal_never_waits_on_the_body_s_own_transaction() {
+    let Some(store) = pg().await else { return };
+    let orders = table("orders");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {orders} (id BIGINT PRIMARY KEY)"
+    )))
+    .execute(store.pool())
+    .await
+    .expect("orders table");
+    let shop = Shop {
+        rt: Runtime::builder()
+            .store(store.clone())
+            .lease(std::time::Duration::from_millis(600))
+            .build()
+            .unwrap(),
+        store,
+        orders,
+    };
+    let id = (samekey::TraceId::new().as_u128() >> 80) as u64;
+    let linger = BeforeCommit::Linger(std::time::Duration::from_millis(700));
+    let placed = tokio::time::timeout(std::time::Duration::from_secs(20), shop.place(id, linger))
+        .await
+        .expect("the call hung: its renewal waited on its own transaction's row lock");
+    assert_eq!(placed, Ok(id));
+    assert_eq!(shop.order_rows(id).await, 1);
+    assert_eq!(shop.place(id, BeforeCommit::Nothing).await, Ok(id));
+    assert_eq!(shop.rt.stats().replays, 1);
 }
 
 const KEYS: u64 = 200;

@@ -14,6 +14,8 @@ use tokio::sync::Semaphore;
 /// What the next call of one operation does.
 #[derive(Clone)]
 pub enum Act {
+    /// Reaches the store and answers, as without a plan (to hold a later call of the operation).
+    Pass,
     /// Waits for the gate, then reaches the store.
     Before(Gate),
     /// Reaches the store, then waits for the gate before it answers.
@@ -139,7 +141,7 @@ impl Faulty {
             .get_mut(op)
             .and_then(VecDeque::pop_front);
         match act {
-            None => call.await,
+            None | Some(Act::Pass) => call.await,
             Some(Act::Resend) => panic!("Act::Resend is for claim only"),
             Some(Act::Fail(e)) => Err(e),
             Some(Act::Lose(e)) => call.await.and(Err(e)),

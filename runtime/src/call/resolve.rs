@@ -3,8 +3,9 @@
 //!
 //! # Guarantees
 //!
-//! * Only "not received" lets the call send again, with the same callId; after a refusal, it makes the
-//!   refusal the answer (recorded `FAILED`), never a release.
+//! * Only "not received" lets the call send again, with the same callId, and only once it confirmed
+//!   under its fence that the key is still its own (a retry confirms after its backoff); after a
+//!   refusal, it makes the refusal the answer (recorded `FAILED`), never a release.
 //! * A lookup holds the lease over its own time limit; "processing" is asked again a bounded number
 //!   of times; a failed lookup is asked again while retries last, each failure using one; a spent
 //!   lookup budget leaves the outcome `UNKNOWN`.
@@ -92,6 +93,12 @@ impl<T, E> Call<T, E> {
                     }
                 }
                 if self.attempts == 0 {
+                    // The wait for the answer is where a taker stalls past its lease (a GC pause, a
+                    // blocked thread) while another takes the call over and sends: confirm, under
+                    // the fence, that the key is still this call's before anything is sent.
+                    if let Err(step) = self.hold_lease(Duration::ZERO).await {
+                        return step;
+                    }
                     Step::Attempt
                 } else {
                     self.retry(RetryClass::Unknown, Duration::ZERO).await

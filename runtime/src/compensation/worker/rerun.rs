@@ -1,11 +1,12 @@
 //! The re-run of a call the remote side never received ([`NotReceivedPolicy::Rerun`]): sent again under its
-//! callId (the remote deduplicates by it), its key's lease kept alive while it runs, and what it
-//! answers recorded.
+//! callId (the remote deduplicates by it) once the worker confirmed under its fence that the key is
+//! still its own, its key's lease kept alive while it runs, and what it answers recorded.
 //!
 //! [`NotReceivedPolicy::Rerun`]: crate::compensation::NotReceivedPolicy::Rerun
 
 use super::{Compensator, Counter, Work};
 use crate::classify::RemoteStatus;
+use crate::clock::ms;
 use crate::codec::message_bytes;
 use crate::compensation::entry::CompensationEntry;
 use crate::compensation::operations::CompensationOperation;
@@ -26,6 +27,22 @@ impl Compensator {
             let why = "not received, and no re-run is registered";
             return self.escalate_held(entry, fence, why, w).await;
         };
+        // The wait for the lookup's answer is where a worker stalls past its lease while a duplicate
+        // takes the call over and sends it: still the call's owner, under its fence, before
+        // anything is sent again?
+        match self
+            .rt
+            .store()
+            .extend_lease(&entry.key, fence, ms(self.lease), self.rt.now_ms())
+            .await
+        {
+            Ok(()) => {}
+            Err(e) if e.lost_key() => {
+                w.pass.lost += 1;
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        }
         tracing::info!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
             attempt = 0u32, round = entry.round, "compensation: not received; sending it again");
         let answer = self
