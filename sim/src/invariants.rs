@@ -10,7 +10,8 @@
 //!    success beside a failure that stands.
 //! 4. **Nothing lost**: once faults stop and the worker has run, every receipt is settled (or
 //!    `MANUAL` with the escalation hook called), the queue holds nothing else, every effect has a
-//!    receipt that says so; the reconciliation pass (samekey's `Reconciler`, the gateways'
+//!    receipt that says so; every staged message is published and worked once by every consumer
+//!    scope, and a dead letter is one worked once whose call is in a person's hands; the reconciliation pass (samekey's `Reconciler`, the gateways'
 //!    statements against the service's receipts) reports every disagreement there is, and no other.
 //! 5. **One callId per logical call**, each effect traceable to it: the receipt of the callId the
 //!    charge carried.
@@ -379,7 +380,8 @@ pub fn check(f: &Facts, short: &dyn Fn(&str) -> String) -> Vec<Violation> {
             );
         }
     }
-    // Messages: each staged one published, worked once by each consumer scope, none dead-lettered.
+    // Messages: each staged one published, worked once by each consumer scope, none dead-lettered
+    // unless worked once and in a person's hands.
     for staged in &f.staged {
         let (order, kind) = (
             &staged.envelope.payload.order,
@@ -442,6 +444,31 @@ pub fn check(f: &Facts, short: &dyn Fn(&str) -> String) -> Vec<Violation> {
     for dead in &f.dead_letters {
         let subject = dead.event.as_ref().map(|e| e.0.as_str());
         let kind = dead.event.as_ref().map(|e| e.1.as_str()).unwrap_or("?");
+        // Given up after its deliveries ran out, its work done once and its call in a person's
+        // hands (`MANUAL`, the hook called): in its dead-letter place with its reason, not lost.
+        let in_hand = dead.event.as_ref().is_some_and(|(order, kind)| {
+            let worked = f
+                .work
+                .iter()
+                .filter(|w| w.scope == dead.queue && &w.order == order && &w.kind == kind)
+                .count();
+            let staged = f
+                .staged
+                .iter()
+                .find(|s| &s.envelope.payload.order == order && &s.envelope.payload.kind == kind);
+            worked == 1
+                && staged.is_some_and(|staged| {
+                    let keys = keys_of(&dead.queue, staged);
+                    f.receipts.iter().any(|(place, r)| {
+                        *place == Place::Service
+                            && keys.iter().any(|k| k.digest() == r.key.digest())
+                            && manual(*place, r.call_id.as_str())
+                    })
+                })
+        });
+        if in_hand {
+            continue;
+        }
         v(
             4,
             subject,

@@ -6,6 +6,7 @@
 //!   lookup or a release that fails), on every backend.
 //! * [`at_most_once`]: the same decisions through the public core (`AtMostOnce`) and a closure.
 //! * [`cancelled`]: a caller gone while a known outcome that nothing could write is journaled.
+//! * [`panics`]: user code that panics while samekey records the outcome never frees the key.
 //! * [`callbacks`]: receipts moved forward by the counterparty's callbacks, once, on every backend.
 //! * [`concurrent_duplicates`]: many duplicates of one key at once (was `tests/concurrency.rs`).
 //! * [`kept_replays`]: what a replay hands back, decoded once and kept.
@@ -34,6 +35,7 @@ mod decision_table;
 mod footprint;
 mod kept_replays;
 mod keys;
+mod panics;
 mod promise;
 mod readme_promises;
 mod round_trips;

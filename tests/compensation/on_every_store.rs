@@ -154,7 +154,7 @@ fn reversal(svc: &Svc, runs: Arc<AtomicU32>, takes: Option<Duration>) -> Compens
                 Some(takes) => tokio::time::sleep(takes).await,
                 None => std::future::pending().await,
             }
-            Ok::<(), String>(())
+            Ok::<(), samekey::Error>(())
         }
     })
 }

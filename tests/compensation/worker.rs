@@ -603,7 +603,8 @@ fn reversal_counting(svc: &Svc, runs: Arc<AtomicU32>, fail_first: u32) -> Compen
                 let (order, _amount): (String, u64) = entry.inputs().unwrap().unwrap();
                 assert_eq!(order, "o-11");
                 if n < fail_first {
-                    Err("the stock service is down")
+                    // The stock service is down: refused before processing, nothing released.
+                    Err(TestError::Refused)
                 } else {
                     Ok(())
                 }
@@ -683,6 +684,60 @@ async fn a_worker_that_died_while_reversing_is_not_followed_by_a_second_reversal
     assert_eq!(escalated.load(Ordering::SeqCst), 1);
     let entry = svc.queued().await.remove(0);
     assert_eq!(entry.state, CompensationState::Manual);
+}
+
+/// Issue 38, defect 2: the reversal releases the stock and its answer is lost (`Unknown`). It may
+/// have acted: the reversal stays open and the entry goes to a person at once. A duplicate with
+/// `lookup` that comes for the call answers `Unknown` and sends nothing — it never charges beside the
+/// released stock — and no later round reverses it again.
+#[tokio::test(start_paused = true)]
+async fn a_reversal_whose_answer_was_lost_stays_open_and_goes_to_a_person() {
+    let svc = Svc::new();
+    svc.remote.script([Fault::LoseRequest]);
+    assert!(svc.charge_keeping_inputs("o-12", 700).await.is_err());
+    let runs = Arc::new(AtomicU32::new(0));
+    let escalated = Arc::new(AtomicU32::new(0));
+    let worker = Compensator::new(&svc.rt)
+        .operation(
+            "orders.charge",
+            svc.operation().reversal({
+                let runs = runs.clone();
+                move |_entry| {
+                    let runs = runs.clone();
+                    async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        // Released, and the stock service's reply was lost.
+                        Err::<(), _>(TestError::Reset)
+                    }
+                }
+            }),
+        )
+        .rounds([Duration::from_secs(1)])
+        .on_escalate({
+            let escalated = escalated.clone();
+            move |_| {
+                escalated.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+    let pass = worker.run_once().await.unwrap();
+    assert_eq!((pass.escalated, pass.rescheduled), (1, 0), "{pass:?}");
+    assert_eq!(escalated.load(Ordering::SeqCst), 1, "a person is paged");
+    assert_eq!(svc.queued().await[0].state, CompensationState::Manual);
+    assert!(
+        matches!(
+            svc.charge_checked("o-12", 700).await,
+            Err(TestError::Samekey(Error::Unknown { .. }))
+        ),
+        "the duplicate answers Unknown"
+    );
+    assert_eq!(
+        svc.remote.effects("o-12"),
+        0,
+        "nothing charged beside the reversal"
+    );
+    tokio::time::advance(Duration::from_secs(5)).await;
+    worker.run_once().await.unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "never reversed again");
 }
 
 /// Not received, with a re-run: the worker sends the call again under its callId and records it.
@@ -1050,7 +1105,7 @@ fn slow_reversal(
         async move {
             runs.fetch_add(1, Ordering::SeqCst);
             release.notified().await;
-            Ok::<(), String>(())
+            Ok::<(), samekey::Error>(())
         }
     })
 }

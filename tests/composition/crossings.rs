@@ -337,7 +337,7 @@ impl Pay {
             async move {
                 runs.fetch_add(1, Ordering::SeqCst);
                 release.notified().await;
-                Ok::<(), String>(())
+                Ok::<(), samekey::Error>(())
             }
         })
     }

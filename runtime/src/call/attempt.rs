@@ -93,9 +93,10 @@ impl<T, E> Call<T, E> {
             None => Some(self.heartbeat(pin!(body)).await),
         }
         .map(CallResult::into_result);
-        if let Phase::Attempting(fence) = self.phase {
-            self.phase = Phase::Owner(fence);
-        }
+        // The body returned, but the call stays `Attempting` until its outcome is classified and
+        // either written or found to be one where nothing took effect: a panic in the user's
+        // `Classify`, `Display` or `Serialize` — or the caller going away — between the two leaves
+        // the call `UNKNOWN` for compensation, never a released key whose request took effect.
         if self.plain {
             // No claim, no receipt: the body's answer is the call's, and a timeout stays unknown.
             return match outcome {
@@ -150,14 +151,17 @@ impl<T, E> Call<T, E> {
                     ErrorClass::Rejected if self.uncertain => Box::pin(self.fail(error)).await,
                     ErrorClass::Rejected => {
                         self.last_error = Some(error);
+                        self.nothing_took_effect();
                         Box::pin(self.give_back("rejected; nothing took effect")).await
                     }
                     ErrorClass::Retryable => {
                         self.last_error = Some(error);
+                        self.nothing_took_effect();
                         Box::pin(self.retry(RetryClass::Retryable, Duration::ZERO)).await
                     }
                     ErrorClass::RateLimited { retry_after } => {
                         self.last_error = Some(error);
+                        self.nothing_took_effect();
                         if let Some(limit) = self.dependency.limiter.rate_limited(self.round) {
                             call_event!(INFO, self; dependency = %self.dependency.name, limit,
                                 "rate limited: fewer calls in flight");
@@ -223,8 +227,21 @@ impl<T, E> Call<T, E> {
         }
     }
 
+    /// The attempt's outcome says its request did not take effect: the call owns the key between
+    /// attempts again, and a caller that goes away now leaves it to be given back (unless an earlier
+    /// attempt was uncertain).
+    fn nothing_took_effect(&mut self) {
+        if let Phase::Attempting(fence) = self.phase {
+            self.phase = Phase::Owner(fence);
+        }
+    }
+
     pub(super) async fn unknown_outcome(&mut self, error: Option<E>) -> Step<T, E> {
         self.uncertain = true;
+        // Uncertain from here on: whatever the phase, the drop guard leaves the call `UNKNOWN`.
+        if let Phase::Attempting(fence) = self.phase {
+            self.phase = Phase::Owner(fence);
+        }
         if error.is_some() {
             self.last_error = error;
         }

@@ -19,10 +19,19 @@ use crate::compensation::entry::CompensationEntry;
 type CallAnswer = Result<RemoteStatus<Vec<u8>, String>, String>;
 type Lookup = Arc<dyn Fn(CallId) -> Pin<Box<dyn Future<Output = CallAnswer> + Send>> + Send + Sync>;
 type Reversal = Arc<
-    dyn Fn(CompensationEntry) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>>
+    dyn Fn(CompensationEntry) -> Pin<Box<dyn Future<Output = Result<(), ReversalError>> + Send>>
         + Send
         + Sync,
 >;
+
+/// A reversal's error, as the worker judges it: whether it says plainly that nothing ran.
+pub(super) struct ReversalError {
+    /// Classified `Rejected`, `Retryable`, `RateLimited` or `Permanent`: the reversal did not act.
+    /// Otherwise (`Unknown`: a timeout, a lost reply) it may have.
+    pub(super) nothing_ran: bool,
+    /// Its message.
+    pub(super) message: String,
+}
 type Rerun = Arc<
     dyn Fn(CompensationEntry) -> Pin<Box<dyn Future<Output = CallAnswer> + Send>> + Send + Sync,
 >;
@@ -123,7 +132,13 @@ impl CompensationOperation {
     /// the order, cancel the pending row — then records the call `FAILED` ("not received; reversed"),
     /// so that duplicates get that failure. The function gets the call's entry: its callId, key,
     /// attempts and, when its function keeps them (`#[idempotent(inputs = …)]`), its
-    /// [inputs](CompensationEntry::inputs). An `Err` leaves the call to the next round.
+    /// [inputs](CompensationEntry::inputs).
+    ///
+    /// An `Err` is judged by its [class](Classify): one that says nothing ran (`Rejected`,
+    /// `Retryable`, `RateLimited`, `Permanent`) leaves the call to the next round, which reverses it
+    /// again; one that may follow the reversal's effect (`Unknown`: a timeout, a lost reply) keeps the
+    /// reversal open — a duplicate or a callback answers `Error::Unknown`, nothing sends the call —
+    /// and escalates the entry to `MANUAL` at once, for a person to check what the reversal did.
     ///
     /// **At most once per call, and never beside an execution**, across workers and crashes: the
     /// worker journals its intent before the reversal runs, confirms it still holds the call's key,
@@ -135,13 +150,18 @@ impl CompensationOperation {
     /// [`NotReceivedPolicy::Reverse`].
     pub fn reversal<E, F, Fut>(mut self, reverse: F) -> CompensationOperation
     where
-        E: Display,
+        E: Classify + Display,
         F: Fn(CompensationEntry) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(), E>> + Send + 'static,
     {
         self.reversal = Some(Arc::new(move |entry| {
             let reversing = reverse(entry);
-            Box::pin(async move { reversing.await.map_err(|e| e.to_string()) })
+            Box::pin(async move {
+                reversing.await.map_err(|e| ReversalError {
+                    nothing_ran: e.classify() != ErrorClass::Unknown,
+                    message: e.to_string(),
+                })
+            })
         }));
         self.not_received = NotReceivedPolicy::Reverse;
         self

@@ -98,17 +98,30 @@ impl Compensator {
                 }
                 self.reversed(entry, fence, operation, w).await
             }
-            Err(e) => {
+            Err(e) if e.nothing_ran => {
                 tracing::warn!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
-                    attempt = 0u32, error = %e, "compensation: the reversal failed");
+                    attempt = 0u32, error = %e.message, "compensation: the reversal failed");
                 let failed = EventKind::Compensation {
                     round: entry.round,
                     step: CompensationStep::ReversalFailed,
-                    detail: e.clone(),
+                    detail: e.message.clone(),
                 };
                 w.note(self.rt.event(&entry.call_id, failed));
-                let why = format!("the reversal failed: {e}");
+                let why = format!("the reversal failed: {}", e.message);
                 self.undecided(entry, fence, &why, w).await
+            }
+            Err(e) => {
+                // It may have acted (its answer was lost): the intent stays the newest step, so the
+                // reversal stays open — no taker sends the call beside it, none reverses it again —
+                // and a person checks what it did.
+                tracing::warn!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
+                    attempt = 0u32, error = %e.message,
+                    "compensation: the reversal's outcome is unknown; escalating");
+                let why = format!(
+                    "the reversal's outcome is unknown ({}): it may have run; check it before resolving",
+                    e.message
+                );
+                self.escalate_held(entry, fence, &why, w).await
             }
         }
     }
