@@ -86,10 +86,16 @@ impl<E> ErrorCodec<E> {
                 Err(_) => String::from_utf8_lossy(&bytes).into_owned(),
             },
         };
-        match text.char_indices().nth(200) {
-            Some((end, _)) => format!("{}…", &text[..end]),
-            None => text,
-        }
+        bounded(text, 200)
+    }
+}
+
+/// `text`, cut to its first `chars` characters (and an ellipsis) when longer: what samekey writes
+/// from user errors — a journal line, a compensation entry's reason — never outgrows a column.
+pub(crate) fn bounded(text: String, chars: usize) -> String {
+    match text.char_indices().nth(chars) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text,
     }
 }
 

@@ -78,6 +78,13 @@ impl Svc {
         self.remote.call(order, || amount).await
     }
 
+    /// Its lookup fails with a proxy's whole error page (70 kB).
+    #[idempotent(key = "order", scope = "promise.charge", runtime = &self.rt, timeout = "1s",
+                 lookup = |_c| async { Err::<samekey::RemoteStatus<u64, TestError>, _>("<html>".repeat(12_000)) })]
+    async fn with_a_verbose_lookup(&self, order: &str, amount: u64) -> Result<u64, TestError> {
+        self.remote.call(order, || amount).await
+    }
+
     /// Lets the 2 s lease of the timed functions (and a backoff's extension of it) end.
     async fn pass_lease(&self) {
         match self.store.clock() {
@@ -412,6 +419,35 @@ async fn a_taker_confirms_its_key_after_its_lookup(store: Arc<dyn Store>) {
     assert_eq!(
         svc.state(&svc.first_call_id()).await,
         Some(ReceiptState::Success)
+    );
+}
+
+/// Issue 38, defect 8: a call whose every lookup failed with a long error text (a proxy's 70 kB
+/// error page) is left `UNKNOWN` and queued, on every store: the entry's reason quotes the error, cut
+/// to [`samekey::compensation::MAX_REASON_CHARS`] characters, and is written whatever the error's
+/// length (MySQL's strict mode refused the whole row before).
+async fn a_long_lookup_error_still_queues_the_call(store: Arc<dyn Store>) {
+    let svc = Svc::on(store);
+    svc.remote.script([Fault::LoseReply]);
+    let out = svc.with_a_verbose_lookup(&svc.order, 500).await;
+    let call_id = svc.first_call_id();
+    assert_eq!(
+        out,
+        Err(TestError::Samekey(Error::Unknown {
+            call_id: call_id.clone()
+        }))
+    );
+    assert_eq!(svc.state(&call_id).await, Some(ReceiptState::Unknown));
+    let entries = svc.rt.compensations().await.unwrap();
+    let entry = entries
+        .iter()
+        .find(|e| e.call_id == call_id)
+        .expect("the call is queued");
+    assert!(entry.reason.contains("<html>"), "{}", entry.reason);
+    assert!(
+        entry.reason.chars().count() <= samekey::compensation::MAX_REASON_CHARS + 1,
+        "{} characters",
+        entry.reason.chars().count()
     );
 }
 
@@ -776,6 +812,7 @@ support::on_stores!(memory, local_cache, sqlite if "sqlite", postgres if "postgr
     owner_back_after_a_take_over_answers_the_outcome,
     owner_confirms_its_key_before_a_retry,
     a_taker_confirms_its_key_after_its_lookup,
+    a_long_lookup_error_still_queues_the_call,
     a_failed_lookup_is_asked_again,
     a_failed_release_is_not_a_plain_failure,
     a_refused_release_answers_the_charge,

@@ -57,13 +57,19 @@ pub struct CompensationEntry {
     pub encoded_inputs: Option<Arc<[u8]>>,
 }
 
+/// The longest reason an entry keeps, in characters (at most 4 000 bytes of UTF-8: any store's text
+/// column holds it).
+pub const MAX_REASON_CHARS: usize = 1_000;
+
 impl CompensationEntry {
-    /// A new pending entry, due at once.
+    /// A new pending entry, due at once. Its reason is kept to its first
+    /// [`MAX_REASON_CHARS`] characters: it often quotes an error (a proxy's whole error page), and
+    /// the entry must be written whatever its length.
     pub fn new(call_id: CallId, key: Key, reason: impl Into<String>, now_ms: u64) -> Self {
         CompensationEntry {
             call_id,
             key,
-            reason: reason.into(),
+            reason: crate::codec::bounded(reason.into(), MAX_REASON_CHARS),
             round: 0,
             next_at_ms: now_ms,
             state: CompensationState::Pending,

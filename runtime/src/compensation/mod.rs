@@ -34,7 +34,7 @@ mod entry;
 mod operations;
 mod worker;
 
-pub use entry::{CompensationEntry, CompensationState};
+pub use entry::{CompensationEntry, CompensationState, MAX_REASON_CHARS};
 pub use operations::{CompensationOperation, NotReceivedPolicy};
 pub use worker::by_hand::ManualResolution;
 pub use worker::{Compensator, PassReport, DEFAULT_COMPENSATION_ROUNDS};
