@@ -430,14 +430,16 @@ impl<'r, S> Invocation<'r, S> {
         self.drive(
             body,
             None::<fn(CallId) -> std::future::Ready<NoLookup<T, E>>>,
+            false,
         )
         .await
     }
 
     /// Runs `work` at most once, for work that must never be attempted twice by this call (an inbound
-    /// request's handler, a message's work — give the operation `retries(0)`): the key's first call
-    /// runs it, a duplicate gets the recorded outcome. Should a second attempt be asked for all the
-    /// same, the call ends [`Error::Exhausted`] and nothing runs again.
+    /// request's handler, a message's work): the key's first call runs it, a duplicate gets the
+    /// recorded outcome. The call makes one attempt, whatever the operation's `retries`: where a
+    /// retry would come, it ends as spent retries do — with the work's answer that says nothing ran,
+    /// the key given back — and after an uncertain outcome `UNKNOWN`, for compensation.
     pub async fn run_once<T, E, W, Fut>(self, work: W) -> Result<T, E>
     where
         S: ErrorStorage<E>,
@@ -452,6 +454,7 @@ impl<'r, S> Invocation<'r, S> {
             async move {
                 match work {
                     Some(work) => work().await,
+                    // Never asked: the run makes one attempt at most.
                     None => Err(E::from(Error::Exhausted {
                         call_id: crate::current().call_id().clone(),
                         attempts: 1,
@@ -459,7 +462,12 @@ impl<'r, S> Invocation<'r, S> {
                 }
             }
         };
-        self.run(body).await
+        self.drive(
+            body,
+            None::<fn(CallId) -> std::future::Ready<NoLookup<T, E>>>,
+            true,
+        )
+        .await
     }
 
     /// Runs the call as [`run`](Invocation::run) does, asking `lookup` by the call's callId what
@@ -478,10 +486,16 @@ impl<'r, S> Invocation<'r, S> {
         LFut: Future,
         LFut::Output: LookupAnswer<T, E>,
     {
-        self.drive(body, Some(lookup)).await
+        self.drive(body, Some(lookup), false).await
     }
 
-    async fn drive<T, E, F, Fut, L, LFut>(self, mut body: F, mut lookup: Option<L>) -> Result<T, E>
+    /// Runs the call; `once`: one attempt at most ([`Invocation::run_once`]).
+    async fn drive<T, E, F, Fut, L, LFut>(
+        self,
+        mut body: F,
+        mut lookup: Option<L>,
+        once: bool,
+    ) -> Result<T, E>
     where
         S: ErrorStorage<E>,
         T: CallOutput,
@@ -518,6 +532,9 @@ impl<'r, S> Invocation<'r, S> {
         };
         if lookup.is_some() {
             run.asking();
+        }
+        if once {
+            run.at_most_one_attempt();
         }
         if let Some(inputs) = &self.inputs {
             run.keep_inputs(inputs);

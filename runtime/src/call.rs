@@ -372,6 +372,9 @@ struct Call<T, E> {
     /// Whether this run took the key over from an earlier, uncertain owner.
     took_over: bool,
     attempts: u32,
+    /// The retries this run may make: the spec's, or none for a run that attempts at most once
+    /// ([`Run::at_most_one_attempt`]).
+    retries: u32,
     /// Some attempt may have reached the remote side with an outcome nobody established (a timeout, a
     /// reset, a take-over of an uncertain call). Sticky: a later "not received" allows a retry with the
     /// same callId, but not a release of the key, since the first request may still arrive.
@@ -531,6 +534,13 @@ impl<T, E> Run<T, E> {
     /// outcome is asked about by callId. Call it before [`Run::start`].
     pub(crate) fn asking(&mut self) {
         self.0.has_lookup = true;
+    }
+
+    /// The run makes one attempt at most, whatever the spec's retries: where a retry would come, it
+    /// ends as spent retries do (the last answer, or `UNKNOWN` after an uncertain attempt). Call it
+    /// before [`Run::start`].
+    pub(crate) fn at_most_one_attempt(&mut self) {
+        self.0.retries = 0;
     }
 
     // `start` and `attempt` hand out the call's own futures rather than wrapping them in futures of

@@ -200,3 +200,30 @@ async fn a_bad_prefix_is_refused_before_anything_runs() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
+
+/// Issue 38, defect 10: `run_once` on an operation that allows retries makes one attempt. Its work
+/// answered "unavailable" (nothing ran): the call ends as spent retries do — with that answer, the key
+/// given back, nothing queued (it ended `UNKNOWN` for compensation before) — and the next call runs.
+#[tokio::test(start_paused = true)]
+async fn run_once_makes_one_attempt_whatever_the_operation_s_retries() {
+    let (rt, remote) = (runtime(), Remote::default());
+    remote.script([Fault::Unavailable]);
+    let out = CHARGE
+        .key("o-once")
+        .runtime(&rt)
+        .run_once(|| remote.call("o-once", || 500))
+        .await;
+    assert_eq!(out, Err(TestError::Refused));
+    assert_eq!(remote.call_ids().len(), 1, "one attempt");
+    assert!(
+        rt.compensations().await.unwrap().is_empty(),
+        "nothing queued"
+    );
+    let again = CHARGE
+        .key("o-once")
+        .runtime(&rt)
+        .run_once(|| remote.call("o-once", || 500))
+        .await;
+    assert_eq!(again, Ok(500), "the key was given back");
+    assert_eq!(remote.effects("o-once"), 1);
+}

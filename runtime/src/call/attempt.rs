@@ -264,7 +264,7 @@ impl<T, E> Call<T, E> {
     /// least `at_least` (a rate limit's `retry_after`); one longer than the runtime's
     /// [`max_retry_after`](crate::runtime::RuntimeBuilder::max_retry_after) ends the call instead.
     pub(super) async fn retry(&mut self, class: RetryClass, at_least: Duration) -> Step<T, E> {
-        if self.spent() > self.spec.retries {
+        if self.spent() > self.retries {
             return self.exhausted().await;
         }
         let now = self.rt.now_ms();

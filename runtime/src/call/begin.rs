@@ -108,6 +108,7 @@ pub(super) fn begin<T: CallOutput, E: CallError>(
         phase: Phase::Free,
         took_over: false,
         attempts: 0,
+        retries: spec.retries,
         uncertain: false,
         last_error: None,
         lookups_processing: 0,

@@ -126,7 +126,7 @@ impl<T, E> Call<T, E> {
                 // Asking again re-sends nothing, so a failed lookup is asked again after a backoff, as
                 // long as the call has retries left; each failed lookup uses one up.
                 self.lookups_failed += 1;
-                if self.spent() > self.spec.retries {
+                if self.spent() > self.retries {
                     call_event!(WARN, self; error = %e, failed_lookups = self.lookups_failed,
                         "lookup failed and no retry is left; outcome stays unknown");
                     return self
