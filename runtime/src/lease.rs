@@ -52,10 +52,16 @@ impl Owner<'_> {
         // waits for the store — a renewal that waits on a row lock the work's own transaction holds
         // (`complete_in` before its `COMMIT`) would otherwise wait for ever, and a slow renewal
         // would freeze the work for as long as it takes.
+        // Each renewal has a beat to end: one that never answers (a stuck connection) is dropped
+        // and the next beat tries again, rather than the lease lapsing under work that runs on.
         let renewals = async {
             loop {
                 tokio::time::sleep(beat).await;
-                self.renew().await;
+                if tokio::time::timeout(beat, self.renew()).await.is_err() {
+                    tracing::warn!(target: "samekey", call_id = %self.call_id,
+                        key = %self.key.short(), attempt = self.attempt, fence = self.fence.0,
+                        "a lease renewal did not end within its beat; trying again");
+                }
             }
         };
         tokio::select! {

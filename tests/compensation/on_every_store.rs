@@ -258,11 +258,12 @@ async fn a_paused_owner_answers_its_late_charge(store: Arc<dyn Store>) {
         remote: Remote::default(),
         resume: tokio::sync::Notify::new(),
     });
-    // The process is paused: its body stands (`resume`) and so does its lease's renewal.
+    // The process is paused: its body stands (`resume`) and so do its lease's renewals (each one
+    // held until it gives up at its beat, and the next held again).
     let pause = support::faulty::Gate::new();
     faulty.plan(
         "extend_lease",
-        [support::faulty::Act::Before(pause.clone())],
+        std::iter::repeat_n(support::faulty::Act::Before(pause.clone()), 1_000),
     );
     let order = order("paused");
     let owner = tokio::spawn({

@@ -740,6 +740,33 @@ async fn a_reversal_whose_answer_was_lost_stays_open_and_goes_to_a_person() {
     assert_eq!(runs.load(Ordering::SeqCst), 1, "never reversed again");
 }
 
+/// Issue 38, defect 2 (the skeptical reader's case): a reversal that released the stock and then
+/// could not read the stock service's reply answers an error that stands (`Permanent`), not one that
+/// says nothing ran: the reversal stays open and goes to a person, and a duplicate never charges
+/// beside it.
+#[tokio::test(start_paused = true)]
+async fn a_reversal_that_answered_an_error_that_stands_stays_open() {
+    let svc = Svc::new();
+    svc.remote.script([Fault::LoseRequest]);
+    assert!(svc.charge_keeping_inputs("o-15", 700).await.is_err());
+    let worker = Compensator::new(&svc.rt).operation(
+        "orders.charge",
+        svc.operation().reversal(|_entry| async {
+            Err::<(), _>(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "the stock service's reply cannot be read",
+            ))
+        }),
+    );
+    let pass = worker.run_once().await.unwrap();
+    assert_eq!((pass.escalated, pass.rescheduled), (1, 0), "{pass:?}");
+    assert!(matches!(
+        svc.charge_checked("o-15", 700).await,
+        Err(TestError::Samekey(Error::Unknown { .. }))
+    ));
+    assert_eq!(svc.remote.effects("o-15"), 0);
+}
+
 /// Not received, with a re-run: the worker sends the call again under its callId and records it.
 #[tokio::test(start_paused = true)]
 async fn a_charge_never_received_may_be_sent_again_under_its_callid() {

@@ -26,8 +26,10 @@ type Reversal = Arc<
 
 /// A reversal's error, as the worker judges it: whether it says plainly that nothing ran.
 pub(super) struct ReversalError {
-    /// Classified `Rejected`, `Retryable`, `RateLimited` or `Permanent`: the reversal did not act.
-    /// Otherwise (`Unknown`: a timeout, a lost reply) it may have.
+    /// Classified `Rejected`, `Retryable` or `RateLimited`: the reversal did not act (as a call's
+    /// key is given back for these alone). Otherwise — `Unknown` (a timeout, a lost reply),
+    /// `Permanent` (an answer that stands, which may follow the effect: "already released", a reply
+    /// that cannot be read) — it may have.
     pub(super) nothing_ran: bool,
     /// Its message.
     pub(super) message: String,
@@ -134,11 +136,14 @@ impl CompensationOperation {
     /// attempts and, when its function keeps them (`#[idempotent(inputs = …)]`), its
     /// [inputs](CompensationEntry::inputs).
     ///
-    /// An `Err` is judged by its [class](Classify): one that says nothing ran (`Rejected`,
-    /// `Retryable`, `RateLimited`, `Permanent`) leaves the call to the next round, which reverses it
-    /// again; one that may follow the reversal's effect (`Unknown`: a timeout, a lost reply) keeps the
-    /// reversal open — a duplicate or a callback answers `Error::Unknown`, nothing sends the call —
-    /// and escalates the entry to `MANUAL` at once, for a person to check what the reversal did.
+    /// An `Err` is judged by its [class](Classify), for the reversal as a whole: one that says
+    /// nothing ran (`Rejected`, `Retryable`, `RateLimited`, the classes a call's key is given back
+    /// for) leaves the call to the next round, which reverses it again; any other (`Unknown`: a
+    /// timeout, a lost reply; `Permanent`: an answer that stands, which may follow the effect) keeps
+    /// the reversal open — a duplicate or a callback answers `Error::Unknown`, nothing sends the call
+    /// — and escalates the entry to `MANUAL` at once, for a person to check what the reversal did.
+    /// A reversal of several steps answers for all of them: an error that says nothing ran, after a
+    /// step that acted, would have the call sent beside it.
     ///
     /// **At most once per call, and never beside an execution**, across workers and crashes: the
     /// worker journals its intent before the reversal runs, confirms it still holds the call's key,
@@ -158,7 +163,12 @@ impl CompensationOperation {
             let reversing = reverse(entry);
             Box::pin(async move {
                 reversing.await.map_err(|e| ReversalError {
-                    nothing_ran: e.classify() != ErrorClass::Unknown,
+                    nothing_ran: matches!(
+                        e.classify(),
+                        ErrorClass::Rejected
+                            | ErrorClass::Retryable
+                            | ErrorClass::RateLimited { .. }
+                    ),
                     message: e.to_string(),
                 })
             })

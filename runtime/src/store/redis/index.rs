@@ -33,12 +33,18 @@ impl RedisStore {
         let digest = *key.digest();
         runtime.spawn(async move {
             if store.send_index(&digest, &entry).await.is_ok() {
-                let mut waiting = store.unindexed.lock().unwrap_or_else(|p| p.into_inner());
-                if waiting.get(&digest) == Some(&entry) {
-                    waiting.remove(&digest);
-                }
+                store.indexed(&digest, &entry);
             }
         });
+    }
+
+    /// Forgets a claim's entries once they are known written (unless another claim of the key
+    /// replaced them meanwhile).
+    pub(super) fn indexed(&self, digest: &[u8; 32], entry: &Unindexed) {
+        let mut waiting = self.unindexed.lock().unwrap_or_else(|p| p.into_inner());
+        if waiting.get(digest) == Some(entry) {
+            waiting.remove(digest);
+        }
     }
 
     pub(super) fn index_later(&self, key: &Key, entry: Unindexed) {
@@ -100,5 +106,70 @@ impl RedisStore {
             .try_into()
             .map_err(|_| corrupt("a key is 32 bytes"))?;
         Ok(Some(Key::from_digest("", digest)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::store::{Claim, Claimed, Store};
+
+    /// A claim whose background index write failed waits for the key's next write; a write dropped
+    /// mid-way (a lease's renewal, dropped as the work it kept alive ends) leaves it waiting, for the
+    /// write after — it is never lost, or the call could not be found by its callId (a callback, a
+    /// receipt lookup). Needs `SAMEKEY_REDIS_URL`.
+    #[tokio::test]
+    async fn a_write_dropped_mid_way_leaves_the_index_entry_waiting() {
+        let Ok(url) = std::env::var("SAMEKEY_REDIS_URL") else {
+            crate::conformance::skipped("set SAMEKEY_REDIS_URL to run the Redis index test");
+            return;
+        };
+        let store = RedisStore::connect(&url).await.expect("connect");
+        let key = Key::build(
+            "samekey.redis.index",
+            &crate::TraceId::new().as_u128().to_string().as_str(),
+        );
+        let call_id = CallId::new("idx", "test").expect("valid labels");
+        let now = 1_800_000_000_000;
+        let claimed = store
+            .claim(Claim {
+                key: key.clone(),
+                call_id: call_id.clone(),
+                fingerprint: None,
+                lease_ms: 60_000,
+                now_ms: now,
+            })
+            .await
+            .expect("claim");
+        let Claimed::Acquired(fence) = claimed else {
+            panic!("a fresh key is acquired: {claimed:?}");
+        };
+        // As if its background write had failed: the entry waits for the key's next write.
+        let entry = Unindexed {
+            call_id: call_id.clone(),
+            created_ms: now,
+        };
+        store.index_later(&key, entry.clone());
+        // The renewal is polled once (it sends), then dropped before its answer.
+        let renewal = store.extend_lease(&key, fence, 60_000, now);
+        assert!(tokio::time::timeout(Duration::ZERO, renewal).await.is_err());
+        let waiting = store
+            .unindexed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key.digest())
+            .cloned();
+        assert_eq!(waiting, Some(entry), "the entry still waits");
+        // The next write sends it, and the call is found by its callId.
+        store
+            .extend_lease(&key, fence, 60_000, now)
+            .await
+            .expect("renewal");
+        assert_eq!(
+            store.key_of_call(&call_id).await.expect("lookup"),
+            Some(key)
+        );
     }
 }

@@ -281,11 +281,14 @@ impl RedisStore {
         for (name, value) in fields {
             invocation.arg(*name).arg(value.as_slice());
         }
+        // Left waiting until known written: a write that fails, or is dropped mid-way (a lease's
+        // renewal dropped as its work ends), leaves it for the key's next write.
         let unindexed = self
             .unindexed
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(key.digest());
+            .get(key.digest())
+            .cloned();
         let answer = match unindexed {
             None => invocation
                 .invoke_async(&mut self.conn())
@@ -297,15 +300,12 @@ impl RedisStore {
                 let indexed = self.send_index(key.digest(), &entry);
                 let mut conn = self.conn();
                 let written = invocation.invoke_async::<redis::Value>(&mut conn);
-                match tokio::join!(indexed, written) {
-                    (Ok(()), Ok(answer)) => answer,
-                    (indexed, written) => {
-                        // Not sent, or not known to be: the next write of the key sends it again.
-                        self.index_later(key, entry);
-                        indexed.map_err(unavailable)?;
-                        written.map_err(unavailable)?
-                    }
+                let (indexed, written) = tokio::join!(indexed, written);
+                if indexed.is_ok() {
+                    self.indexed(key.digest(), &entry);
                 }
+                indexed.map_err(unavailable)?;
+                written.map_err(unavailable)?
             }
         };
         match answer_code(&answer)? {
