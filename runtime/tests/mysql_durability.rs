@@ -54,15 +54,24 @@ impl Classify for ShopError {
 
 static PLACE: AtMostOnce = AtMostOnce::new("mysql_durability.place").retries(0);
 
-/// Writes the order row and the receipt in one transaction; with `crash`, the body ends after both
-/// were written and before the COMMIT (the transaction is dropped: MySQL rolls it back, as it does
-/// for a process that died there).
+/// What [`place`] does between writing its receipt and committing.
+#[derive(Debug, Clone, Copy)]
+enum BeforeCommit {
+    Nothing,
+    /// The body ends after both writes, before the COMMIT (the transaction is dropped: MySQL rolls
+    /// it back, as it does for a process that died there).
+    Crash,
+    /// One more step (a statement, a call out) that takes this long, holding the receipt's row lock.
+    Linger(Duration),
+}
+
+/// Writes the order row and the receipt in one transaction, then does `then` before the COMMIT.
 async fn place(
     rt: &Runtime,
     store: &MySqlStore,
     orders: &str,
     id: u64,
-    crash: bool,
+    then: BeforeCommit,
 ) -> Result<u64, ShopError> {
     PLACE
         .key(&id)
@@ -80,9 +89,13 @@ async fn place(
             MySqlStore::complete_in(&mut tx, &samekey_runtime::current(), &id)
                 .await
                 .map_err(|e| ShopError::Samekey(Error::Store(e)))?;
-            if crash {
-                drop(tx);
-                return Err(ShopError::Reset);
+            match then {
+                BeforeCommit::Nothing => {}
+                BeforeCommit::Crash => {
+                    drop(tx);
+                    return Err(ShopError::Reset);
+                }
+                BeforeCommit::Linger(d) => tokio::time::sleep(d).await,
             }
             tx.commit().await.map_err(|_| ShopError::Reset)?;
             Ok(id)
@@ -115,9 +128,19 @@ async fn business_row_and_receipt_commit_or_roll_back_together() {
     // Committed: the order and the receipt, and a duplicate is a replay. Ids of this run only: the
     // database outlives test runs.
     let id = (samekey_runtime::TraceId::new().as_u128() >> 80) as u64;
-    assert_eq!(place(&rt, &store, &orders, id, false).await.ok(), Some(id));
+    assert_eq!(
+        place(&rt, &store, &orders, id, BeforeCommit::Nothing)
+            .await
+            .ok(),
+        Some(id)
+    );
     assert_eq!(order_rows(&store, &orders, id).await, 1);
-    assert_eq!(place(&rt, &store, &orders, id, false).await.ok(), Some(id));
+    assert_eq!(
+        place(&rt, &store, &orders, id, BeforeCommit::Nothing)
+            .await
+            .ok(),
+        Some(id)
+    );
     assert_eq!(
         order_rows(&store, &orders, id).await,
         1,
@@ -127,7 +150,7 @@ async fn business_row_and_receipt_commit_or_roll_back_together() {
     // A crash between the two writes and the COMMIT leaves neither the order nor a SUCCESS receipt:
     // the call is UNKNOWN (for compensation), and the database shows it never happened.
     let other = id + 1_000_000;
-    let out = place(&rt, &store, &orders, other, true).await;
+    let out = place(&rt, &store, &orders, other, BeforeCommit::Crash).await;
     let Err(ShopError::Samekey(Error::Unknown { call_id })) = out else {
         panic!("expected Unknown, got {out:?}");
     };
@@ -139,6 +162,47 @@ async fn business_row_and_receipt_commit_or_roll_back_together() {
     let receipt = rt.receipt(&call_id).await.unwrap().expect("receipt");
     assert_eq!(receipt.state, ReceiptState::Unknown, "no SUCCESS receipt");
 
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {orders}")))
+        .execute(store.pool())
+        .await
+        .expect("drop the orders table");
+}
+
+/// Issue 38, defect 3: the call's lease is kept alive while it runs; its body writes the receipt
+/// with `complete_in` and lingers before the COMMIT, past a renewal. The renewal's `UPDATE` waits for
+/// the row lock the body's own transaction holds; the body is polled meanwhile and commits, and the
+/// call ends at once — not after `innodb_lock_wait_timeout`.
+#[tokio::test]
+async fn a_renewal_never_waits_on_the_body_s_own_transaction() {
+    let Some(store) = mysql().await else { return };
+    let orders = unique("orders");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {orders} (id BIGINT PRIMARY KEY) ENGINE = InnoDB"
+    )))
+    .execute(store.pool())
+    .await
+    .expect("orders table");
+    let rt = Runtime::builder()
+        .store(store.clone())
+        .lease(Duration::from_millis(600))
+        .build()
+        .unwrap();
+    let id = (samekey_runtime::TraceId::new().as_u128() >> 80) as u64;
+    let started = std::time::Instant::now();
+    let linger = BeforeCommit::Linger(Duration::from_millis(700));
+    let placed = tokio::time::timeout(
+        Duration::from_secs(20),
+        place(&rt, &store, &orders, id, linger),
+    )
+    .await
+    .expect("the call hung: its renewal waited on its own transaction's row lock");
+    assert_eq!(placed.ok(), Some(id));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the call waited {:?}: its renewal held it up",
+        started.elapsed()
+    );
+    assert_eq!(order_rows(&store, &orders, id).await, 1);
     sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {orders}")))
         .execute(store.pool())
         .await

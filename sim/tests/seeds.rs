@@ -48,13 +48,7 @@ fn a_range_of_seeds_keeps_the_promise() {
 /// regression (the same seed and faults, asserting the promise kept), and its fault out of
 /// `HELD_BACK`.
 fn finds(seed: u64, without: &str, expected: &str) {
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_samekey-sim"));
-    command.args(["--seed", &seed.to_string()]);
-    if !without.is_empty() {
-        command.args(["--without", without]);
-    }
-    let out = command.output().expect("the samekey-sim binary runs");
-    let printed = String::from_utf8_lossy(&out.stdout);
+    let (_, printed) = replay(seed, without);
     assert!(
         printed.contains(expected),
         "seed {seed} no longer finds {expected:?}: was the defect fixed? Then make this test \
@@ -67,17 +61,26 @@ fn finds(seed: u64, without: &str, expected: &str) {
 
 /// A regression: `seed`, replayed as a person replays it, keeps every invariant.
 fn keeps(seed: u64, without: &str) {
+    let (passed, printed) = replay(seed, without);
+    assert!(
+        passed && printed.contains("1 passed, 0 failed"),
+        "seed {seed} breaks the promise again:\n{printed}"
+    );
+}
+
+/// Replays `seed` without the faults `without` (`samekey-sim --seed N --without …`, a process of its
+/// own): whether it passed, and what it printed.
+fn replay(seed: u64, without: &str) -> (bool, String) {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_samekey-sim"));
     command.args(["--seed", &seed.to_string()]);
     if !without.is_empty() {
         command.args(["--without", without]);
     }
     let out = command.output().expect("the samekey-sim binary runs");
-    let printed = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && printed.contains("1 passed, 0 failed"),
-        "seed {seed} breaks the promise again:\n{printed}"
-    );
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
 }
 
 /// Every held-back fault but `kept`, as a list for `--without`: to replay one finding with its own

@@ -10,7 +10,6 @@
 //!   keys (this binary starts itself twice, running only the worker test named by its path here,
 //!   `sqlite_durability::worker_process` or `postgres_durability::worker_process`), receipts in the
 //!   caller's transaction, a server that cannot be reached.
-//! * [`mysql_transaction`]: a receipt in the caller's MySQL transaction while its lease is renewed.
 //! * [`postgres_migration`]: times from `BIGINT` to `timestamptz`, each test in a PostgreSQL schema of
 //!   its own (was `runtime/tests/postgres_migration.rs`).
 //! * [`faults`]: corrupted records, a front cache or a Redis store going down, on Redis servers these
@@ -30,7 +29,6 @@ mod clock_skew;
 mod faults;
 mod last_release;
 mod memory_capacity;
-mod mysql_transaction;
 mod postgres_durability;
 mod postgres_listen;
 mod postgres_migration;

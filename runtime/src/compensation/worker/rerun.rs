@@ -6,7 +6,6 @@
 
 use super::{Compensator, Counter, Work};
 use crate::classify::RemoteStatus;
-use crate::clock::ms;
 use crate::codec::message_bytes;
 use crate::compensation::entry::CompensationEntry;
 use crate::compensation::operations::CompensationOperation;
@@ -30,18 +29,8 @@ impl Compensator {
         // The wait for the lookup's answer is where a worker stalls past its lease while a duplicate
         // takes the call over and sends it: still the call's owner, under its fence, before
         // anything is sent again?
-        match self
-            .rt
-            .store()
-            .extend_lease(&entry.key, fence, ms(self.lease), self.rt.now_ms())
-            .await
-        {
-            Ok(()) => {}
-            Err(e) if e.lost_key() => {
-                w.pass.lost += 1;
-                return Ok(());
-            }
-            Err(e) => return Err(e.into()),
+        if !self.still_owner(&entry, fence, w).await? {
+            return Ok(());
         }
         tracing::info!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
             attempt = 0u32, round = entry.round, "compensation: not received; sending it again");

@@ -57,16 +57,8 @@ impl Compensator {
         }
         // Then, after the intent: still the call's owner? A worker that stalled past its lease is
         // fenced out here, before anything runs (its successor reads the intent).
-        match store
-            .extend_lease(&entry.key, fence, ms(self.lease), self.rt.now_ms())
-            .await
-        {
-            Ok(()) => {}
-            Err(e) if e.lost_key() => {
-                w.pass.lost += 1;
-                return Ok(());
-            }
-            Err(e) => return Err(e.into()),
+        if !self.still_owner(&entry, fence, w).await? {
+            return Ok(());
         }
         tracing::info!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
             attempt = 0u32, round = entry.round, "compensation: not received; reversing");
@@ -123,6 +115,30 @@ impl Compensator {
                 );
                 self.escalate_held(entry, fence, &why, w).await
             }
+        }
+    }
+
+    /// Whether the worker still owns the entry's key under `fence`, confirmed by extending its lease
+    /// (before it acts: after a wait, it may have stalled past the lease while another took the call
+    /// over). `false` counts the entry as lost to this worker.
+    pub(super) async fn still_owner(
+        &self,
+        entry: &CompensationEntry,
+        fence: Fence,
+        w: &mut Work<'_>,
+    ) -> Result<bool, Error> {
+        match self
+            .rt
+            .store()
+            .extend_lease(&entry.key, fence, ms(self.lease), self.rt.now_ms())
+            .await
+        {
+            Ok(()) => Ok(true),
+            Err(e) if e.lost_key() => {
+                w.pass.lost += 1;
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
         }
     }
 
