@@ -118,6 +118,18 @@ pub enum Disposition {
         /// How long to wait before the redelivery.
         delay: std::time::Duration,
     },
+    /// samekey could not begin the message's work — the runtime's [concurrency
+    /// limit](samekey_runtime::limits#concurrency-limits) was full, or its store could not be reached
+    /// or was full before the message was claimed — so nothing ran and nothing was recorded: give it
+    /// back after `delay` without counting it toward
+    /// [`Inbox::max_deliveries`](crate::Inbox::max_deliveries), which counts the deliveries that
+    /// reached the handler. A message is never dead-lettered for the consumer's own overload.
+    Deferred {
+        /// Why.
+        reason: String,
+        /// How long to wait before the redelivery.
+        delay: std::time::Duration,
+    },
     /// Move it to the dead letters (a dead-letter queue or subject) and acknowledge it: it failed
     /// for good, or ran out of deliveries, or cannot be read.
     DeadLetter {
@@ -127,31 +139,34 @@ pub enum Disposition {
 }
 
 impl Disposition {
-    /// `ack`, `requeue`, `busy` or `dead-letter`: as the journal names it.
+    /// `ack`, `requeue`, `busy`, `deferred` or `dead-letter`: as the journal names it.
     pub fn name(&self) -> &'static str {
         match self {
             Disposition::Ack => "ack",
             Disposition::Requeue { .. } => "requeue",
             Disposition::Busy { .. } => "busy",
+            Disposition::Deferred { .. } => "deferred",
             Disposition::DeadLetter { .. } => "dead-letter",
         }
     }
 
-    /// Why, for a requeue or a dead letter.
+    /// Why, for anything but an ack.
     pub fn reason(&self) -> Option<&str> {
         match self {
             Disposition::Ack => None,
             Disposition::Busy { .. } => Some("another delivery of the message is being worked"),
-            Disposition::Requeue { reason, .. } | Disposition::DeadLetter { reason } => {
-                Some(reason)
-            }
+            Disposition::Requeue { reason, .. }
+            | Disposition::Deferred { reason, .. }
+            | Disposition::DeadLetter { reason } => Some(reason),
         }
     }
 
-    /// How long to wait before giving the message back: for `Requeue` and `Busy`.
+    /// How long to wait before giving the message back: for `Requeue`, `Busy` and `Deferred`.
     pub fn delay(&self) -> Option<std::time::Duration> {
         match self {
-            Disposition::Requeue { delay, .. } | Disposition::Busy { delay } => Some(*delay),
+            Disposition::Requeue { delay, .. }
+            | Disposition::Busy { delay }
+            | Disposition::Deferred { delay, .. } => Some(*delay),
             Disposition::Ack | Disposition::DeadLetter { .. } => None,
         }
     }

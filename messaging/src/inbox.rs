@@ -3,13 +3,15 @@
 
 use std::fmt::Display;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use samekey_runtime::at_most_once::{AtMostOnce, OnBusy, OnUnknown};
 use samekey_runtime::journal::{Event, EventKind};
 use samekey_runtime::key::{Fingerprint, Key, KeyBuilder, KeyEncoder};
-use samekey_runtime::{CallId, Classify, Error, KeyPart, ReceiptState, Runtime};
+use samekey_runtime::store::StoreError;
+use samekey_runtime::{CallId, Classify, Error, ErrorClass, KeyPart, ReceiptState, Runtime};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -19,6 +21,66 @@ use crate::envelope::Envelope;
 /// The largest [`Inbox::max_deliveries`]: well inside the journal's bound, so that its requeues are
 /// all still there to count.
 pub const MAX_DELIVERIES: u64 = 100;
+
+/// What one run of a message's work came to.
+struct Worked<R, E> {
+    result: Result<R, E>,
+    /// samekey refused the work before its handler was reached, for a reason that passes.
+    refused_for_now: bool,
+}
+
+/// The error of a message's work as the call sees it: the handler's own, or samekey's — kept apart so
+/// that the inbox can tell a refusal of samekey's from anything the handler answered.
+enum Work<E> {
+    Handler(E),
+    Samekey(Error),
+}
+
+impl<E: From<Error>> Work<E> {
+    fn into_error(self) -> E {
+        match self {
+            Work::Handler(e) => e,
+            Work::Samekey(e) => E::from(e),
+        }
+    }
+
+    /// samekey refused the work for a reason that passes: the runtime's concurrency limit was full,
+    /// or its store could not be reached or was full. Only meaningful when the handler was not
+    /// reached (a store failure after the handler ran is no refusal).
+    fn refused_for_now(&self) -> bool {
+        matches!(
+            self,
+            Work::Samekey(
+                Error::Overloaded { .. }
+                    | Error::Store(StoreError::Unavailable(_) | StoreError::Full { .. })
+            )
+        )
+    }
+}
+
+impl<E> From<Error> for Work<E> {
+    fn from(error: Error) -> Work<E> {
+        Work::Samekey(error)
+    }
+}
+
+impl<E: Classify> Classify for Work<E> {
+    fn classify(&self) -> ErrorClass {
+        match self {
+            Work::Handler(e) => e.classify(),
+            Work::Samekey(e) => e.classify(),
+        }
+    }
+}
+
+impl<E: Display> Display for Work<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Work::Handler(e) => e.fmt(f),
+            Work::Samekey(e) => e.fmt(f),
+        }
+    }
+}
 
 /// The pause before a busy delivery goes back to the broker.
 const BUSY_DELAY: Duration = Duration::from_secs(1);
@@ -114,8 +176,9 @@ fn json(value: &serde_json::Value, out: &mut KeyEncoder) {
 /// | `FAILED` (the handler failed for good: a `Permanent` error) | dead-letter |
 /// | another message's (its identity reused with another payload: `KeyReuse`) | dead-letter; nothing runs |
 /// | `UNKNOWN` (the handler's outcome is uncertain) | ack: the compensation worker owns it now; with [`OnUnknown::Rerun`], requeue (counted) so that the next delivery takes it over |
-/// | none, or given back (a `Retryable`, `RateLimited` or `Rejected` error; the store unreachable) | requeue after a backoff, until [`max_deliveries`](Inbox::max_deliveries), then dead-letter |
+/// | none, or given back (a `Retryable`, `RateLimited` or `Rejected` error; the store unreachable after the handler was reached) | requeue after a backoff, until [`max_deliveries`](Inbox::max_deliveries), then dead-letter |
 /// | `PROCESSING` (another delivery is being worked, its claim alive) | busy: requeue after a pause, not counted |
+/// | none, the handler never reached: samekey refused to begin ([`Error::Overloaded`]: the runtime's concurrency limit full; the store unreachable or full before the claim) | deferred: requeue after a pause (at least 1 s), not counted — `max_deliveries` counts the deliveries that reached the handler, so a message is never dead-lettered for the consumer's own overload |
 /// | a body that is not the handler's type, a message with no identity | dead-letter |
 ///
 /// So a message is acknowledged only once its outcome is recorded; a consumer that crashes before
@@ -267,7 +330,7 @@ impl Inbox {
         E: Classify + From<Error> + Display,
     {
         let json = Payload::of(&message.payload);
-        self.deliver_read(message, &json, handler).await
+        self.deliver_read(message, &json, handler).await.result
     }
 
     /// [`Inbox::deliver`], the payload's JSON value made already.
@@ -276,7 +339,7 @@ impl Inbox {
         message: Envelope<T>,
         json: &Payload,
         handler: F,
-    ) -> Result<R, E>
+    ) -> Worked<R, E>
     where
         F: FnOnce(T) -> Fut,
         Fut: Future<Output = Result<R, E>>,
@@ -291,7 +354,9 @@ impl Inbox {
             ..
         } = message;
         let key = self.key(&Identity::Envelope { call_id, seq });
-        inbound.scope(self.run(key, json, payload, handler)).await
+        inbound
+            .scope(self.run_work(key, json, payload, handler))
+            .await
     }
 
     /// Runs `handler` on the payload of a message that came without envelope (from a producer that
@@ -336,12 +401,44 @@ impl Inbox {
         R: Serialize + DeserializeOwned,
         E: Classify + From<Error> + Display,
     {
-        self.spec()
+        self.run_work(key, json, payload, handler).await.result
+    }
+
+    /// Runs the work as [`Inbox::run`] does, and says whether samekey refused it before the handler
+    /// was reached, for a reason that passes (see [`Work::refused_for_now`]).
+    async fn run_work<T, R, E, F, Fut>(
+        &self,
+        key: KeyBuilder,
+        json: &Payload,
+        payload: T,
+        handler: F,
+    ) -> Worked<R, E>
+    where
+        F: FnOnce(T) -> Fut,
+        Fut: Future<Output = Result<R, E>>,
+        R: Serialize + DeserializeOwned,
+        E: Classify + From<Error> + Display,
+    {
+        let reached = AtomicBool::new(false);
+        let result = self
+            .spec()
             .with_key(key)
             .verify_with(self.verify(json))
             .runtime_or_ambient(self.runtime.as_ref())
-            .run_once(|| handler(payload))
-            .await
+            .run_once(|| {
+                reached.store(true, Ordering::Relaxed);
+                let work = handler(payload);
+                async move { work.await.map_err(Work::Handler) }
+            })
+            .await;
+        let refused_for_now = match &result {
+            Err(error) => !reached.load(Ordering::Relaxed) && error.refused_for_now(),
+            Ok(_) => false,
+        };
+        Worked {
+            result: result.map_err(Work::into_error),
+            refused_for_now,
+        }
     }
 
     /// Works a broker's delivery once and says what to tell the broker (see the type's
@@ -380,12 +477,16 @@ impl Inbox {
             Ok(Read::Foreign { id, payload }) => {
                 let json = Payload::of(&payload);
                 let key = self.key(&Identity::Foreign(id.clone()));
-                let result = self.run(key, &json, payload, handler).await;
+                let result = self.run_work(key, &json, payload, handler).await;
                 (Identity::Foreign(id), None, json, result)
             }
         };
         let key = self.key(&identity).finish();
         let first = !delivery.redelivered && delivery.delivery.unwrap_or(1) <= 1;
+        let Worked {
+            result,
+            refused_for_now,
+        } = result;
         match result {
             Ok(reply) => {
                 if !first {
@@ -397,10 +498,12 @@ impl Inbox {
             Err(error) => {
                 // The fingerprint only a failure needs, from the JSON value made once.
                 let fingerprint = self.verify(&json).fingerprint();
-                let disposition = self.after_failure(&key, fingerprint, &error).await;
-                if let Disposition::Busy { .. } = disposition {
-                    // Not journaled: a dead consumer's lease can make many, and the journal is
-                    // bounded; the requeues it counts must stay in it.
+                let disposition = self
+                    .after_failure(&key, fingerprint, &error, refused_for_now, delivery)
+                    .await;
+                if let Disposition::Busy { .. } | Disposition::Deferred { .. } = disposition {
+                    // Not journaled: a dead consumer's lease, or a long overload, can make many,
+                    // and the journal is bounded; the requeues it counts must stay in it.
                     tracing::debug!(target: "samekey", %key, redelivered = delivery.redelivered,
                         delivery = ?delivery.delivery,
                         "samekey: a delivery of a message being worked is given back");
@@ -415,15 +518,24 @@ impl Inbox {
 
     /// What to tell the broker about a delivery that ended in `error`, from the store's record (of
     /// this message, or — `fingerprint` differs — of another message under its identity).
+    /// `refused_for_now`: samekey refused the work before its handler was reached, for a reason
+    /// that passes; such a delivery is deferred, not counted.
     async fn after_failure<E: Display>(
         &self,
         key: &Key,
         fingerprint: Fingerprint,
         error: &E,
+        refused_for_now: bool,
+        delivery: &Delivery<'_>,
     ) -> Disposition {
+        let deferred = || Disposition::Deferred {
+            reason: format!("{error}; the handler was not reached: not counted"),
+            delay: requeue_delay(delivery.delivery.unwrap_or(1)).max(BUSY_DELAY),
+        };
         let runtime = self.runtime_here();
         let record = match runtime.store().get(key, runtime.now_ms()).await {
             Ok(record) => record,
+            Err(_) if refused_for_now => return deferred(),
             // Nothing is known: the broker keeps the message, and asks again later.
             Err(e) => {
                 return Disposition::Requeue {
@@ -450,6 +562,9 @@ impl Inbox {
                 reason: format!("failed for good: {error}"),
             },
             Some(ReceiptState::Processing) => Disposition::Busy { delay: BUSY_DELAY },
+            Some(ReceiptState::Unknown | ReceiptState::Received) | None if refused_for_now => {
+                deferred()
+            }
             Some(ReceiptState::Unknown | ReceiptState::Received) | None => {
                 let deliveries = self.requeues(key).await + 1;
                 if deliveries >= self.max_deliveries {

@@ -5,9 +5,12 @@
 //! (compensation owns it); a foreign producer's message known by its message id; the journal.
 
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
+use samekey::at_most_once::AtMostOnce;
 use samekey::journal::EventKind;
+use samekey::limits::ConcurrencyLimit;
 use samekey::{Classify, ErrorClass, ReceiptState, Runtime};
 use samekey_messaging::{Delivery, Disposition, Envelope, Handled, Inbox, Message};
 
@@ -19,6 +22,8 @@ enum ShipError {
     NoSuchAddress,
     #[error("the carrier did not answer")]
     NoAnswer,
+    #[error("the carrier asks us to slow down")]
+    Throttled,
     #[error(transparent)]
     Samekey(#[from] samekey::Error),
 }
@@ -29,6 +34,7 @@ impl Classify for ShipError {
             ShipError::CarrierDown => ErrorClass::Retryable,
             ShipError::NoSuchAddress => ErrorClass::Permanent,
             ShipError::NoAnswer => ErrorClass::Unknown,
+            ShipError::Throttled => ErrorClass::RateLimited { retry_after: None },
             ShipError::Samekey(e) => e.classify(),
         }
     }
@@ -356,4 +362,83 @@ async fn a_message_moved_back_from_the_dead_letters_gets_its_deliveries_again() 
         })
         .await;
     assert_eq!(shipped.disposition(), Disposition::Ack);
+}
+
+/// Found by the simulation (seeds 1 698 993 650 and 1 698 998 912): a consumer whose runtime's
+/// concurrency limit had fallen to 1, its one place held by a long call, had every delivery of a
+/// message refused `Overloaded` before the handler — and counted each toward `max_deliveries`, so the
+/// message was dead-lettered never worked. A refusal of samekey's own before the handler is deferred,
+/// not counted; the message is worked once a place frees up.
+#[tokio::test]
+async fn a_delivery_the_consumers_own_limit_refuses_is_deferred_never_dead_lettered() {
+    static THROTTLED: AtMostOnce = AtMostOnce::new("shipping.quote").retries(0);
+    static HOLD: AtMostOnce = AtMostOnce::new("shipping.label");
+    let rt = Runtime::builder()
+        .node("shipping-1")
+        .concurrency_limit(ConcurrencyLimit::adaptive().max_wait(Duration::from_millis(10)))
+        .build()
+        .unwrap();
+    // The carrier's "slow down" lowers the runtime's limit to 1 …
+    let throttled = THROTTLED
+        .key("q-1")
+        .runtime(&rt)
+        .run(|| async { Err::<u64, _>(ShipError::Throttled) })
+        .await;
+    assert!(
+        matches!(throttled, Err(ShipError::Throttled)),
+        "{throttled:?}"
+    );
+    assert_eq!(rt.concurrency_limit(None), Some(1));
+    // … and a long call holds that one place.
+    let release = Arc::new(tokio::sync::Notify::new());
+    let holder = tokio::spawn({
+        let (rt, release) = (rt.clone(), release.clone());
+        async move {
+            HOLD.key("l-1")
+                .runtime(&rt)
+                .run(|| async {
+                    release.notified().await;
+                    Ok::<u64, ShipError>(1)
+                })
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(1)).await;
+
+    let inbox = Inbox::new("shipping.on_charged")
+        .runtime(&rt)
+        .max_deliveries(3);
+    let message = message("o-11");
+    let runs = AtomicU32::new(0);
+    let ship = |_: String| async {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, ShipError>("shipped".to_owned())
+    };
+    for n in 0..10 {
+        let handled = inbox.handle(&delivery(&message, n > 0), ship).await;
+        match handled.disposition() {
+            Disposition::Deferred { reason, delay } => {
+                assert!(reason.contains("rate limited"), "{reason}");
+                assert!(delay >= Duration::from_secs(1), "{delay:?}");
+            }
+            other => panic!("delivery {n} of a message the limit refused: {other:?}"),
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran");
+    let envelope: Envelope<String> = serde_json::from_slice(&message.body).unwrap();
+    let key = inbox.key_of(&envelope);
+    assert!(
+        delivered(&rt, &key).await.is_empty(),
+        "deferred deliveries are not journaled: nothing to count"
+    );
+
+    release.notify_one();
+    assert_eq!(holder.await.unwrap().unwrap(), 1);
+    let handled = inbox.handle(&delivery(&message, true), ship).await;
+    assert_eq!(handled.disposition(), Disposition::Ack);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "worked once the place freed up"
+    );
 }

@@ -405,9 +405,11 @@ impl Messaging {
         }
         match disposition {
             Disposition::Ack => {}
-            Disposition::Requeue { delay, .. } | Disposition::Busy { delay } => {
+            Disposition::Requeue { delay, .. }
+            | Disposition::Busy { delay }
+            | Disposition::Deferred { delay, .. } => {
                 queued.ready_at = Instant::now() + *delay;
-                if matches!(disposition, Disposition::Busy { .. }) {
+                if !matches!(disposition, Disposition::Requeue { .. }) {
                     queued.deliveries -= 1;
                 }
                 b.queues.entry(queue).or_default().push_back(queued);

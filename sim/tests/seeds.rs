@@ -122,6 +122,16 @@ fn keeps_the_promise_when_a_taker_stalls_after_its_lookup() {
     keeps(1981, &all_held_back_but(&[]));
 }
 
+/// Found by CI's range: a consumer's runtime had its concurrency limit at 1, its place held by a long
+/// call; each delivery of a shipping message was refused `Overloaded` before the handler and counted
+/// toward `max_deliveries`, and the message was dead-lettered never worked. A refusal of samekey's own
+/// before the handler is now deferred, not counted. The seeds that found it keep the promise.
+#[test]
+fn keeps_the_promise_when_the_consumers_own_limit_refuses_its_deliveries() {
+    keeps(1_698_993_650, &all_held_back_but(&[]));
+    keeps(1_698_998_912, &all_held_back_but(&[]));
+}
+
 /// Issue 38, defect 4's kind: the worker escalates an entry (here a reversal whose outcome is
 /// unknown) and the store's answer to the escalation is lost; the entry is `MANUAL` and the hook that
 /// pages a person is never called.

@@ -33,7 +33,7 @@ const DELIVERY_COUNT: &str = "x-delivery-count";
 /// | [`Disposition`] | what the consumer does |
 /// |---|---|
 /// | `Ack` | `basic.ack` — only after [`Inbox::handle`] returned, the receipt recorded |
-/// | `Requeue`, `Busy` | `basic.nack` with requeue once the disposition's delay has passed (RabbitMQ redelivers a requeued message at once; the consumer waits, holding its turn): the broker delivers it again |
+/// | `Requeue`, `Busy`, `Deferred` | `basic.nack` with requeue once the disposition's delay has passed (RabbitMQ redelivers a requeued message at once; the consumer waits, holding its turn): the broker delivers it again |
 /// | `DeadLetter` | publishes body, headers, `message_id` and [`x-samekey-dead-letter-reason`](HEADER_DEAD_LETTER_REASON) to the [`dead_letters`](AmqpConsumer::dead_letters) queue, waits for its confirm, then `basic.ack`; a dead letter not confirmed leaves the original requeued. Without a dead-letter queue: `basic.reject` without requeue (the queue's own `x-dead-letter-exchange`, if it has one, takes it) |
 ///
 /// Deliveries are worked one at a time, in the order they come; [`prefetch`](AmqpConsumer::prefetch)
@@ -398,7 +398,9 @@ impl AmqpConsumer {
             Disposition::Ack => self.ack(session, &delivery).await,
             // RabbitMQ redelivers a requeued message at once: the inbox's delay is waited here,
             // holding this consumer (it works one delivery at a time).
-            Disposition::Requeue { delay, .. } | Disposition::Busy { delay } => {
+            Disposition::Requeue { delay, .. }
+            | Disposition::Busy { delay }
+            | Disposition::Deferred { delay, .. } => {
                 tokio::time::sleep(*delay).await;
                 self.requeue(session, &delivery).await
             }

@@ -30,7 +30,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// * A message's work runs through [`Inbox::handle`] — at most once per message identity, whatever
 ///   JetStream redelivers — and the stream is told what the inbox decided only after it returned:
 ///   [`Disposition::Ack`] is an ack that waits for the server's confirmation (a double ack),
-///   [`Disposition::Requeue`] and [`Disposition::Busy`] a `nak` with the disposition's delay,
+///   [`Disposition::Requeue`], [`Disposition::Busy`] and [`Disposition::Deferred`] a `nak` with the disposition's delay,
 ///   [`Disposition::DeadLetter`] a publish of the message (body, headers, its `Nats-Msg-Id`, and
 ///   `x-samekey-dead-letter-reason`) to the [dead-letter subject](JetStreamConsumerBuilder::dead_letters)
 ///   that waits for its JetStream ack, and only then a `term` of the original.
@@ -40,7 +40,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// * The inbox, not JetStream, gives up on a message: the consumer has no `max_deliver` of its own
 ///   (JetStream would count busy deliveries too — redeliveries answered while a dead consumer's
 ///   claim waits for its lease to end — and drop a message never worked); the inbox counts the
-///   deliveries that failed, in its journal, and dead-letters after its `max_deliveries`.
+///   deliveries that reached the handler and failed, in its journal, and dead-letters after its `max_deliveries`.
 /// * [`run`](JetStreamConsumer::run) ends between two messages when its shutdown future completes,
 ///   never in the middle of one; it survives a server restart (async-nats reconnects, and the
 ///   consumer pulls again).
@@ -224,7 +224,9 @@ impl JetStreamConsumer {
         let disposition = handled.disposition();
         let confirmed = match &disposition {
             Disposition::Ack => self.tell(received, AckKind::Ack).await,
-            Disposition::Requeue { delay, .. } | Disposition::Busy { delay } => {
+            Disposition::Requeue { delay, .. }
+            | Disposition::Busy { delay }
+            | Disposition::Deferred { delay, .. } => {
                 self.tell(received, AckKind::Nak(Some(*delay))).await
             }
             Disposition::DeadLetter { reason } => self.dead_letter(received, reason).await,
