@@ -60,7 +60,9 @@ pub async fn forget(rt: &Runtime, args: ForgetArgs, out: &mut Out) -> Result<Ver
                 key.to_hex()
             )))
         }
-        Err(e @ Error::NotFinished { .. }) => return Err(Failure::usage(e.to_string())),
+        Err(e @ (Error::NotFinished { .. } | Error::OpenCompensation { .. })) => {
+            return Err(Failure::usage(e.to_string()))
+        }
         Err(Error::Store(e)) => return Err(Failure::store(e)),
         Err(e) => return Err(Failure::usage(e.to_string())),
     };

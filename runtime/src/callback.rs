@@ -6,7 +6,8 @@
 //! * **Forward only, re-entrant.** The first delivery records the outcome (`Applied`); a repeat of the
 //!   same outcome changes nothing (`AlreadyApplied`); a delivery that would move a finished receipt
 //!   to another outcome (`SUCCESS` → `FAILED`, `FAILED` → `SUCCESS`) is refused with
-//!   [`Error::TransitionRefused`] and changes nothing.
+//!   [`Error::TransitionRefused`] and changes nothing — and, the first time, queues the call for a
+//!   person: the worker marks it `MANUAL` and runs the escalation hook.
 //! * **One writer.** An `UNKNOWN` call, or one whose owner's lease ended, is taken over (a new receipt
 //!   fence) before the outcome is written: the owner, should it come back, is fenced out and answers
 //!   the recorded outcome. A call whose owner is still running is waited for (bounded), then judged.
@@ -19,8 +20,9 @@ use serde::Serialize;
 use crate::call_id::CallId;
 use crate::clock::ms;
 use crate::codec::message_bytes;
+use crate::compensation::CompensationEntry;
 use crate::error::{Error, StoreError};
-use crate::journal::EventKind;
+use crate::journal::{AttemptOutcome, EventKind};
 use crate::receipt::ReceiptState;
 use crate::runtime::Runtime;
 use crate::store::Completion;
@@ -102,6 +104,49 @@ impl Runtime {
         }
     }
 
+    /// A callback that contradicts the call's recorded outcome (`FAILED` recorded, the provider says it
+    /// took effect; or the other way round): the record is what duplicates replay, so a person must
+    /// reconcile the two. The first such callback is journaled ([`EventKind::CallbackRefused`]) and
+    /// queues the call for compensation, whose worker finds the contradiction, marks the entry
+    /// `MANUAL` and runs the escalation hook; repeats are logged only, so that a provider that keeps
+    /// delivering neither pushes the journal's history out nor pages again.
+    async fn contradicted(&self, record: &crate::receipt::Receipt, callback: &Callback) {
+        let (call_id, key) = (&record.call_id, &record.key);
+        tracing::warn!(target: "samekey", call_id = %call_id, key = %key.short(),
+            attempt = 0u32, from = %record.state, to = %callback.state,
+            "callback refused: it contradicts the recorded outcome; left to a person");
+        let reported = match self.store().journal_of_call(call_id, self.now_ms()).await {
+            Ok(events) => events.iter().any(|event| {
+                matches!(event.what, EventKind::CallbackRefused { from, to }
+                    if from == record.state && to == callback.state)
+            }),
+            // Cannot tell: report it (twice rather than never).
+            Err(_) => false,
+        };
+        if reported {
+            return;
+        }
+        let refused = EventKind::CallbackRefused {
+            from: record.state,
+            to: callback.state,
+        };
+        self.journal(key, &[self.event(call_id, refused)], callback.ttl)
+            .await;
+        let reason = format!(
+            "a callback says {}, but the call is recorded {}: reconcile by hand",
+            callback.state, record.state
+        );
+        let mut entry = CompensationEntry::new(call_id.clone(), key.clone(), reason, self.now_ms());
+        if callback.state == ReceiptState::Success {
+            // Its request took effect, by the provider's word.
+            entry.last_error = Some(AttemptOutcome::Ok);
+        }
+        if let Err(e) = self.store().enqueue_compensation(entry).await {
+            tracing::error!(target: "samekey", call_id = %call_id, key = %key.short(),
+                attempt = 0u32, error = %e, "could not queue the contradiction for a person");
+        }
+    }
+
     /// Applies a callback about `call_id` to its receipt, at most once (see the [module
     /// docs](crate::callback)). Run the downstream work (ship the order) after `Applied` **and** after
     /// `AlreadyApplied`, through an `#[idempotent]` function keyed by the business reference: it then
@@ -146,15 +191,7 @@ impl Runtime {
                         .await;
                     return Ok(Applied::AlreadyApplied);
                 }
-                tracing::warn!(target: "samekey", call_id = %call_id, key = %record.key.short(),
-                    attempt = 0u32, from = %record.state, to = %callback.state,
-                    "callback refused: it would move a finished receipt backwards");
-                let refused = EventKind::CallbackRefused {
-                    from: record.state,
-                    to: callback.state,
-                };
-                self.journal(&record.key, &[self.event(call_id, refused)], callback.ttl)
-                    .await;
+                self.contradicted(&record, &callback).await;
                 return Err(Error::TransitionRefused {
                     call_id: call_id.clone(),
                     from: record.state,

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::call_id::{CallId, ShortLabel, TraceId, TraceParent};
+use crate::clock::RuntimeClock;
 use crate::key::Key;
 use crate::receipt::Fence;
 
@@ -46,10 +47,20 @@ pub struct Context {
     /// The messages this attempt made so far ([`Context::next_message_seq`]).
     messages: MessageCount,
     fence: Fence,
-    started_ms: u64,
-    expires_at_ms: u64,
+    time: AttemptTime,
     protected: bool,
     places: Places,
+}
+
+/// An attempt's times: when it started, and what a receipt it writes is dated and kept by.
+#[derive(Debug, Clone)]
+pub(crate) struct AttemptTime {
+    /// When the attempt started, in the runtime's Unix ms.
+    pub(crate) started_ms: u64,
+    /// The function's `ttl`, in ms: a receipt lives this long from its write.
+    pub(crate) ttl_ms: u64,
+    /// The runtime's clock, for "now" at a write the body makes (`complete_in`).
+    pub(crate) clock: RuntimeClock,
 }
 
 /// The concurrency limiters in which the running call and the calls it is nested in hold a place
@@ -90,8 +101,7 @@ impl Context {
         key: Key,
         attempt: u32,
         fence: Fence,
-        started_ms: u64,
-        expires_at_ms: u64,
+        time: AttemptTime,
     ) -> Context {
         Context {
             call_id,
@@ -100,8 +110,7 @@ impl Context {
             attempt,
             messages: MessageCount::default(),
             fence,
-            started_ms,
-            expires_at_ms,
+            time,
             protected: true,
             places: Places::default(),
         }
@@ -213,12 +222,24 @@ impl Context {
 
     /// When this attempt started, in the runtime's Unix milliseconds.
     pub fn started_ms(&self) -> u64 {
-        self.started_ms
+        self.time.started_ms
     }
 
-    /// When a receipt written now would expire: the attempt's start plus the function's `ttl`.
+    /// When a receipt written now would expire: now (the runtime's clock) plus the function's `ttl`.
+    /// A receipt's `ttl` counts from its write, whenever in the attempt that comes.
     pub fn expires_at_ms(&self) -> u64 {
-        self.expires_at_ms
+        self.now_ms().saturating_add(self.time.ttl_ms)
+    }
+
+    /// The function's `ttl`, in milliseconds: how long a receipt lives from its write.
+    pub fn ttl_ms(&self) -> u64 {
+        self.time.ttl_ms
+    }
+
+    /// Now, by the runtime's clock (the clock the runtime judges leases and expiry by where the store
+    /// has none of its own).
+    pub fn now_ms(&self) -> u64 {
+        self.time.clock.now_ms()
     }
 
     /// `f` with this context as the current one. Not an `async fn`: its future would hold the

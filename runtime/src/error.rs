@@ -139,6 +139,20 @@ pub enum Error {
         /// Its state.
         state: ReceiptState,
     },
+    /// [`Runtime::forget`](crate::Runtime::forget) refused a finished call that a compensation entry
+    /// still covers: the entry says its outcome is in doubt (a call recorded `FAILED` whose request
+    /// took effect, queued `MANUAL` for a person), and forgetting it would let the customer's redo run
+    /// a second time. Resolve the entry first ([`Compensator::resolve`](crate::Compensator::resolve),
+    /// toward what happened), then forget the call if it must run again.
+    #[error("call {call_id} is {state}, but its compensation entry is still open ({reason}): resolve it first (Compensator::resolve, samekey compensation resolve), then forget it if it must run again")]
+    OpenCompensation {
+        /// The call.
+        call_id: CallId,
+        /// Its recorded state.
+        state: ReceiptState,
+        /// Why the entry was queued.
+        reason: String,
+    },
     /// The dependency answered "rate limited", its [concurrency limit](crate::limits#concurrency-limits) is full, and
     /// no place freed up within the limit's `max_wait`. Refused before claiming: nothing ran and no key
     /// is held, so the same call may be made again later. Classified `Unknown`, as `InProgress` and
@@ -187,6 +201,7 @@ impl Classify for Error {
             | Error::TransitionRefused { .. }
             | Error::AlreadySettled { .. }
             | Error::NotFinished { .. }
+            | Error::OpenCompensation { .. }
             | Error::DefaultAlreadySet => ErrorClass::Permanent,
             // Not `Rejected`: passed up from a call nested in another one's body, it must not give
             // the outer key back, since the outer body may have acted before it.

@@ -165,6 +165,11 @@ impl Runtime {
         &self.inner.node
     }
 
+    /// The runtime's clock (a context carries it, for "now" at a write its body makes).
+    pub(crate) fn clock(&self) -> &RuntimeClock {
+        &self.inner.clock
+    }
+
     /// The runtime's time: Unix milliseconds from its [`Clock`] (the system clock, read fresh, unless
     /// [`RuntimeBuilder::clock`] gave another).
     pub fn now_ms(&self) -> u64 {
@@ -283,8 +288,11 @@ impl Runtime {
     ///
     /// Refused ([`Error::NotFinished`]) for a call that has not finished: a `PROCESSING` one may be
     /// running, and an `UNKNOWN` one may have taken effect (resolve it first, with
-    /// [`Compensator::resolve`](crate::Compensator::resolve)). [`StoreError::NotFound`] when the key
-    /// holds nothing; a call that settled or moved on meanwhile is refused by the store's fence.
+    /// [`Compensator::resolve`](crate::Compensator::resolve)). Refused too
+    /// ([`Error::OpenCompensation`]) for a finished call that a compensation entry still covers: a
+    /// `FAILED` record whose request took effect waits in the queue for a person, and a redo after
+    /// forgetting it would run a second time. [`StoreError::NotFound`] when the key holds nothing; a
+    /// call that settled or moved on meanwhile is refused by the store's fence.
     ///
     /// ```
     /// # async fn demo(rt: samekey_runtime::Runtime) -> Result<(), samekey_runtime::Error> {
@@ -303,6 +311,19 @@ impl Runtime {
             return Err(Error::NotFinished {
                 call_id: record.call_id,
                 state: record.state,
+            });
+        }
+        // A rare, manual operation: reading the queue through is affordable here.
+        if let Some(entry) = store
+            .list_compensations()
+            .await?
+            .into_iter()
+            .find(|entry| entry.call_id == record.call_id)
+        {
+            return Err(Error::OpenCompensation {
+                call_id: record.call_id,
+                state: record.state,
+                reason: entry.reason,
             });
         }
         store.forget(key, record.fence).await?;

@@ -188,13 +188,6 @@ impl Report {
 /// fixes a defect removes its line and turns the `finds_…` test of `tests/seeds.rs` that replays its
 /// seed into a regression: the same seed and faults, now keeping the promise.
 pub const HELD_BACK: &[(&str, &str)] = &[
-    // The worker escalates an entry and the store's answer is lost: the entry is MANUAL and the
-    // escalation hook is never called (a reversal whose outcome is unknown escalates at once, inside
-    // the fault window).
-    (
-        "StoreFailAfter@Compensation",
-        "found by the simulation; issue 38, defect 4 (every MANUAL entry reaches the hook once)",
-    ),
     // Two consumer scopes of one message work under one callId: a downstream service that
     // deduplicates by callId swallows the second scope's work, and when both go UNKNOWN only one is
     // queued for compensation (the queue is keyed by callId), the other is lost.

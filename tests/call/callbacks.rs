@@ -132,6 +132,19 @@ async fn callback_scenarios(store: Arc<dyn Store>) {
     }
     let receipt = restarted.rt.receipt(&call_id).await.unwrap().unwrap();
     assert_eq!(receipt.state, ReceiptState::Success);
+    // The provider contradicts the record: queued for a person (the worker pages them), once.
+    let queued = |entries: Vec<samekey::compensation::CompensationEntry>| {
+        entries.iter().filter(|e| e.call_id == call_id).count()
+    };
+    assert_eq!(queued(restarted.rt.compensations().await.unwrap()), 1);
+    assert!(matches!(
+        restarted
+            .rt
+            .apply_callback(&call_id, Callback::failed("card declined"))
+            .await,
+        Err(Error::TransitionRefused { .. })
+    ));
+    assert_eq!(queued(restarted.rt.compensations().await.unwrap()), 1);
 
     let stranger = CallId::new("pay", "elsewhere").unwrap();
     assert!(matches!(
@@ -209,7 +222,9 @@ async fn callback_before_the_reply(store: Arc<dyn Store>) {
 }
 
 /// A "paid" callback for a charge this side recorded as declined is refused, journaled, and ships
-/// nothing: the receipt stays FAILED, in this process and after a restart.
+/// nothing: the receipt stays FAILED, in this process and after a restart. The first refusal queues
+/// the call for a person (the provider says it took effect); the repeat neither journals nor queues
+/// again.
 async fn a_late_success_for_a_declined_call_is_refused(store: Arc<dyn Store>) {
     let shipped = Arc::new(AtomicU32::new(0));
     let shop = Shop::on(store.clone(), shipped.clone());
@@ -246,7 +261,24 @@ async fn a_late_success_for_a_declined_call_is_refused(store: Arc<dyn Store>) {
                 }
         })
         .count();
-    assert_eq!(refused, 2, "each refusal journaled");
+    assert_eq!(
+        refused, 1,
+        "the first refusal journaled, the repeat only logged"
+    );
+    let queued: Vec<_> = restarted
+        .rt
+        .compensations()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.call_id == call_id)
+        .collect();
+    assert_eq!(queued.len(), 1, "queued for a person");
+    assert_eq!(
+        queued[0].last_error,
+        Some(samekey::journal::AttemptOutcome::Ok),
+        "it took effect, by the provider's word"
+    );
 }
 
 support::on_stores!(memory, local_cache, sqlite if "sqlite", postgres if "postgres", mysql if "mysql", mysql_cached if "mysql" & "redis", redis if "redis" => {

@@ -1118,7 +1118,139 @@ async fn a_fenced_out_owner_never_answers_a_recorded_outcome_it_knows_is_false()
     );
     let queued = svc.rt.compensations().await.unwrap();
     assert_eq!(queued.len(), 1, "queued for a person");
+    // Issue 38, defect 4: the call queued the contradiction `MANUAL` itself, and the hook that pages a
+    // person never ran. It is queued for the worker, which escalates it through the hook, once.
+    let paged = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let worker = svc.worker(NotReceivedPolicy::Hold).on_escalate({
+        let paged = paged.clone();
+        move |entry| paged.lock().unwrap().push(entry.call_id.clone())
+    });
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let pass = worker.run_once().await.unwrap();
+    assert_eq!((pass.escalated, pass.settled_elsewhere), (1, 0), "{pass:?}");
+    tokio::time::advance(Duration::from_secs(60)).await;
+    assert_eq!(
+        worker.settle().await.unwrap().taken,
+        0,
+        "MANUAL: never taken again"
+    );
+    assert_eq!(
+        *paged.lock().unwrap(),
+        vec![queued[0].call_id.clone()],
+        "paged once"
+    );
+    let queued = svc.rt.compensations().await.unwrap();
+    assert_eq!(queued.len(), 1, "kept for a person");
     assert_eq!(queued[0].state, CompensationState::Manual);
+
+    // Defect 5: support follows "the customer must redo it" and forgets the FAILED call; the redo
+    // would charge a second time. Forget is refused while the entry is open, and says why.
+    match svc
+        .rt
+        .forget(&key, "bob", "ticket 12: the customer redoes the order")
+        .await
+    {
+        Err(e @ samekey::Error::OpenCompensation { .. }) => {
+            let said = e.to_string();
+            assert!(said.contains("resolve it first"), "{said}");
+            assert!(said.contains("took effect"), "{said}");
+        }
+        other => panic!("forget must wait for the person's resolution: {other:?}"),
+    }
+    assert_eq!(
+        svc.charge("o-paused", 500).await.ok(),
+        None,
+        "still FAILED, never run again"
+    );
+    assert_eq!(svc.remote.effects("o-paused"), 1);
+}
+
+/// Issue 38, defect 4, found by the simulation (seed 30): the worker escalates an entry and the
+/// store's answer is lost although the write applied. The entry is `MANUAL` — no worker takes it
+/// again — and the hook that pages a person never ran. It runs when the answer is lost, too.
+#[tokio::test(start_paused = true)]
+async fn an_escalation_whose_answer_was_lost_still_pages_a_person() {
+    let svc = Paused::new();
+    svc.remote.script([Fault::LoseRequest]);
+    assert!(svc.charge("o-lost", 500).await.is_err());
+    let paged = Arc::new(AtomicU32::new(0));
+    let worker = svc.worker(NotReceivedPolicy::Hold).on_escalate({
+        let paged = paged.clone();
+        move |entry| {
+            assert_eq!(entry.state, CompensationState::Manual);
+            paged.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    assert_eq!(worker.run_once().await.unwrap().rescheduled, 1);
+    svc.store.plan(
+        "escalate_compensation",
+        [support::faulty::Act::Lose(
+            samekey::store::StoreError::Unavailable("connection reset".to_owned()),
+        )],
+    );
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(worker.run_once().await.unwrap().escalated, 1);
+    assert_eq!(
+        paged.load(Ordering::SeqCst),
+        1,
+        "paged, though the answer was lost"
+    );
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    assert_eq!(worker.settle().await.unwrap().taken, 0);
+    assert_eq!(paged.load(Ordering::SeqCst), 1, "once");
+    let queued = svc.rt.compensations().await.unwrap();
+    assert_eq!(queued[0].state, CompensationState::Manual);
+    assert_eq!(svc.remote.effects("o-lost"), 0);
+}
+
+/// Issue 38's suspicion, confirmed: a callback that contradicts a recorded outcome was journaled and
+/// refused, but nothing reached a person — unlike the owner's own contradiction. The charge was
+/// declined and recorded `FAILED`; the provider later calls back "charged". The first such callback
+/// queues the call, the worker marks it `MANUAL` through the hook, and repeats page no one again.
+#[tokio::test(start_paused = true)]
+async fn a_callback_that_contradicts_the_record_reaches_a_person_once() {
+    let svc = Svc::new();
+    svc.remote.script([Fault::Reject]);
+    assert!(svc.charge("o-cb", 500).await.is_err());
+    let call_id: CallId = svc.remote.call_ids()[0].parse().unwrap();
+    let recorded = svc.rt.receipt(&call_id).await.unwrap().unwrap();
+    assert_eq!(recorded.state, samekey::ReceiptState::Failed);
+    let paged = Arc::new(AtomicU32::new(0));
+    let worker = svc.worker().on_escalate({
+        let paged = paged.clone();
+        move |_| {
+            paged.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    for _ in 0..3 {
+        let refused = svc
+            .rt
+            .apply_callback(
+                &call_id,
+                samekey::callback::Callback::succeeded(&500u64).unwrap(),
+            )
+            .await;
+        assert!(
+            matches!(refused, Err(samekey::Error::TransitionRefused { .. })),
+            "{refused:?}"
+        );
+        let pass = worker.run_once().await.unwrap();
+        assert_eq!(pass.settled_elsewhere, 0, "{pass:?}");
+    }
+    assert_eq!(paged.load(Ordering::SeqCst), 1, "paged once");
+    let queued = svc.queued().await;
+    assert_eq!(queued.len(), 1);
+    assert_eq!(queued[0].state, CompensationState::Manual);
+    let refusals = svc
+        .rt
+        .history(&call_id)
+        .await
+        .unwrap()
+        .events
+        .iter()
+        .filter(|e| matches!(e.what, samekey::journal::EventKind::CallbackRefused { .. }))
+        .count();
+    assert_eq!(refusals, 1, "repeats are not journaled");
 }
 
 /// A reversal that waits for `release` before it ends, counting its runs.

@@ -123,3 +123,54 @@ async fn two_processes_race_and_each_key_runs_once() {
         .expect("pids");
     support::race::assert_each_key_ran_once(&rows, pids.len(), KEYS);
 }
+
+/// Issue 38, defect 7: `SqliteStore::complete_in` counted the receipt's ttl from the attempt's start.
+/// A 3-minute job with `ttl = "2m"` wrote a receipt already expired, and the next duplicate ran
+/// the job again. The ttl counts from the write, as the call path's own write and PostgreSQL's and
+/// MySQL's `complete_in` count it.
+#[tokio::test]
+async fn a_receipt_written_in_the_body_lives_its_ttl_from_the_write() {
+    struct Jobs {
+        rt: Runtime,
+        store: SqliteStore,
+        clock: support::TestClock,
+        runs: AtomicU32,
+    }
+    impl Jobs {
+        #[idempotent(key = "job", scope = "jobs.export", runtime = &self.rt, ttl = "2m")]
+        async fn export(&self, job: u64) -> Result<u64, TestError> {
+            self.runs.fetch_add(1, Ordering::SeqCst);
+            // The export takes three minutes.
+            self.clock.advance(std::time::Duration::from_secs(180));
+            let mut tx = self.store.pool().begin().await.expect("begin");
+            SqliteStore::complete_in(&mut tx, &samekey::current(), &job)
+                .await
+                .expect("receipt");
+            tx.commit().await.expect("commit");
+            Ok(job)
+        }
+    }
+    let store = SqliteStore::open(db_path("ttl-from-write"))
+        .await
+        .expect("open");
+    let clock = support::TestClock::default();
+    let jobs = Jobs {
+        rt: Runtime::builder()
+            .store(store.clone())
+            .clock(clock.clone())
+            .build()
+            .expect("runtime"),
+        store,
+        clock,
+        runs: AtomicU32::new(0),
+    };
+    assert_eq!(jobs.export(9).await, Ok(9));
+    jobs.clock.advance(std::time::Duration::from_secs(60));
+    assert_eq!(
+        jobs.export(9).await,
+        Ok(9),
+        "replayed a minute after the write"
+    );
+    assert_eq!(jobs.runs.load(Ordering::SeqCst), 1, "the job ran once");
+    assert_eq!(jobs.rt.stats().replays, 1);
+}

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use crate::classify::ErrorClass;
 use crate::clock::ms;
-use crate::context::Context;
+use crate::context::{AttemptTime, Context};
 use crate::error::{Error, StoreError};
 use crate::journal::{AttemptOutcome, EventKind};
 use crate::lease::Owner;
@@ -73,8 +73,11 @@ impl<T, E> Call<T, E> {
             self.key.clone(),
             self.attempts,
             self.phase.fence().unwrap_or(Fence(0)),
-            started,
-            started.saturating_add(ms(self.spec.ttl)),
+            AttemptTime {
+                started_ms: started,
+                ttl_ms: ms(self.spec.ttl),
+                clock: self.rt.clock().clone(),
+            },
         )
         .holding(if self.admitted {
             self.enclosing.with(self.limiter_addr())

@@ -10,7 +10,7 @@
 //!   for compensation and one that never ran answers its plain failure.
 
 use crate::error::Error;
-use crate::journal::EventKind;
+use crate::journal::{AttemptOutcome, EventKind};
 use crate::receipt::ReceiptState;
 
 use super::record::finish_compensation;
@@ -74,8 +74,11 @@ impl<T, E> Call<T, E> {
 
     /// Answers `value`, the call's success, although another owner recorded it `FAILED` meanwhile: the
     /// record is what duplicates replay, so a person must reconcile the two. Journaled
-    /// ([`EventKind::Contradicted`]), logged, and queued as a `MANUAL` compensation entry (if no worker
-    /// holds one for the call: then its worker's journal and this log say it).
+    /// ([`EventKind::Contradicted`]), logged, and queued for compensation with its last attempt
+    /// `Ok`: the worker that takes the entry finds the record `FAILED` beside an attempt that took
+    /// effect, marks the entry `MANUAL` and runs the escalation hook — every `MANUAL` entry reaches a
+    /// person through the hook, whoever found it. (If a worker already holds an entry for the call,
+    /// that worker finds the `Contradicted` event in the journal and does the same.)
     pub(super) async fn contradicted(&mut self, value: T, now: u64) -> Step<T, E> {
         call_event!(ERROR, self;
             "another owner recorded FAILED, but this owner's request took effect; answering its success, and asking a person to reconcile");
@@ -86,14 +89,9 @@ impl<T, E> Call<T, E> {
         self.flush().await;
         let reason =
             "the owner's request took effect after the call was recorded FAILED: reconcile by hand";
-        let entry = self.entry(reason, now);
-        let fence = entry.fence;
-        let store = self.rt.store();
-        let escalated = match store.enqueue_compensation(entry).await {
-            Ok(()) => store.escalate_compensation(&self.call_id, fence, now).await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = escalated {
+        let mut entry = self.entry(reason, now);
+        entry.last_error = Some(AttemptOutcome::Ok);
+        if let Err(e) = self.rt.store().enqueue_compensation(entry).await {
             call_event!(ERROR, self; error = %e, "could not queue the contradiction for a person");
         }
         self.done(Ok(value))

@@ -8,10 +8,10 @@ use super::{completion, Compensator, Counter, PassReport, Work};
 use crate::classify::RemoteStatus;
 use crate::clock::ms;
 use crate::codec::message_bytes;
-use crate::compensation::entry::CompensationEntry;
+use crate::compensation::entry::{CompensationEntry, CompensationState};
 use crate::compensation::operations::NotReceivedPolicy;
 use crate::error::{Error, StoreError};
-use crate::journal::{CompensationStep, EventKind, LookupOutcome};
+use crate::journal::{AttemptOutcome, CompensationStep, EventKind, LookupOutcome};
 use crate::receipt::{Fence, ReceiptState};
 use crate::takeover::{self, Reversal as Begun, TakenOver};
 
@@ -29,7 +29,7 @@ impl Compensator {
             return self.settled_elsewhere(&entry, w).await;
         };
         if record.state.is_terminal() {
-            return self.settled_elsewhere(&entry, w).await;
+            return self.found_settled(entry, record.state, w).await;
         }
         let Some(operation) = self.operations.get(entry.key.scope()).cloned() else {
             let reason = format!("no operation registered for scope `{}`", entry.key.scope());
@@ -38,8 +38,11 @@ impl Compensator {
         let fence = match takeover::take_over(&self.rt, &record, ms(self.lease), now).await? {
             TakenOver::Acquired(fence) => fence,
             // Settled meanwhile (a duplicate, a callback), or gone, or another call's now.
-            TakenOver::Existing(r) if r.call_id != entry.call_id || r.state.is_terminal() => {
+            TakenOver::Existing(r) if r.call_id != entry.call_id => {
                 return self.settled_elsewhere(&entry, w).await;
+            }
+            TakenOver::Existing(r) if r.state.is_terminal() => {
+                return self.found_settled(entry, r.state, w).await;
             }
             TakenOver::Gone => return self.settled_elsewhere(&entry, w).await,
             // A call holds the key and runs: it settles the entry, or the next round looks again.
@@ -265,6 +268,48 @@ impl Compensator {
     }
 
     /// Removes the entry of a call settled elsewhere meanwhile (a duplicate, a callback, its owner).
+    /// An entry whose call's record is settled (`state`): done — unless what happened contradicts the
+    /// record (see [`Compensator::contradicted`]): then a person must reconcile the two, and the entry
+    /// goes `MANUAL` through the escalation hook.
+    async fn found_settled(
+        &self,
+        entry: CompensationEntry,
+        state: ReceiptState,
+        w: &mut Work<'_>,
+    ) -> Result<(), Error> {
+        if self.contradicted(&entry, state).await? {
+            let why = format!("the call is recorded {state}, but what happened contradicts it: reconcile by hand (resolve it toward what happened)");
+            return self.escalate_entry(entry, &why, w).await;
+        }
+        self.settled_elsewhere(&entry, w).await
+    }
+
+    /// Whether what happened to the call of `entry` contradicts its record (`state`): recorded
+    /// `FAILED` although its request took effect (the entry's last attempt answered `Ok`, or the
+    /// call's journal holds its owner's [`EventKind::Contradicted`]), or a callback reported the other
+    /// outcome ([`EventKind::CallbackRefused`]).
+    async fn contradicted(
+        &self,
+        entry: &CompensationEntry,
+        state: ReceiptState,
+    ) -> Result<bool, StoreError> {
+        if state == ReceiptState::Failed && entry.last_error == Some(AttemptOutcome::Ok) {
+            return Ok(true);
+        }
+        let events = self
+            .rt
+            .store()
+            .journal_of_call(&entry.call_id, self.rt.now_ms())
+            .await?;
+        Ok(events.iter().any(|event| match event.what {
+            EventKind::Contradicted { recorded, known } => recorded == state && known != state,
+            EventKind::CallbackRefused { from, to } => {
+                from == state && to.is_terminal() && to != state
+            }
+            _ => false,
+        }))
+    }
+
     async fn settled_elsewhere(
         &self,
         entry: &CompensationEntry,
@@ -341,10 +386,14 @@ impl Compensator {
         self.escalate_entry(entry, why, w).await
     }
 
-    /// Marks an entry `MANUAL` for a person, and runs the escalation hook.
+    /// Marks an entry `MANUAL` for a person, and runs the escalation hook: once the store said the
+    /// entry is `MANUAL`, and also when its answer was lost (the entry may be `MANUAL`, and no worker
+    /// takes a `MANUAL` entry again; if the write did not apply, the entry's next take escalates it
+    /// again and the hook runs a second time — twice rather than never). Not when another worker took
+    /// the entry meanwhile (its round escalates it) or it is gone.
     async fn escalate_entry(
         &self,
-        entry: CompensationEntry,
+        mut entry: CompensationEntry,
         why: &str,
         w: &mut Work<'_>,
     ) -> Result<(), Error> {
@@ -353,18 +402,23 @@ impl Compensator {
             .store()
             .escalate_compensation(&entry.call_id, entry.fence, self.rt.now_ms())
             .await;
-        if done.is_ok() {
+        if !matches!(done, Err(StoreError::Fenced { .. } | StoreError::NotFound)) {
             w.pass.escalated += 1;
             tracing::warn!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
-                attempt = 0u32, rounds = entry.round, why, "compensation: needs a person (MANUAL)");
+                attempt = 0u32, rounds = entry.round, why, answer_lost = done.is_err(),
+                "compensation: needs a person (MANUAL)");
             let step = EventKind::Compensation {
                 round: entry.round,
                 step: CompensationStep::Escalated,
                 detail: why.to_owned(),
             };
             w.note(self.rt.event(&entry.call_id, step));
+            entry.state = CompensationState::Manual;
             if let Some(hook) = &self.escalate {
                 hook(&entry);
+            }
+            if done.is_err() {
+                return Ok(());
             }
         }
         lost_or(done, w.pass)

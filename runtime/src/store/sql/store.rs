@@ -179,11 +179,13 @@ where
         }
         let outcome = serde_json::to_vec(value)
             .map_err(|e| StoreError::Corrupt(format!("the outcome cannot be encoded: {e}")))?;
-        let now = call.started_ms();
+        // The receipt's ttl counts from this write, not from the attempt's start: a job longer than
+        // its ttl still writes a live receipt.
+        let now = call.now_ms();
         let completion = Completion {
             state: crate::receipt::ReceiptState::Success,
             outcome: Some(outcome.into()),
-            ttl_ms: call.expires_at_ms().saturating_sub(now),
+            ttl_ms: call.ttl_ms(),
         };
         Self::complete_on(conn, call.key(), call.fence(), completion, now).await
     }

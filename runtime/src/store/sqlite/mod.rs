@@ -115,9 +115,9 @@ impl SqliteStore {
     /// Records the running call's success inside the caller's transaction (`&mut *tx`), so that the
     /// business rows written in it and the receipt commit or roll back together. Call it in the body of
     /// an `#[idempotent]` function, with `samekey::current()`, just before committing, and return the
-    /// same value from the body. The receipt is dated by the attempt's start
-    /// ([`Context::started_ms`]) and expires at [`Context::expires_at_ms`], in the runtime's clock
-    /// (the clock this store judges by).
+    /// same value from the body. The receipt is dated by the write and lives the
+    /// function's `ttl` from it ([`Context::expires_at_ms`]), in the runtime's clock (the clock this
+    /// store judges by): a job that ran longer than its `ttl` still writes a live receipt.
     ///
     /// Refused with [`StoreError::Fenced`] when another owner took the key over: then roll back. A call
     /// that runs unprotected ([`Context::is_protected`] is `false`: a missing key part and
