@@ -1068,3 +1068,46 @@ async fn body_keeps_its_meaning_across_attempts() {
     assert_eq!(c.bump(0, 0).await, Ok(0));
     assert_eq!(c.bump(7, 0).await, Ok(3), "replayed");
 }
+
+// Issue 38's suspicion, confirmed: a success holding a NaN was stored as `null` (JSON has no NaN), and
+// every duplicate got `Error::Decode` — "cannot read the outcome" — for a call that took effect. An
+// outcome that cannot be read back is not stored: the first caller gets its value, duplicates
+// `Error::NotReplayable` (the call took effect and its outcome was not kept), and the body never runs
+// again. A `null` that reads back (`None`) is stored as before.
+#[tokio::test]
+async fn an_outcome_json_cannot_carry_is_not_stored_and_never_runs_again() {
+    #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Reading {
+        celsius: f64,
+        note: Option<String>,
+    }
+    struct Sensor {
+        rt: Runtime,
+        runs: std::sync::atomic::AtomicU32,
+    }
+    impl Sensor {
+        #[idempotent(key = "id", scope = "sensors.read", runtime = &self.rt)]
+        async fn read(&self, id: u64, celsius: f64) -> Result<Reading, TestError> {
+            self.runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(Reading {
+                celsius,
+                note: None,
+            })
+        }
+    }
+    let sensor = Sensor {
+        rt: Runtime::builder().build().unwrap(),
+        runs: Default::default(),
+    };
+    let first = sensor.read(1, f64::NAN).await.unwrap();
+    assert!(first.celsius.is_nan(), "the first caller gets its value");
+    match sensor.read(1, f64::NAN).await {
+        Err(TestError::Samekey(Error::NotReplayable { .. })) => {}
+        other => panic!("a duplicate is told the call took effect, not {other:?}"),
+    }
+    assert_eq!(sensor.runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // A `null` that reads back is stored and replayed.
+    let kept = sensor.read(2, 21.5).await.unwrap();
+    assert_eq!(sensor.read(2, 21.5).await, Ok(kept));
+    assert_eq!(sensor.runs.load(std::sync::atomic::Ordering::SeqCst), 2);
+}

@@ -116,7 +116,49 @@ async fn worker_scenarios(store: Arc<dyn Store>) {
     not_received_keeps_the_key(Svc::on(store.clone())).await;
     a_reversal_keeps_its_lease(Svc::on(store.clone())).await;
     an_open_reversal_stops_every_taker(Svc::on(store.clone())).await;
+    a_node_ahead_queues_entries_due_on_time(store.clone()).await;
     a_paused_owner_answers_its_late_charge(store).await;
+}
+
+/// Issue 38's suspicion, confirmed: PostgreSQL, MySQL and Redis judge "due" by their own clock, but
+/// took a new entry's due time from the queuing node's: a node 10 minutes ahead queued entries that no
+/// worker would take for 10 minutes. The store's clock dates it. (A store that takes the caller's time
+/// — memory, SQLite — lives on one host, whose nodes share one clock: nothing to skew.)
+async fn a_node_ahead_queues_entries_due_on_time(store: Arc<dyn Store>) {
+    if store.clock() == samekey::store::StoreClock::Caller {
+        return;
+    }
+    let clock = support::TestClock::default();
+    clock.advance(Duration::from_secs(600));
+    let ahead = Svc {
+        rt: Runtime::builder()
+            .node("ahead")
+            .clock(clock)
+            .shared_store(store.clone())
+            .build()
+            .unwrap(),
+        remote: Remote::default(),
+    };
+    let order = order("ahead");
+    let call_id = ahead.unknown(&order, Fault::LoseReply).await;
+    let svc = Svc::on(store);
+    let worker = Compensator::new(&svc.rt).operation("compensation_stores.charge", {
+        let remote = ahead.remote.clone();
+        CompensationOperation::new(move |call: CallId| {
+            let remote = remote.clone();
+            async move { remote.status(&call).await }
+        })
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while svc.state(&call_id).await != Some(ReceiptState::Success) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "an entry queued by a node 10 minutes ahead must be due now by the store's clock"
+        );
+        worker.run_once().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(svc.entry_state(&call_id).await, None);
 }
 
 /// Issue 24, defect 5: "not received" keeps the key (the default): the call stays `UNKNOWN` through

@@ -616,13 +616,26 @@ async fn a_fresh_database_keeps_timestamptz_and_whole_milliseconds() {
     assert_eq!(created as u64, done.created_ms);
     assert!(whole, "a whole millisecond");
 
-    // Times a caller hands over (a queued entry's, an event's) are kept exactly.
+    // Times a caller hands over (a queued entry's, an event's) are kept exactly; a queued entry is
+    // due by the server's clock (issue 38), a whole millisecond too.
     let entry = CompensationEntry::new(call_id(8), key(8), "queued", C1);
     store
         .enqueue_compensation(entry.clone())
         .await
         .expect("enqueue");
-    assert_eq!(store.list_compensations().await.expect("list"), vec![entry]);
+    let listed = store.list_compensations().await.expect("list");
+    let server_now = store.now_ms(0).await.expect("now");
+    assert!(
+        listed[0].next_at_ms.abs_diff(server_now) < 60_000,
+        "due at the server's now, not the caller's {C1}: {listed:?}"
+    );
+    assert_eq!(
+        listed,
+        vec![CompensationEntry {
+            next_at_ms: listed[0].next_at_ms,
+            ..entry
+        }]
+    );
     let event = Event {
         call_id: done.call_id.clone(),
         at_ms: U1,

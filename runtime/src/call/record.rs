@@ -25,18 +25,35 @@ use super::{Call, Phase, Step};
 impl<T, E> Call<T, E> {
     // `succeed` and `fail` hand out `settle`'s future rather than wrap it in one of their own.
     pub(super) fn succeed(&mut self, value: T) -> impl Future<Output = Step<T, E>> + use<'_, T, E> {
-        let outcome = self.encoded((self.codec.encode_ok)(&value));
+        let decode_ok = self.codec.decode_ok;
+        let outcome = self.encoded((self.codec.encode_ok)(&value), |b| decode_ok(b).is_ok());
         self.settle(ReceiptState::Success, outcome, Ok(value))
     }
 
     pub(super) fn fail(&mut self, error: E) -> impl Future<Output = Step<T, E>> + use<'_, T, E> {
-        let outcome = self.encoded((self.codec.errors.encode)(&error));
+        let decode = self.codec.errors.decode;
+        let outcome = self.encoded((self.codec.errors.encode)(&error), |b| decode(b).is_ok());
         self.settle(ReceiptState::Failed, outcome, Err(error))
     }
 
-    pub(super) fn encoded(&self, encoded: serde_json::Result<Arc<[u8]>>) -> Option<Arc<[u8]>> {
+    /// The outcome as it is stored: its encoding, if a duplicate can read it back. JSON carries no
+    /// NaN or infinite float, and serde_json writes one as `null`, which reads back as something
+    /// else or not at all: an encoding that holds a `null` is read back (with `decodes`) before it is
+    /// stored. One that cannot be encoded, or read back, is not stored — duplicates get
+    /// [`Error::NotReplayable`](crate::Error::NotReplayable), which says that the call took effect,
+    /// never a decoding error.
+    pub(super) fn encoded(
+        &self,
+        encoded: serde_json::Result<Arc<[u8]>>,
+        decodes: impl FnOnce(&[u8]) -> bool,
+    ) -> Option<Arc<[u8]>> {
         match encoded {
-            Ok(bytes) => Some(bytes),
+            Ok(bytes) if !holds_null(&bytes) || decodes(&bytes) => Some(bytes),
+            Ok(_) => {
+                call_event!(ERROR, self;
+                    "outcome cannot be read back from its encoding (a NaN or infinite float?); duplicates will get NotReplayable");
+                None
+            }
             Err(e) => {
                 call_event!(ERROR, self;
                     error = %e, "outcome cannot be encoded; duplicates will get NotReplayable");
@@ -135,4 +152,9 @@ pub(super) async fn finish_compensation(rt: &Runtime, key: &Key, call_id: &CallI
     if let Err(e) = rt.store().finish_compensation(call_id, None).await {
         call_event!(WARN, call_id, key, 0u32; error = %e, "could not clear the compensation entry");
     }
+}
+
+/// Whether a JSON encoding holds a `null` (outside strings, or inside one: either way it is read back).
+fn holds_null(bytes: &[u8]) -> bool {
+    bytes.windows(4).any(|w| w == b"null")
 }

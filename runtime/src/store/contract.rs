@@ -189,7 +189,9 @@ pub trait Store: std::any::Any + Send + Sync {
     // # The compensation queue
 
     /// Queues an uncertain call for compensation. Enqueuing a callId that is already queued changes
-    /// nothing.
+    /// nothing. The entry is due `next_at_ms - enqueued_ms` after now by the store's judge of time
+    /// (its server's clock where nodes share it, as [`Store::take_due_compensations`] judges "due"),
+    /// so a queuing node whose clock runs ahead or behind queues it due on time.
     async fn enqueue_compensation(&self, entry: CompensationEntry) -> Result<(), StoreError>;
 
     /// Takes, atomically, up to `limit` entries due now (pending and due, or taken under a lease that

@@ -49,7 +49,8 @@ fn never_taken() -> String {
 }
 
 impl RedisStore {
-    /// [`Store::enqueue_compensation`]: the entry's JSON under its callId, unless one is queued.
+    /// [`Store::enqueue_compensation`]: the entry's JSON under its callId, unless one is queued (the
+    /// `ENQUEUE` script, which dates it by the server's clock).
     pub(super) async fn enqueue_entry(&self, entry: CompensationEntry) -> Result<(), StoreError> {
         let queued = QueuedEntry {
             call_id: entry.call_id.to_string(),
@@ -70,9 +71,16 @@ impl RedisStore {
                 .map(|bytes| String::from_utf8_lossy(bytes).into_owned()),
         };
         let json = serde_json::to_string(&queued).map_err(corrupt)?;
-        let _: bool = self
-            .conn()
-            .hset_nx(self.queue_key(), &queued.call_id, json)
+        // Due this long after the server's now (the `ENQUEUE` script reads it).
+        let delay = entry.next_at_ms.saturating_sub(entry.enqueued_ms);
+        let _: i64 = self
+            .scripts
+            .enqueue
+            .key(self.queue_key())
+            .arg(&queued.call_id)
+            .arg(json)
+            .arg(delay)
+            .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
         Ok(())

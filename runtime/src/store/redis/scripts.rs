@@ -39,6 +39,11 @@ const TAKE_DUE: &str = concat!(
 
 const JOURNAL: &str = include_str!("scripts/journal.lua");
 
+const ENQUEUE: &str = concat!(
+    include_str!("scripts/now.lua"),
+    include_str!("scripts/enqueue.lua")
+);
+
 const UPDATE_ENTRY: &str = concat!(
     include_str!("scripts/now.lua"),
     include_str!("scripts/update_entry.lua")
@@ -54,6 +59,7 @@ pub(super) struct Scripts {
     pub(super) read: Script,
     pub(super) purge_one: Script,
     pub(super) take_due: Script,
+    pub(super) enqueue: Script,
     pub(super) update_entry: Script,
     pub(super) journal: Script,
 }
@@ -67,6 +73,7 @@ impl Scripts {
             read: Script::new(READ),
             purge_one: Script::new(PURGE_ONE),
             take_due: Script::new(TAKE_DUE),
+            enqueue: Script::new(ENQUEUE),
             update_entry: Script::new(UPDATE_ENTRY),
             journal: Script::new(JOURNAL),
         }

@@ -495,7 +495,8 @@ where
             .bind(entry.key.scope())
             .bind(&entry.reason)
             .bind(i64::from(entry.round))
-            .bind(int(entry.next_at_ms)?)
+            // Due this long after the store's now (the server's clock, where there is one).
+            .bind(int(entry.next_at_ms.saturating_sub(entry.enqueued_ms))?)
             .bind(int(entry.enqueued_ms)?)
             .bind(i64::from(entry.attempts))
             .bind(entry.last_error.map(outcome_name))
