@@ -1253,6 +1253,67 @@ async fn a_callback_that_contradicts_the_record_reaches_a_person_once() {
     assert_eq!(refusals, 1, "repeats are not journaled");
 }
 
+/// Issue 38's suspicion, confirmed: the worker awaited an entry's lookup with no time limit and without
+/// keeping the call's key: a lookup slower than the worker's lease let a duplicate take the call over,
+/// hear "not received" and charge while the worker still waited — and a lookup that never answered held
+/// up the whole pass. The key is kept while the lookup runs, and a stuck lookup ends the round.
+#[tokio::test(start_paused = true)]
+async fn a_slow_lookup_keeps_the_key_and_a_stuck_one_ends_the_round() {
+    let svc = Arc::new(Svc::new());
+    let _ = svc.unknown("o-slow", Fault::LoseRequest).await;
+    let stuck = Arc::new(tokio::sync::Notify::new());
+    let worker = Compensator::new(&svc.rt)
+        .operation(
+            "orders.charge",
+            CompensationOperation::new({
+                let (remote, stuck) = (svc.remote.clone(), stuck.clone());
+                move |call: CallId| {
+                    let (remote, stuck) = (remote.clone(), stuck.clone());
+                    async move {
+                        stuck.notified().await;
+                        remote.status(&call).await
+                    }
+                }
+            }),
+        )
+        .lease(Duration::from_secs(3))
+        .lookup_timeout(Duration::from_secs(20))
+        .rounds([Duration::from_secs(1)]);
+    let pass = tokio::spawn(async move { worker.run_once().await });
+    // Four leases into the lookup, a duplicate that may ask comes: the key is still the worker's, so
+    // it waits.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let duplicate = tokio::spawn({
+        let svc = svc.clone();
+        async move { svc.charge_checked("o-slow", 500).await }
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        svc.remote.effects("o-slow"),
+        0,
+        "nothing sent beside the lookup"
+    );
+    // The lookup never answers: the round ends at its limit, and the entry waits for the next.
+    let pass = pass.await.unwrap().unwrap();
+    assert_eq!((pass.rescheduled, pass.succeeded), (1, 0), "{pass:?}");
+    // Then the duplicate takes the call over, asks, hears "not received" (the first request was
+    // lost) and sends it: one charge.
+    assert_eq!(duplicate.await.unwrap(), Ok(500));
+    assert_eq!(svc.remote.effects("o-slow"), 1);
+    let history = svc
+        .rt
+        .history_of_key(&samekey::Key::build("orders.charge", &"o-slow"))
+        .await
+        .unwrap();
+    assert!(
+        history.events.iter().any(|e| matches!(&e.what,
+            samekey::journal::EventKind::Lookup { error: Some(error), .. }
+                if error.contains("did not answer within 20s"))),
+        "{:?}",
+        history.events
+    );
+}
+
 /// A reversal that waits for `release` before it ends, counting its runs.
 fn slow_reversal(
     svc: &Svc,

@@ -108,6 +108,7 @@ pub struct Compensator {
     lease: Duration,
     batch: usize,
     sweep_every: Duration,
+    lookup_timeout: Duration,
     escalate: Option<Hook>,
 }
 impl Compensator {
@@ -121,6 +122,7 @@ impl Compensator {
             lease: Duration::from_secs(60),
             batch: 100,
             sweep_every: Duration::from_secs(10 * 60),
+            lookup_timeout: Duration::from_secs(10),
             escalate: None,
         }
     }
@@ -154,6 +156,15 @@ impl Compensator {
     /// queue over more workers; each take is one store round trip.
     pub fn batch(mut self, batch: usize) -> Compensator {
         self.batch = batch.max(1);
+        self
+    }
+
+    /// How long an entry's lookup may take (default 10 s): one that has not answered by then is a
+    /// failed lookup, and the entry waits for its next round. While it runs, the worker keeps the
+    /// call's key (its lease renewed), so no duplicate takes the call over and sends it meanwhile;
+    /// the limit keeps one stuck lookup from holding up the rest of the pass.
+    pub fn lookup_timeout(mut self, limit: Duration) -> Compensator {
+        self.lookup_timeout = limit;
         self
     }
 

@@ -71,7 +71,18 @@ impl Compensator {
         };
         tracing::info!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
             attempt = 0u32, round = entry.round, fence = fence.0, "compensation: asking the receipt");
-        let answer = (operation.lookup)(entry.call_id.clone()).await;
+        // The key kept for as long as the lookup runs (a duplicate that took it over would send the
+        // call), and the lookup bounded (one that never answers would hold up the pass).
+        let asking = std::pin::pin!((operation.lookup)(entry.call_id.clone()));
+        let owner = self.owner(&entry, fence);
+        let kept = owner.keep_alive(asking);
+        let answer = match tokio::time::timeout(self.lookup_timeout, kept).await {
+            Ok(answer) => answer,
+            Err(_) => Err(format!(
+                "the lookup did not answer within {}",
+                humane(self.lookup_timeout)
+            )),
+        };
         let (seen, error) = match &answer {
             Ok(RemoteStatus::Succeeded(_)) => (LookupOutcome::Succeeded, None),
             Ok(RemoteStatus::Failed(_)) => (LookupOutcome::Failed, None),
