@@ -300,7 +300,9 @@ async fn two_workers_never_work_one_entry() {
             CompensationOperation::new(move |call: CallId| {
                 let remote = remote.clone();
                 async move {
-                    tokio::task::yield_now().await;
+                    // A lookup that waits on its remote (a `yield_now` would not do: the worker keeps
+                    // the key alive around the lookup, and polls it again at once).
+                    tokio::time::sleep(Duration::from_millis(1)).await;
                     remote.status(&call).await
                 }
             }),
@@ -1163,6 +1165,37 @@ async fn a_fenced_out_owner_never_answers_a_recorded_outcome_it_knows_is_false()
         "still FAILED, never run again"
     );
     assert_eq!(svc.remote.effects("o-paused"), 1);
+
+    // Defect 6: the person checked the provider — charged — and records the truth. Before, only a
+    // resolution agreeing with the record was accepted (`AlreadySettled { FAILED }`), and every
+    // duplicate kept being told "failed" for a charge that happened.
+    let call_id = queued[0].call_id.clone();
+    worker
+        .resolve(
+            &call_id,
+            ManualResolution::Succeeded(serde_json::json!(500)),
+            "alice",
+            "the provider's dashboard shows the charge",
+        )
+        .await
+        .expect("a contradiction is resolved toward what happened");
+    assert!(svc.rt.compensations().await.unwrap().is_empty());
+    assert_eq!(
+        svc.charge("o-paused", 500).await,
+        Ok(500),
+        "duplicates are told the truth"
+    );
+    assert_eq!(svc.remote.effects("o-paused"), 1);
+    let receipt = svc.rt.receipt(&call_id).await.unwrap().unwrap();
+    assert_eq!(receipt.state, samekey::ReceiptState::Success);
+    let history = svc.rt.history_of_key(&key).await.unwrap();
+    assert!(
+        history.events.iter().any(|e| matches!(&e.what,
+            samekey::journal::EventKind::Resolved { state: samekey::ReceiptState::Success, who, .. }
+                if who == "alice")),
+        "journaled with who and why: {:?}",
+        history.events
+    );
 }
 
 /// Issue 38, defect 4, found by the simulation (seed 30): the worker escalates an entry and the

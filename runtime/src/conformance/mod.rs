@@ -34,8 +34,8 @@ pub use receipts::{
     callback_transitions, claim_is_exclusive, claim_records_processing,
     complete_is_fenced_and_reentrant, extend_lease_is_fenced, fences_grow,
     forget_frees_a_finished_key, receipts_are_found_by_call_ids, release_frees_the_key,
-    take_over_is_exclusive_and_fences_out, take_over_rules, ttl_expiry, unknown_moves_forward,
-    wait_settled_wakes, wait_settled_wakes_on_release,
+    reopen_corrects_a_finished_record, take_over_is_exclusive_and_fences_out, take_over_rules,
+    ttl_expiry, unknown_moves_forward, wait_settled_wakes, wait_settled_wakes_on_release,
 };
 pub use support::{PURGE_T0, T0};
 
@@ -66,7 +66,7 @@ macro_rules! store_conformance_tests {
     (@all $make:expr;) => {
         $crate::store_conformance_tests!(@tests $make;
             claim_is_exclusive claim_records_processing fences_grow complete_is_fenced_and_reentrant
-            callback_transitions unknown_moves_forward release_frees_the_key forget_frees_a_finished_key receipts_are_found_by_call_ids
+            callback_transitions unknown_moves_forward release_frees_the_key forget_frees_a_finished_key reopen_corrects_a_finished_record receipts_are_found_by_call_ids
             take_over_rules extend_lease_is_fenced
             ttl_expiry wait_settled_wakes compensation_queue take_over_is_exclusive_and_fences_out
             wait_settled_wakes_on_release orphans_are_listed receipts_are_listed

@@ -275,6 +275,80 @@ pub async fn receipts_are_found_by_call_ids(store: Arc<dyn Store>) {
     assert!(store.get_by_call_ids(&[]).await.expect("none").is_empty());
 }
 
+/// A finished record is reopened (a person's correction) only under its own fence and only once it
+/// finished: it becomes `PROCESSING` under a larger fence, with its callId and without its outcome, so
+/// a duplicate finds the call running; the new outcome is then written under the new fence, and the
+/// old fence is refused.
+pub async fn reopen_corrects_a_finished_record(store: Arc<dyn Store>) {
+    let key = fresh_key("reopen");
+    let first = call();
+    let fence = acquire(&*store, &key, &first, T0).await;
+    assert!(
+        matches!(
+            store.reopen(&key, fence, 60_000, T0).await,
+            Ok(Claimed::Existing(r)) if r.state == ReceiptState::Processing && r.fence == fence
+        ),
+        "a PROCESSING call is not finished: not reopened"
+    );
+    store
+        .complete(
+            &key,
+            fence,
+            Completion {
+                state: ReceiptState::Failed,
+                outcome: Some(Arc::from(&b"declined"[..])),
+                ttl_ms: 60_000,
+            },
+            T0,
+        )
+        .await
+        .expect("complete");
+    assert!(
+        matches!(
+            store.reopen(&key, Fence(fence.0.wrapping_add(1_000_000)), 60_000, T0).await,
+            Ok(Claimed::Existing(r)) if r.state == ReceiptState::Failed
+        ),
+        "another fence does not reopen it"
+    );
+    let Claimed::Acquired(reopened) = store.reopen(&key, fence, 60_000, T0).await.expect("reopen")
+    else {
+        panic!("the record's own fence reopens it");
+    };
+    assert!(reopened > fence, "under a larger fence");
+    let record = store.get(&key, T0).await.expect("get").expect("kept");
+    assert_eq!(
+        (record.state, &record.call_id, record.outcome.as_deref()),
+        (ReceiptState::Processing, &first, None)
+    );
+    assert!(record.lease_alive(T0), "a duplicate finds it running");
+    assert!(
+        matches!(
+            store.complete(&key, fence, success(b"7", 60_000), T0).await,
+            Err(StoreError::Fenced { .. })
+        ),
+        "the old fence is refused"
+    );
+    store
+        .complete(&key, reopened, success(b"7", 60_000), T0)
+        .await
+        .expect("the correction");
+    let corrected = store
+        .get_by_call_id(&first)
+        .await
+        .expect("get")
+        .expect("kept");
+    assert_eq!(
+        (corrected.state, corrected.outcome.as_deref()),
+        (ReceiptState::Success, Some(&b"7"[..]))
+    );
+    assert!(matches!(
+        store
+            .reopen(&fresh_key("reopen-none"), fence, 60_000, T0)
+            .await,
+        Err(StoreError::NotFound)
+    ));
+}
+
 /// Forgetting a finished call frees its key for a new call; only the record's own fence may, only
 /// once the call finished (`SUCCESS` or `FAILED`), and the key's journal stays.
 pub async fn forget_frees_a_finished_key(store: Arc<dyn Store>) {

@@ -123,6 +123,22 @@ pub trait Store: std::any::Any + Send + Sync {
         now_ms: u64,
     ) -> Result<Claimed, StoreError>;
 
+    /// Takes back a finished record — `SUCCESS` or `FAILED` — that carries `expected`, for a person's
+    /// correction of what it says ([`Compensator::resolve`](crate::Compensator::resolve) of a call
+    /// whose record contradicts what happened): the record becomes `PROCESSING` under a new fence and
+    /// a lease of `lease_ms`, with its callId unchanged, and the caller then writes the outcome with
+    /// [`Store::complete`] (or gives the key back). Duplicates meanwhile find the call running. A store
+    /// that keeps finished receipts in front of another (a cache) drops its copy first, as for
+    /// [`Store::forget`]. Otherwise answers [`Claimed::Existing`] with the current record;
+    /// [`StoreError::NotFound`] if there is none.
+    async fn reopen(
+        &self,
+        key: &Key,
+        expected: Fence,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Result<Claimed, StoreError>;
+
     /// Extends the lease of the owner holding `fence` to `lease_ms` from now.
     async fn extend_lease(
         &self,

@@ -30,6 +30,7 @@ macro_rules! store_operations {
             // # Receipts
             claim(claim: Claim) -> Claimed;
             take_over<'k>(key: &'k Key, expected: Fence, lease_ms: u64, now_ms: u64) -> Claimed;
+            reopen<'k>(key: &'k Key, expected: Fence, lease_ms: u64, now_ms: u64) -> Claimed;
             extend_lease<'k>(key: &'k Key, fence: Fence, lease_ms: u64, now_ms: u64) -> ();
             complete<'k>(key: &'k Key, fence: Fence, completion: Completion, now_ms: u64) -> Transition;
             mark_unknown<'k>(key: &'k Key, fence: Fence, now_ms: u64) -> Transition;

@@ -207,8 +207,8 @@ impl<S: Store> LocalCache<S> {
     }
 }
 
-/// Claims, reads and forgets go through the kept receipts; every other method is the wrapped
-/// store's.
+/// Claims, reads, forgets and reopens go through the kept receipts; every other method is the
+/// wrapped store's.
 #[async_trait]
 impl<S: Store> StoreWrapper for LocalCache<S> {
     type Inner = ClaimTracker<S>;
@@ -259,6 +259,20 @@ impl<S: Store> StoreWrapper for LocalCache<S> {
         // that was in flight meanwhile, kept or not yet.
         this.forgotten(key);
         forgotten
+    }
+
+    /// The kept receipt goes as for a forget: the record is being corrected, and no answer the store
+    /// gave before is kept after.
+    async fn reopen(
+        this: &Self,
+        key: &Key,
+        expected: Fence,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Result<Claimed, StoreError> {
+        let reopened = this.inner.reopen(key, expected, lease_ms, now_ms).await;
+        this.forgotten(key);
+        reopened
     }
 
     async fn get(this: &Self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, StoreError> {

@@ -21,6 +21,8 @@
 //!   [`Transition::AlreadyApplied`] and changes nothing; a backward one is
 //!   [`StoreError::InvalidTransition`]. [`Store::take_over`] is the one move out of `UNKNOWN` or an
 //!   expired `PROCESSING` that is not an outcome: it starts a new owner (new fence) on the same callId.
+//!   [`Store::reopen`] is the one move out of an outcome, for a person's correction of a record that
+//!   contradicts what happened: it, too, starts a new owner on the same callId.
 //! * **TTL.** A terminal record lives until its `expires_at_ms`; after that the key may be claimed anew
 //!   and the record may be evicted. Records without an expiry (claims, `UNKNOWN`s) are kept.
 //! * **Receipts from the store alone.** [`Store::get_by_call_id`] answers from stored data only.

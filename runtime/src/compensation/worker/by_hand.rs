@@ -10,6 +10,7 @@ use crate::compensation::entry::{CompensationEntry, CompensationState};
 use crate::error::{Error, StoreError};
 use crate::journal::{CompensationStep, EventKind};
 use crate::receipt::ReceiptState;
+use crate::store::Claimed;
 use crate::takeover::{self, TakenOver};
 
 /// How a person resolves an entry by hand ([`Compensator::resolve`]).
@@ -25,9 +26,13 @@ pub enum ManualResolution {
 
 impl Compensator {
     /// Resolves an entry by hand (a `MANUAL` one, usually), as `who` decided for `why`: records the
-    /// outcome or gives the key back, then removes the entry. Logged with who and why. A call settled
-    /// meanwhile keeps its outcome: a resolution that agrees removes the entry, one that does not is
-    /// [`Error::AlreadySettled`]; a call whose key a running call holds is [`Error::InProgress`].
+    /// outcome or gives the key back, then removes the entry. Logged and journaled with who and why. A
+    /// call settled meanwhile keeps its outcome: a resolution that agrees removes the entry, one that
+    /// does not is [`Error::AlreadySettled`] — unless the record contradicts what happened (recorded
+    /// `FAILED` although its request took effect, or a callback reported the other outcome: what the
+    /// worker escalated the entry for). Then the person's answer replaces the record, under a new
+    /// fence ([`Store::reopen`](crate::store::Store::reopen)): duplicates are told what happened from
+    /// then on. A call whose key a running call holds is [`Error::InProgress`].
     pub async fn resolve(
         &self,
         call_id: &CallId,
@@ -56,13 +61,34 @@ impl Compensator {
                     (ManualResolution::Succeeded(_), ReceiptState::Success)
                         | (ManualResolution::Failed(_), ReceiptState::Failed)
                 );
-                if !agrees {
+                if agrees {
+                    break None;
+                }
+                if !self.contradicted(&entry, r.state).await? {
                     return Err(Error::AlreadySettled {
                         call_id: call_id.clone(),
                         state: r.state,
                     });
                 }
-                break None;
+                // The record contradicts what happened: the person's answer replaces it, under a
+                // new fence (duplicates meanwhile find the call running).
+                match self
+                    .rt
+                    .store()
+                    .reopen(&r.key, r.fence, ms(self.lease), now)
+                    .await?
+                {
+                    Claimed::Acquired(fence) => break Some(fence),
+                    Claimed::Existing(next) if next.fence != r.fence || next.state != r.state => {
+                        record = Some(next);
+                        continue;
+                    }
+                    Claimed::Existing(_) => {
+                        return Err(Error::InProgress {
+                            call_id: call_id.clone(),
+                        })
+                    }
+                }
             }
             match takeover::take_over(&self.rt, &r, ms(self.lease), now).await? {
                 // A person's answer settles even a call whose reversal was begun: that is what

@@ -299,7 +299,7 @@ impl Compensator {
     /// `FAILED` although its request took effect (the entry's last attempt answered `Ok`, or the
     /// call's journal holds its owner's [`EventKind::Contradicted`]), or a callback reported the other
     /// outcome ([`EventKind::CallbackRefused`]).
-    async fn contradicted(
+    pub(super) async fn contradicted(
         &self,
         entry: &CompensationEntry,
         state: ReceiptState,

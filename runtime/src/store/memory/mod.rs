@@ -287,7 +287,17 @@ impl Store for MemoryStore {
         lease_ms: u64,
         now_ms: u64,
     ) -> Result<Claimed, StoreError> {
-        self.take_over_now(key, expected, lease_ms, now_ms)
+        self.take_over_now(key, expected, lease_ms, now_ms, false)
+    }
+
+    async fn reopen(
+        &self,
+        key: &Key,
+        expected: Fence,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Result<Claimed, StoreError> {
+        self.take_over_now(key, expected, lease_ms, now_ms, true)
     }
 
     async fn extend_lease(

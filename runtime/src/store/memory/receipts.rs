@@ -153,26 +153,36 @@ impl MemoryStore {
         Ok(transition)
     }
 
-    /// [`Store::take_over`], without the future.
+    /// [`Store::take_over`], without the future; with `finished`, [`Store::reopen`].
     pub(super) fn take_over_now(
         &self,
         key: &Key,
         expected: Fence,
         lease_ms: u64,
         now_ms: u64,
+        finished: bool,
     ) -> Result<Claimed, StoreError> {
         let mut shard = self.shard(key.digest());
         let Shard { records, fence, .. } = &mut *shard;
         let entry = records.get_mut(key.digest()).ok_or(StoreError::NotFound)?;
         let r = &mut entry.receipt;
         let open = match r.state {
-            ReceiptState::Unknown => true,
-            ReceiptState::Received | ReceiptState::Processing => !r.lease_alive(now_ms),
-            ReceiptState::Success | ReceiptState::Failed => false,
+            ReceiptState::Unknown => !finished,
+            ReceiptState::Received | ReceiptState::Processing => {
+                !finished && !r.lease_alive(now_ms)
+            }
+            ReceiptState::Success | ReceiptState::Failed => finished,
         };
         if r.fence != expected || !open {
             return Ok(Claimed::Existing(r.clone()));
         }
+        if finished {
+            // Reopened: no expiry until its next outcome, and no decoded copy of the old one.
+            r.expires_at_ms = None;
+            r.outcome = None;
+            entry.kept = None;
+        }
+        let r = &mut entry.receipt;
         r.fence = next_fence(fence);
         r.state = ReceiptState::Processing;
         r.lease_until_ms = Some(now_ms.saturating_add(lease_ms));

@@ -232,7 +232,6 @@ impl MySqlStore {
     /// the key's row, unless it expired.
     pub const LIVE_ROW_SQL: &'static str = <MySql as Dialect>::SQL.live_row;
 
-    const TAKE_OVER_SQL: &'static str = include_str!("statements/take_over.sql");
     const DUE_SQL: &'static str = include_str!("statements/due.sql");
     const ENTRIES_SQL: &'static str = include_str!("statements/entries.sql");
     const INSERT_JOURNAL_SQL: &'static str = include_str!("statements/insert_journal.sql");
@@ -350,6 +349,7 @@ impl Dialect for MySql {
     const KIND: &'static str = "mysql";
     const SQL: Statements = Statements {
         take_over: include_str!("statements/take_over.sql"),
+        reopen: include_str!("statements/reopen.sql"),
         extend_lease: include_str!("statements/extend_lease.sql"),
         complete: include_str!("statements/complete.sql"),
         mark_unknown: include_str!("statements/mark_unknown.sql"),
@@ -472,12 +472,13 @@ impl Dialect for MySql {
     /// One statement; its OK packet answers the new fence (`LAST_INSERT_ID(fence + 1)`).
     async fn take_over(
         store: &MySqlStore,
+        sql: &'static str,
         key: &Key,
         expected: Fence,
         lease_ms: u64,
         _now_ms: u64,
     ) -> Result<Claimed, StoreError> {
-        let done = sqlx::query(MySqlStore::TAKE_OVER_SQL)
+        let done = sqlx::query(sql)
             .bind(int(lease_ms)?)
             .bind(key.digest().as_slice())
             .bind(int(expected.0)?)

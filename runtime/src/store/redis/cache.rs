@@ -222,7 +222,8 @@ impl<D> std::fmt::Debug for CachedStore<D> {
     }
 }
 
-/// Claims, reads and forgets go through the cache; every other method is the durable store's.
+/// Claims, reads, forgets and reopens go through the cache; every other method is the durable
+/// store's.
 #[async_trait]
 impl<D: Store> StoreWrapper for CachedStore<D> {
     type Inner = ClaimTracker<D>;
@@ -289,6 +290,25 @@ impl<D: Store> StoreWrapper for CachedStore<D> {
         this.flush().await;
         let deleted = this.cache.redis.cache_forget(key).await;
         forgotten.and(deleted)
+    }
+
+    /// Reopens the durable record, the cache's entry deleted before and after, as for a forget: a
+    /// record being corrected is never answered from the cache as it was.
+    async fn reopen(
+        this: &Self,
+        key: &Key,
+        expected: Fence,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Result<Claimed, StoreError> {
+        this.cache.redis.cache_forget(key).await?;
+        let reopened = this.durable.reopen(key, expected, lease_ms, now_ms).await;
+        this.cache.forgets.fetch_add(1, Ordering::SeqCst);
+        this.flush().await;
+        let deleted = this.cache.redis.cache_forget(key).await;
+        let reopened = reopened?;
+        deleted?;
+        Ok(reopened)
     }
 
     async fn get(this: &Self, key: &Key, now_ms: u64) -> Result<Option<Receipt>, StoreError> {

@@ -179,7 +179,17 @@ impl Store for RedisStore {
         lease_ms: u64,
         _now_ms: u64,
     ) -> Result<Claimed, StoreError> {
-        self.take_over_record(key, expected, lease_ms).await
+        self.take_over_record(key, expected, lease_ms, false).await
+    }
+
+    async fn reopen(
+        &self,
+        key: &Key,
+        expected: Fence,
+        lease_ms: u64,
+        _now_ms: u64,
+    ) -> Result<Claimed, StoreError> {
+        self.take_over_record(key, expected, lease_ms, true).await
     }
 
     async fn extend_lease(

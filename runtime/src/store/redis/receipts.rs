@@ -75,12 +75,13 @@ impl RedisStore {
         }
     }
 
-    /// [`Store::take_over`]: the `TAKE_OVER` script.
+    /// [`Store::take_over`] (or, `finished`, [`Store::reopen`]): the `TAKE_OVER` script.
     pub(super) async fn take_over_record(
         &self,
         key: &Key,
         expected: Fence,
         lease_ms: u64,
+        finished: bool,
     ) -> Result<Claimed, StoreError> {
         let answer: redis::Value = self
             .scripts
@@ -88,6 +89,7 @@ impl RedisStore {
             .key(self.record_key(key))
             .arg(expected.0.to_string())
             .arg(lease_ms)
+            .arg(if finished { "finished" } else { "" })
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;

@@ -59,10 +59,13 @@ pub trait Dialect: sqlx::Database {
         claim: Claim,
     ) -> impl Future<Output = Result<Claimed, StoreError>> + Send;
 
-    /// [`Store::take_over`](crate::store::Store::take_over): a statement that answers the new fence
-    /// ([`SqlStore::take_over_returning`] where the database has `RETURNING`).
+    /// [`Store::take_over`](crate::store::Store::take_over) and
+    /// [`Store::reopen`](crate::store::Store::reopen): the statement `sql` (the dialect's `take_over`
+    /// or `reopen`), which answers the new fence ([`SqlStore::take_over_returning`] where the
+    /// database has `RETURNING`).
     fn take_over(
         store: &SqlStore<Self>,
+        sql: &'static str,
         key: &Key,
         expected: Fence,
         lease_ms: u64,
@@ -103,6 +106,8 @@ pub trait Dialect: sqlx::Database {
 pub struct Statements {
     /// A take-over of a key `UNKNOWN` or past its lease, under a new fence; answers the fence.
     pub take_over: &'static str,
+    /// Takes a finished record back (`SUCCESS`, `FAILED`) under a new fence, for a correction.
+    pub reopen: &'static str,
     /// A lease extension by the owner holding the fence.
     pub extend_lease: &'static str,
     /// A completion: the outcome, by the owner holding the fence.

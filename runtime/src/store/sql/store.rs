@@ -114,11 +114,12 @@ where
         Self::row_on(&mut conn, D::SQL.key_row, key).await
     }
 
-    /// [`Store::take_over`] by one statement that answers the new fence (`RETURNING`): `$1` lease,
-    /// `$2` now, `$3` key, `$4` expected fence.
+    /// [`Store::take_over`] (or [`Store::reopen`]: `sql` says which) by one statement that answers
+    /// the new fence (`RETURNING`): `$1` lease, `$2` now, `$3` key, `$4` expected fence.
     #[cfg(any(feature = "sqlite", feature = "postgres"))]
     pub(crate) async fn take_over_returning(
         &self,
+        sql: &'static str,
         key: &Key,
         expected: Fence,
         lease_ms: u64,
@@ -126,7 +127,7 @@ where
     ) -> Result<Claimed, StoreError> {
         // `fetch_all`: on SQLite a statement commits when it runs to its end, and only then is a
         // failed commit reported.
-        let taken: Vec<i64> = sqlx::query_scalar(D::SQL.take_over)
+        let taken: Vec<i64> = sqlx::query_scalar(sql)
             .bind(int(lease_ms)?)
             .bind(int(now_ms)?)
             .bind(key.digest().as_slice())
@@ -250,7 +251,17 @@ where
         lease_ms: u64,
         now_ms: u64,
     ) -> Result<Claimed, StoreError> {
-        D::take_over(self, key, expected, lease_ms, now_ms).await
+        D::take_over(self, D::SQL.take_over, key, expected, lease_ms, now_ms).await
+    }
+
+    async fn reopen(
+        &self,
+        key: &Key,
+        expected: Fence,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Result<Claimed, StoreError> {
+        D::take_over(self, D::SQL.reopen, key, expected, lease_ms, now_ms).await
     }
 
     async fn extend_lease(

@@ -180,6 +180,7 @@ impl Dialect for Sqlite {
     const KIND: &'static str = "sqlite";
     const SQL: Statements = Statements {
         take_over: include_str!("statements/take_over.sql"),
+        reopen: include_str!("statements/reopen.sql"),
         extend_lease: include_str!("statements/extend_lease.sql"),
         complete: include_str!("statements/complete.sql"),
         mark_unknown: include_str!("statements/mark_unknown.sql"),
@@ -218,13 +219,14 @@ impl Dialect for Sqlite {
 
     async fn take_over(
         store: &SqliteStore,
+        sql: &'static str,
         key: &Key,
         expected: Fence,
         lease_ms: u64,
         now_ms: u64,
     ) -> Result<Claimed, StoreError> {
         store
-            .take_over_returning(key, expected, lease_ms, now_ms)
+            .take_over_returning(sql, key, expected, lease_ms, now_ms)
             .await
     }
 
