@@ -1,4 +1,4 @@
-//! The business row and the receipt in one PostgreSQL transaction (seed 000 §5.3): an order is
+//! The business row and the receipt in one PostgreSQL transaction (`docs/rules.md`, *Field lessons*): an order is
 //! inserted and its receipt written with `PgStore::complete_in` before one `COMMIT`, so the two commit
 //! or roll back together. A crash between them leaves neither: no order, and no `SUCCESS` receipt that
 //! would make a retry replay an order that does not exist.

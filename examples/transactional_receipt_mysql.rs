@@ -1,4 +1,4 @@
-//! The business row and the receipt in one MySQL or MariaDB transaction (seed 000 §5.3), and a real
+//! The business row and the receipt in one MySQL or MariaDB transaction (`docs/rules.md`, *Field lessons*), and a real
 //! crash before `COMMIT`: an order is inserted and its receipt written with
 //! `MySqlStore::complete_in`, then one `COMMIT` makes both durable. A second process of this example
 //! does the same for another order and is killed (`SIGKILL`) after writing both, before its `COMMIT`:

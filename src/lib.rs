@@ -51,7 +51,8 @@
 //!   answers), [keys](guide::keys), [stores](store), [limits] (retry budgets,
 //!   rate limits), [compensation], [callbacks](callback),
 //!   [metrics](guide::metrics), [testing](guide::testing), [HTTP](guide::http), [gRPC](guide::grpc), [messages](guide::messaging),
-//!   [compile-time errors](guide::compile_errors).
+//!   [compile-time errors](guide::compile_errors), and [the rules](guide::rules) samekey keeps (the
+//!   decision table, what the macro generates, the field lessons).
 //! * [`Runtime`]: the store, node name, clock and limits calls use; [`Runtime::scope`] for tests;
 //!   [`Runtime::stats`], [`Runtime::receipt`] and [`Runtime::compensations`] to see what happened.
 //! * [`journal`]: a call's timeline; [`reconcile`]: a day's receipts against the counterparty's.
@@ -172,6 +173,8 @@ pub mod guide {
     pub mod messaging {}
     #[doc = include_str!("../docs/compile_errors.md")]
     pub mod compile_errors {}
+    #[doc = include_str!("../docs/rules.md")]
+    pub mod rules {}
 }
 
 #[cfg(feature = "testing")]

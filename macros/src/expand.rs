@@ -1,5 +1,5 @@
 //! Stage 3: the expansion of `#[idempotent(...)]` — the function with its body rewritten into the
-//! retry loop of DESIGN §3 "What the macro generates", from input [`validate`](crate::validate) has
+//! retry loop of `docs/rules.md`, *What the macro generates*, from input [`validate`](crate::validate) has
 //! already checked: nothing here refuses anything.
 //!
 //! Guarantees:

@@ -4,7 +4,7 @@
 //! Guarantees:
 //! - The item is parsed only as far as the expansion needs it: attributes, visibility and signature
 //!   with `syn`, the body kept as tokens ([`Func`]), so the function is re-emitted exactly as written.
-//! - Group 1 of the compile-time checks (DESIGN §3) is made here, each at the token it is about: an
+//! - Group 1 of the compile-time checks (`docs/compile_errors.md`) is made here, each at the token it is about: an
 //!   `async fn`, with a body, returning a `Result<T, E>` (or what may be an alias of one), taking
 //!   `&self` or `&mut self` rather than an owned `self`.
 //! - [`Params`] lists every name the parameters bind, with whether the body owns it (and so gets a

@@ -1,5 +1,5 @@
 //! The envelope: the callId and traceId of a logical call in a message's attributes and in its body
-//! (seed 000 §2.3: a broker that redelivers a re-serialized body loses what only the body had).
+//! (`docs/rules.md`, *Field lessons*: a broker that redelivers a re-serialized body loses what only the body had).
 //!
 //! A message's identity is its call's callId and its number among the messages that call's attempt
 //! made (`seq`, from 0): the n-th message of every attempt of a call has the same identity, so a

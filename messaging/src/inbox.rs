@@ -1,5 +1,5 @@
 //! The consumer's inbox: a message's work done once per message identity, whatever the broker
-//! redelivers (seed 003 §4, the consumer's side), and what to tell the broker afterwards.
+//! redelivers (`docs/rules.md`, *Field lessons*: the consumer deduplicates too), and what to tell the broker afterwards.
 
 use std::fmt::Display;
 use std::future::Future;

@@ -1,7 +1,7 @@
 //! samekey for messages: the identity of a logical call carried in a message, and a consumer that
 //! does a redelivered message's work once.
 //!
-//! Seed 000 §2.3 tells the incident this crate is built against: a tool call went over a message
+//! The incident this crate is built against (`docs/rules.md`, *Field lessons*): a tool call went over a message
 //! queue with its callId in the body only; the consumer failed, the broker redelivered, the body had
 //! been re-serialized on the way and the callId was lost — the duplicate could not be recognised. So
 //! a samekey message carries its ids **in the broker's attributes and in the body**:

@@ -1,4 +1,4 @@
-//! One test per row of the runtime's decision table (DESIGN §4), through `#[idempotent]` functions and a
+//! One test per row of the runtime's decision table (`docs/rules.md`), through `#[idempotent]` functions and a
 //! scripted remote side, with paused tokio time.
 
 use crate::support;

@@ -1,7 +1,7 @@
 //! The call: what one `#[idempotent]` call, or the public at-most-once core without the attribute,
 //! decides, keeps and promises — one test binary.
 //!
-//! * [`decision_table`]: one test per row of DESIGN §4, with paused time.
+//! * [`decision_table`]: one test per step of the decision table (`docs/rules.md`), with paused time.
 //! * [`promise`]: the promise at the edges (a caller gone mid-write, an owner back after its lease, a
 //!   lookup or a release that fails), on every backend.
 //! * [`at_most_once`]: the same decisions through the public core (`AtMostOnce`) and a closure.

@@ -1,5 +1,5 @@
 //! Inputs that change from one call (or attempt) to the next, found in a key or `verify` part: group 3
-//! of the compile-time checks (DESIGN §3), and the part of group 4 that a parameter's declared type
+//! of the compile-time checks (`docs/compile_errors.md`), and the part of group 4 that a parameter's declared type
 //! already answers.
 //!
 //! Guarantees:

@@ -1,7 +1,7 @@
 //! The retry policy of `#[idempotent(...)]` — defaults, durations and sanity checks (group 5 of the
-//! compile-time checks, DESIGN §3).
+//! compile-time checks, `docs/compile_errors.md`).
 //!
-//! Every check reports at the value the user wrote. The defaults come from DESIGN §3 and §7:
+//! Every check reports at the value the user wrote. The defaults come from `docs/rules.md` (*Field lessons*):
 //! 3 retries, exponential backoff from 100 ms to 10 s, ±20 % jitter, a key kept 24 h.
 
 use proc_macro2::Span;

@@ -1,4 +1,4 @@
-//! The transactional outbox (seed 000 §5.3): a message staged in the caller's own database
+//! The transactional outbox (`docs/rules.md`, *Field lessons*): a message staged in the caller's own database
 //! transaction, beside the business rows and the receipt, so that the three commit or none does; and
 //! a [`Relay`] that publishes what was staged, in order per ordering key, and marks it sent.
 //!

@@ -1,4 +1,4 @@
-//! One attempt (DESIGN §4, row 3): the body run under its timeout (or with its lease kept alive), its
+//! One attempt (the decision table in `docs/rules.md`, step 3): the body run under its timeout (or with its lease kept alive), its
 //! outcome classified, and what follows from the class — a retry after a backoff, a lookup, a release,
 //! a record.
 //!

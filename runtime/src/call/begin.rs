@@ -1,4 +1,4 @@
-//! Begin and claim (DESIGN §4, row 1): the key and the callId fixed once, a replay answered in process
+//! Begin and claim (the decision table in `docs/rules.md`, step 1): the key and the callId fixed once, a replay answered in process
 //! when it can be, the call's place in its dependency's concurrency limit, and the claim — with a
 //! claim whose answer never came handed to [`crate::unanswered`].
 //!

@@ -1,4 +1,4 @@
-//! Give up (DESIGN §4, row 4, and every uncertain end): a claim released when nothing can have run, else
+//! Give up (the decision table in `docs/rules.md`, step 4, and every uncertain end): a claim released when nothing can have run, else
 //! the call queued for compensation, marked `UNKNOWN` and answered [`Error::Unknown`].
 //!
 //! # Guarantees

@@ -1,4 +1,4 @@
-//! A key already present (DESIGN §4, row 2): a finished receipt replayed (a `verify` mismatch refused),
+//! A key already present (the decision table in `docs/rules.md`, step 2): a finished receipt replayed (a `verify` mismatch refused),
 //! a live owner waited for or refused (`on_busy`), an uncertain owner taken over through
 //! [`crate::takeover`] before anything is resolved.
 //!

@@ -1,4 +1,4 @@
-//! Record the outcome (DESIGN §4, row 3, `Ok` and `Permanent`; a lookup's `Succeeded` and `Failed`): the
+//! Record the outcome (the decision table in `docs/rules.md`, step 3, `Ok` and `Permanent`; a lookup's `Succeeded` and `Failed`): the
 //! final receipt written under the call's fence, and answered.
 //!
 //! # Guarantees

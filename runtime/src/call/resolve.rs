@@ -1,4 +1,4 @@
-//! Lookup and resolve (DESIGN §4, rows 2 and 3, `Unknown`): the receipt asked by callId, under a time
+//! Lookup and resolve (the decision table in `docs/rules.md`, steps 2 and 3, `Unknown`): the receipt asked by callId, under a time
 //! limit and the lookup budget, and the call continued from its answer.
 //!
 //! # Guarantees

@@ -7,7 +7,7 @@
 //! # Retry budgets
 //!
 //! A retry budget is a brake on retries when a dependency is failing, so that an outage does not turn
-//! into several times the traffic (seed 000 §6.4, seed 003 §5).
+//! into several times the traffic (`docs/rules.md`, *Field lessons*).
 //!
 //! A budget allows, over a sliding window, a share of the calls made plus a floor per second — tower's
 //! `TpsBudget` and Finagle's retry budget, whose defaults samekey takes: a 10 s window, 10 retries per
@@ -33,7 +33,7 @@
 //! # Concurrency limits
 //!
 //! When a dependency answers "rate limited", the problem is the rate, not the
-//! content (seed 003 §5). Retrying the same calls as fast as before only keeps it overloaded; sending
+//! content (`docs/rules.md`, *Field lessons*). Retrying the same calls as fast as before only keeps it overloaded; sending
 //! fewer at once lets it recover.
 //!
 //! Each dependency (a function's `budget = "…"`, or the runtime's own) counts its calls in flight: a

@@ -121,7 +121,7 @@ use crate::receipt::{Fence, Receipt, Transition};
 /// # Receipts in your own transaction
 ///
 /// [`MySqlStore::complete_in`] writes the call's outcome inside a transaction of yours, so the
-/// business row and the receipt commit or roll back together (seed 000 §5.3). The runtime's own
+/// business row and the receipt commit or roll back together (`docs/rules.md`, *Field lessons*). The runtime's own
 /// completion afterwards finds the receipt written and changes nothing.
 ///
 /// # What the deployment must guarantee

@@ -95,7 +95,7 @@ use crate::store::Store as _;
 /// # Receipts in your own transaction
 ///
 /// [`PgStore::complete_in`] writes the call's outcome inside a transaction of yours, so the business row
-/// and the receipt commit or roll back together (seed 000 §5.3). The runtime's own completion afterwards
+/// and the receipt commit or roll back together (`docs/rules.md`, *Field lessons*). The runtime's own completion afterwards
 /// finds the receipt written and changes nothing.
 pub type PgStore = SqlStore<Postgres>;
 

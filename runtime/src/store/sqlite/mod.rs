@@ -61,7 +61,7 @@ const SCHEMA: &str = include_str!("schema.sql");
 /// # Receipts in your own transaction
 ///
 /// [`SqliteStore::complete_in`] writes the call's outcome inside a transaction of yours, so the
-/// business row and the receipt commit or roll back together (seed 000 §5.3), as
+/// business row and the receipt commit or roll back together (`docs/rules.md`, *Field lessons*), as
 /// [`PgStore::complete_in`](super::PgStore::complete_in) does on PostgreSQL. The runtime's own
 /// completion afterwards finds the receipt written and changes nothing.
 pub type SqliteStore = SqlStore<Sqlite>;
