@@ -20,9 +20,9 @@ use serde::Serialize;
 use crate::call_id::CallId;
 use crate::clock::ms;
 use crate::codec::message_bytes;
-use crate::compensation::CompensationEntry;
+use crate::compensation::contradiction;
 use crate::error::{Error, StoreError};
-use crate::journal::{AttemptOutcome, EventKind};
+use crate::journal::{Event, EventKind};
 use crate::receipt::ReceiptState;
 use crate::runtime::Runtime;
 use crate::store::Completion;
@@ -107,40 +107,49 @@ impl Runtime {
     /// A callback that contradicts the call's recorded outcome (`FAILED` recorded, the provider says it
     /// took effect; or the other way round): the record is what duplicates replay, so a person must
     /// reconcile the two. The first such callback is journaled ([`EventKind::CallbackRefused`]) and
-    /// queues the call for compensation, whose worker finds the contradiction, marks the entry
-    /// `MANUAL` and runs the escalation hook; repeats are logged only, so that a provider that keeps
-    /// delivering neither pushes the journal's history out nor pages again.
+    /// queues the call for compensation, marked, whose worker marks the entry `MANUAL` and runs the
+    /// escalation hook; repeats are not journaled (a provider that keeps delivering must not push the
+    /// journal's history out) and queue it again only if the first queueing failed — never once a
+    /// person resolved it.
     async fn contradicted(&self, record: &crate::receipt::Receipt, callback: &Callback) {
         let (call_id, key) = (&record.call_id, &record.key);
         tracing::warn!(target: "samekey", call_id = %call_id, key = %key.short(),
             attempt = 0u32, from = %record.state, to = %callback.state,
             "callback refused: it contradicts the recorded outcome; left to a person");
-        let reported = match self.store().journal_of_call(call_id, self.now_ms()).await {
-            Ok(events) => events.iter().any(|event| {
-                matches!(event.what, EventKind::CallbackRefused { from, to }
-                    if from == record.state && to == callback.state)
-            }),
-            // Cannot tell: report it (twice rather than never).
-            Err(_) => false,
+        // A journal that cannot be read says nothing: report it (twice rather than never).
+        let events = self
+            .store()
+            .journal_of_call(call_id, self.now_ms())
+            .await
+            .unwrap_or_default();
+        let refused = |event: &Event| {
+            matches!(event.what, EventKind::CallbackRefused { from, to }
+                if from == record.state && to == callback.state)
         };
-        if reported {
-            return;
+        let reported = events.iter().rposition(refused);
+        if let Some(at) = reported {
+            if events[at..]
+                .iter()
+                .any(|event| matches!(event.what, EventKind::Resolved { .. }))
+            {
+                // A person settled it since: the provider's repeats page no one again.
+                return;
+            }
+        } else {
+            let refused = EventKind::CallbackRefused {
+                from: record.state,
+                to: callback.state,
+            };
+            self.journal(key, &[self.event(call_id, refused)], callback.ttl)
+                .await;
         }
-        let refused = EventKind::CallbackRefused {
-            from: record.state,
-            to: callback.state,
-        };
-        self.journal(key, &[self.event(call_id, refused)], callback.ttl)
-            .await;
+        // Journaled first, queued second (see `compensation::contradiction`); queued again on a
+        // repeat, in case the first queueing failed: a call queued already stays as it is.
         let reason = format!(
             "a callback says {}, but the call is recorded {}: reconcile by hand",
             callback.state, record.state
         );
-        let mut entry = CompensationEntry::new(call_id.clone(), key.clone(), reason, self.now_ms());
-        if callback.state == ReceiptState::Success {
-            // Its request took effect, by the provider's word.
-            entry.last_error = Some(AttemptOutcome::Ok);
-        }
+        let entry = contradiction::entry(call_id, key, record.state, reason, self.now_ms());
         if let Err(e) = self.store().enqueue_compensation(entry).await {
             tracing::error!(target: "samekey", call_id = %call_id, key = %key.short(),
                 attempt = 0u32, error = %e, "could not queue the contradiction for a person");

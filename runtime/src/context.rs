@@ -59,7 +59,8 @@ pub(crate) struct AttemptTime {
     pub(crate) started_ms: u64,
     /// The function's `ttl`, in ms: a receipt lives this long from its write.
     pub(crate) ttl_ms: u64,
-    /// The runtime's clock, for "now" at a write the body makes (`complete_in`).
+    /// The runtime's clock, for "now" at a write the body makes (`complete_in`); the system clock
+    /// costs nothing to carry.
     pub(crate) clock: RuntimeClock,
 }
 

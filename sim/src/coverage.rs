@@ -165,11 +165,14 @@ pub enum Surface {
     Wire,
     /// The gRPC method behind samekey-grpc's layers: its handler's upstream call and answers.
     Grpc,
+    /// A lease renewal while the work it keeps alive runs (one that waits, as on a row lock the
+    /// work's own transaction holds).
+    Lease,
 }
 
 impl Surface {
     /// Every surface.
-    pub const ALL: [Surface; 13] = [
+    pub const ALL: [Surface; 14] = [
         Surface::Call,
         Surface::Lookup,
         Surface::Nested,
@@ -183,6 +186,7 @@ impl Surface {
         Surface::Http,
         Surface::Wire,
         Surface::Grpc,
+        Surface::Lease,
     ];
 }
 

@@ -25,9 +25,11 @@
 //! map seeded per process: the shared store hands out its entries in an order fixed by due time,
 //! key and callId. CallIds carry random bits: histories name them `c1`, `c2`, … in the order they
 //! appear. One is left in tokio: an unbiased `select!` polls its branches from a random start (seeded
-//! only under `--cfg tokio_unstable`). samekey's lease heartbeat has one; its renewal draws nothing,
-//! but on a paused node it waits for the pause to end, so a tie between the body's end and a renewal
-//! can shift what follows. Histories after a panic in user code can differ the same way (the drop
+//! only under `--cfg tokio_unstable`). samekey's lease heartbeat is `biased` (the work first), and
+//! a renewal draws from a stream of its own ([`rng::Draws::renewal_wait`]: one in ten waits 1–8 s, as
+//! on the row lock of the work's own transaction — `StoreSlow@Lease`), so how many renewals a call
+//! makes shifts no other draw; on a paused node a renewal waits for the pause to end, so a tie between
+//! the body's end and a renewal can still shift what follows. Histories after a panic in user code can differ the same way (the drop
 //! guard's tasks). `tests/determinism.rs` replays seeds as a person does (a process of its own) and
 //! compares their histories; runs in one process share samekey's process-wide state (callId
 //! entropy, operation registrations), so a seed is replayed with the command, not inside another

@@ -18,6 +18,10 @@ use crate::coverage::{Fault, Surface, Without};
 /// The seeded source of every choice, and the end of the window in which faults may be drawn.
 pub struct Draws {
     rng: Mutex<fastrand::Rng>,
+    /// The lease renewals' own stream: how many renewals a call makes depends on how long its work
+    /// runs, so their draws are kept apart from the others (a renewal more or fewer shifts nothing
+    /// else).
+    renewals: Mutex<fastrand::Rng>,
     faults_until: Instant,
     without: BTreeSet<Without>,
 }
@@ -27,6 +31,7 @@ impl Draws {
     pub fn new(seed: u64, faults_until: Instant, without: BTreeSet<Without>) -> Draws {
         Draws {
             rng: Mutex::new(fastrand::Rng::with_seed(seed)),
+            renewals: Mutex::new(fastrand::Rng::with_seed(seed ^ 0x5eed_1ea5_e000_0000)),
             faults_until,
             without,
         }
@@ -65,6 +70,17 @@ impl Draws {
     /// A duration of `lo..=hi` milliseconds.
     pub fn ms(&self, lo: u64, hi: u64) -> Duration {
         Duration::from_millis(self.between(lo, hi))
+    }
+
+    /// How long a lease renewal waits before it reaches the store, if it is drawn to wait (one in ten
+    /// while the fault window is open: 1 to 8 s, as a renewal that waits on a row lock the work's own
+    /// transaction holds until its `COMMIT`). From the renewals' own stream.
+    pub fn renewal_wait(&self) -> Option<Duration> {
+        if !self.faulty() {
+            return None;
+        }
+        let mut rng = self.renewals.lock().unwrap_or_else(|p| p.into_inner());
+        (rng.u64(0..10) == 0).then(|| Duration::from_millis(rng.u64(1_000..=8_000)))
     }
 
     /// Whether the fault window is still open.

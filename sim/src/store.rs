@@ -339,8 +339,8 @@ impl<F: Future> Future for Freezes<F> {
     }
 }
 
-/// The store operations a fault may hit (the lease renewal is left alone: a stall or a crash ends
-/// renewals well enough, and its draws would depend on tokio's unseeded `select!` order).
+/// The store operations a fault may hit through the shared draws. The lease renewal draws its own
+/// (`Draws::renewal_wait`): how many renewals a call makes depends on how long its work runs.
 const FAULTED: &[&str] = &[
     "claim",
     "take_over",
@@ -359,6 +359,26 @@ const FAULTED: &[&str] = &[
 ];
 
 impl NodeStore {
+    /// Issue 38, defect 3: a lease renewal that waits (on the row lock of the work's own
+    /// transaction, before its `COMMIT`) must never stop the work it keeps alive. Drawn from the
+    /// renewals' own stream ([`Draws::renewal_wait`](crate::rng::Draws::renewal_wait)).
+    async fn renewal_wait(&self) {
+        let draws = &self.world.draws;
+        let Some(wait) = draws.renewal_wait() else {
+            return;
+        };
+        if draws.keep(Some(Fault::StoreSlow), Surface::Lease).is_none() {
+            return;
+        }
+        self.world.cover(Fault::StoreSlow, Surface::Lease);
+        self.world.history.log(
+            &self.life.name,
+            None,
+            format!("store extend_lease: waits {} ms", wait.as_millis()),
+        );
+        tokio::time::sleep(wait).await;
+    }
+
     /// The fence that owns `key` now, read from the store itself (no fault, no wait).
     async fn owner(&self, key: &Key) -> Option<Fence> {
         self.shared
@@ -486,6 +506,9 @@ impl StoreWrapper for NodeStore {
             } else {
                 None
             };
+            if op == "extend_lease" {
+                self.renewal_wait().await;
+            }
             let answer = match fault {
                 None => call.await,
                 Some(fault) => {

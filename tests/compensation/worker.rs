@@ -1347,6 +1347,108 @@ async fn a_slow_lookup_keeps_the_key_and_a_stuck_one_ends_the_round() {
     );
 }
 
+/// Found by the skeptical reader: a contradiction reported while the worker settles the call is lost.
+/// The worker hears "failed" and records `FAILED`; as it removes the entry, the provider calls back
+/// "charged" — refused, journaled, and queued onto the entry still there (a no-op); the worker's
+/// removal then deleted it, and no one was paged. Whoever removes a settled call's entry looks at
+/// the journal after, and queues a reported contradiction again.
+#[tokio::test(start_paused = true)]
+async fn a_contradiction_reported_while_the_worker_settles_still_reaches_a_person() {
+    let svc = Paused::new();
+    svc.remote.script([Fault::LoseRequest]);
+    assert!(svc.charge("o-settling", 500).await.is_err());
+    let call_id = svc.rt.compensations().await.unwrap()[0].call_id.clone();
+    let paged = Arc::new(AtomicU32::new(0));
+    let worker = Compensator::new(&svc.rt)
+        .operation(
+            "orders.charge",
+            CompensationOperation::new(|_call: CallId| async {
+                Ok::<_, String>(samekey::RemoteStatus::<u64, String>::Failed(
+                    "card declined".to_owned(),
+                ))
+            }),
+        )
+        .on_escalate({
+            let paged = paged.clone();
+            move |_| {
+                paged.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+    let removing = support::faulty::Gate::new();
+    svc.store.plan(
+        "finish_compensation",
+        [support::faulty::Act::Before(removing.clone())],
+    );
+    let pass = tokio::spawn({
+        let worker = worker.clone();
+        async move { worker.run_once().await }
+    });
+    removing.reached().await;
+    let refused = svc
+        .rt
+        .apply_callback(
+            &call_id,
+            samekey::callback::Callback::succeeded(&500u64).unwrap(),
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(samekey::Error::TransitionRefused { .. })),
+        "{refused:?}"
+    );
+    removing.open();
+    assert_eq!(pass.await.unwrap().unwrap().failed, 1);
+    let queued = svc.rt.compensations().await.unwrap();
+    assert_eq!(queued.len(), 1, "queued again for a person");
+    assert_eq!(worker.run_once().await.unwrap().escalated, 1);
+    assert_eq!(paged.load(Ordering::SeqCst), 1);
+}
+
+/// Found by the skeptical reader: a refused callback is journaled first and queued second; when the
+/// queueing failed, every repeat found the journaled refusal and queued nothing. A repeat queues it
+/// again (a no-op while it is queued), until a person resolved it.
+#[tokio::test(start_paused = true)]
+async fn a_contradiction_whose_queueing_failed_is_queued_on_the_repeat() {
+    let svc = Paused::new();
+    svc.remote.script([Fault::Reject]);
+    assert!(svc.charge("o-repeat", 500).await.is_err());
+    let call_id: CallId = svc.remote.call_ids()[0].parse().unwrap();
+    svc.store.plan(
+        "enqueue_compensation",
+        [support::faulty::Act::Fail(
+            samekey::store::StoreError::Unavailable("connection reset".to_owned()),
+        )],
+    );
+    let charged = || samekey::callback::Callback::succeeded(&500u64).unwrap();
+    for delivery in 0..3 {
+        let refused = svc.rt.apply_callback(&call_id, charged()).await;
+        assert!(
+            matches!(refused, Err(samekey::Error::TransitionRefused { .. })),
+            "{refused:?}"
+        );
+        let queued = svc.rt.compensations().await.unwrap().len();
+        assert_eq!(queued, usize::from(delivery > 0), "delivery {delivery}");
+    }
+    let worker = svc.worker(NotReceivedPolicy::Hold);
+    assert_eq!(worker.run_once().await.unwrap().escalated, 1);
+    worker
+        .resolve(
+            &call_id,
+            ManualResolution::Failed("the provider confirms the decline".to_owned()),
+            "bob",
+            "their callback was sent in error",
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        svc.rt.apply_callback(&call_id, charged()).await,
+        Err(samekey::Error::TransitionRefused { .. })
+    ));
+    assert!(
+        svc.rt.compensations().await.unwrap().is_empty(),
+        "resolved by a person: the provider's repeats page no one again"
+    );
+}
+
 /// A reversal that waits for `release` before it ends, counting its runs.
 fn slow_reversal(
     svc: &Svc,

@@ -77,8 +77,9 @@ impl<T, E> Call<T, E> {
     /// ([`EventKind::Contradicted`]), logged, and queued for compensation with its last attempt
     /// `Ok`: the worker that takes the entry finds the record `FAILED` beside an attempt that took
     /// effect, marks the entry `MANUAL` and runs the escalation hook — every `MANUAL` entry reaches a
-    /// person through the hook, whoever found it. (If a worker already holds an entry for the call,
-    /// that worker finds the `Contradicted` event in the journal and does the same.)
+    /// person through the hook, whoever found it. Journaled first and queued second: whoever removes a
+    /// settled call's entry looks at the journal after, and queues it again
+    /// (`compensation::contradiction`).
     pub(super) async fn contradicted(&mut self, value: T, now: u64) -> Step<T, E> {
         call_event!(ERROR, self;
             "another owner recorded FAILED, but this owner's request took effect; answering its success, and asking a person to reconcile");
@@ -90,6 +91,7 @@ impl<T, E> Call<T, E> {
         let reason =
             "the owner's request took effect after the call was recorded FAILED: reconcile by hand";
         let mut entry = self.entry(reason, now);
+        // Marked: the worker knows the contradiction without the journal.
         entry.last_error = Some(AttemptOutcome::Ok);
         if let Err(e) = self.rt.store().enqueue_compensation(entry).await {
             call_event!(ERROR, self; error = %e, "could not queue the contradiction for a person");

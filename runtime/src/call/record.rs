@@ -151,7 +151,14 @@ impl<T, E> Call<T, E> {
 pub(super) async fn finish_compensation(rt: &Runtime, key: &Key, call_id: &CallId) {
     if let Err(e) = rt.store().finish_compensation(call_id, None).await {
         call_event!(WARN, call_id, key, 0u32; error = %e, "could not clear the compensation entry");
+        return;
     }
+    // A contradiction reported meanwhile found the entry still queued: it is queued again. Boxed: a
+    // path of taken-over calls only, kept out of every call's future.
+    Box::pin(crate::compensation::contradiction::requeue_if_contradicted(
+        rt, key, call_id,
+    ))
+    .await;
 }
 
 /// Whether a JSON encoding holds a `null` (outside strings, or inside one: either way it is read back).

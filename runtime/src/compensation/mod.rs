@@ -30,6 +30,7 @@
 //! * `worker`: the [`Compensator`] and its passes ([`PassReport`]); in `worker/`, one entry's round, the
 //!   reversal, the re-run, and what a person does ([`ManualResolution`]).
 
+pub(crate) mod contradiction;
 mod entry;
 mod operations;
 mod worker;

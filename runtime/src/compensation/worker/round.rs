@@ -8,10 +8,11 @@ use super::{completion, Compensator, Counter, PassReport, Work};
 use crate::classify::RemoteStatus;
 use crate::clock::ms;
 use crate::codec::message_bytes;
+use crate::compensation::contradiction;
 use crate::compensation::entry::{CompensationEntry, CompensationState};
 use crate::compensation::operations::NotReceivedPolicy;
 use crate::error::{Error, StoreError};
-use crate::journal::{AttemptOutcome, CompensationStep, EventKind, LookupOutcome};
+use crate::journal::{CompensationStep, EventKind, LookupOutcome};
 use crate::receipt::{Fence, ReceiptState};
 use crate::takeover::{self, Reversal as Begun, TakenOver};
 
@@ -269,7 +270,12 @@ impl Compensator {
             .finish_compensation(&entry.call_id, Some(entry.fence))
             .await
         {
-            Ok(()) => *counter(w.pass) += 1,
+            Ok(()) => {
+                *counter(w.pass) += 1;
+                // A contradiction reported while this worker settled the call found the entry
+                // still queued (and queued nothing): it is queued again.
+                contradiction::requeue_if_contradicted(&self.rt, &entry.key, &entry.call_id).await;
+            }
             Err(StoreError::Fenced { .. }) => w.pass.lost += 1,
             Err(e) => return Err(e.into()),
         }
@@ -295,30 +301,33 @@ impl Compensator {
         self.settled_elsewhere(&entry, w).await
     }
 
-    /// Whether what happened to the call of `entry` contradicts its record (`state`): recorded
-    /// `FAILED` although its request took effect (the entry's last attempt answered `Ok`, or the
-    /// call's journal holds its owner's [`EventKind::Contradicted`]), or a callback reported the other
-    /// outcome ([`EventKind::CallbackRefused`]).
+    /// Whether what happened to the call of `entry` contradicts its record (`state`): the entry is
+    /// marked so ([`contradiction::marked`]), or the call's journal reports it (its owner's
+    /// [`EventKind::Contradicted`], a refused callback). A journal that cannot be read (an event a
+    /// newer release wrote) is logged, and the entry's marker alone decides: one unreadable event
+    /// must not stop the worker's passes.
     pub(super) async fn contradicted(
         &self,
         entry: &CompensationEntry,
         state: ReceiptState,
     ) -> Result<bool, StoreError> {
-        if state == ReceiptState::Failed && entry.last_error == Some(AttemptOutcome::Ok) {
+        if contradiction::marked(entry, state) {
             return Ok(true);
         }
-        let events = self
+        match self
             .rt
             .store()
             .journal_of_call(&entry.call_id, self.rt.now_ms())
-            .await?;
-        Ok(events.iter().any(|event| match event.what {
-            EventKind::Contradicted { recorded, known } => recorded == state && known != state,
-            EventKind::CallbackRefused { from, to } => {
-                from == state && to.is_terminal() && to != state
+            .await
+        {
+            Ok(events) => Ok(contradiction::reported(&events, state)),
+            Err(StoreError::Corrupt(e)) => {
+                tracing::warn!(target: "samekey", call_id = %entry.call_id, key = %entry.key.short(),
+                    attempt = 0u32, error = %e, "compensation: the call's journal cannot be read");
+                Ok(false)
             }
-            _ => false,
-        }))
+            Err(e) => Err(e),
+        }
     }
 
     async fn settled_elsewhere(
