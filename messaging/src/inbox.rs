@@ -354,9 +354,7 @@ impl Inbox {
             ..
         } = message;
         let key = self.key(&Identity::Envelope { call_id, seq });
-        inbound
-            .scope(self.run_work(key, json, payload, handler))
-            .await
+        inbound.scope(self.run(key, json, payload, handler)).await
     }
 
     /// Runs `handler` on the payload of a message that came without envelope (from a producer that
@@ -379,6 +377,7 @@ impl Inbox {
         let key = self.key(&Identity::Foreign(id.to_owned()));
         self.run(key, &Payload::of(&payload), payload, handler)
             .await
+            .result
     }
 
     /// The `verify` parts of a message: its payload's JSON value.
@@ -388,25 +387,10 @@ impl Inbox {
         verify
     }
 
+    /// Runs the work at most once under `key` (`verify` on the payload's JSON value), and says
+    /// whether samekey refused it before the handler was reached, for a reason that passes (see
+    /// [`Work::refused_for_now`]).
     async fn run<T, R, E, F, Fut>(
-        &self,
-        key: KeyBuilder,
-        json: &Payload,
-        payload: T,
-        handler: F,
-    ) -> Result<R, E>
-    where
-        F: FnOnce(T) -> Fut,
-        Fut: Future<Output = Result<R, E>>,
-        R: Serialize + DeserializeOwned,
-        E: Classify + From<Error> + Display,
-    {
-        self.run_work(key, json, payload, handler).await.result
-    }
-
-    /// Runs the work as [`Inbox::run`] does, and says whether samekey refused it before the handler
-    /// was reached, for a reason that passes (see [`Work::refused_for_now`]).
-    async fn run_work<T, R, E, F, Fut>(
         &self,
         key: KeyBuilder,
         json: &Payload,
@@ -477,7 +461,7 @@ impl Inbox {
             Ok(Read::Foreign { id, payload }) => {
                 let json = Payload::of(&payload);
                 let key = self.key(&Identity::Foreign(id.clone()));
-                let result = self.run_work(key, &json, payload, handler).await;
+                let result = self.run(key, &json, payload, handler).await;
                 (Identity::Foreign(id), None, json, result)
             }
         };
