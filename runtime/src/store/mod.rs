@@ -101,6 +101,7 @@ mod local;
 mod memory;
 #[cfg(feature = "mysql")]
 mod mysql;
+mod open;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod query;
@@ -130,6 +131,14 @@ pub use local::{LocalCache, DEFAULT_LOCAL_MAX_AGE};
 pub use memory::MemoryStore;
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlStore;
+#[cfg(any(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "redis"
+))]
+use open::Backend;
+pub use open::{open_existing, OpenError, OpenOptions};
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;
 pub use query::{Cursor, ReceiptPage, ReceiptQuery};

@@ -579,6 +579,42 @@ impl Dialect for MySql {
     }
 }
 
+/// `mysql://` (or `mariadb://`, the same protocol): a database that already holds samekey's tables.
+impl super::Backend for MySqlStore {
+    const SCHEMES: &'static [&'static str] = &["mysql://", "mariadb://"];
+
+    async fn open_existing(
+        url: &str,
+        _options: &super::OpenOptions,
+    ) -> Result<std::sync::Arc<dyn super::Store>, super::OpenError> {
+        use super::OpenError;
+        // sqlx reads `mysql://`; `mariadb://` names the same protocol.
+        let mysql_url = match url.strip_prefix("mariadb://") {
+            Some(rest) => format!("mysql://{rest}"),
+            None => url.to_owned(),
+        };
+        let pool = MySqlPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(&mysql_url)
+            .await
+            .map_err(|e| OpenError::unreachable(url, e))?;
+        let tables: i64 = sqlx::query_scalar(include_str!("statements/holds_tables.sql"))
+            .fetch_one(&pool)
+            .await
+            .map_err(|e| OpenError::unreachable(url, e))?;
+        if tables == 0 {
+            return Err(OpenError::never_migrated(url));
+        }
+        let store = MySqlStore::from_pool(pool);
+        store
+            .migrate()
+            .await
+            .map_err(|e| OpenError::unreachable(url, e))?;
+        Ok(std::sync::Arc::new(store))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

@@ -312,3 +312,34 @@ impl Dialect for Postgres {
         }
     }
 }
+
+/// `postgres://` (or `postgresql://`): a database that already holds samekey's tables.
+impl super::Backend for PgStore {
+    const SCHEMES: &'static [&'static str] = &["postgres://", "postgresql://"];
+
+    async fn open_existing(
+        url: &str,
+        _options: &super::OpenOptions,
+    ) -> Result<std::sync::Arc<dyn super::Store>, super::OpenError> {
+        use super::OpenError;
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(url)
+            .await
+            .map_err(|e| OpenError::unreachable(url, e))?;
+        let tables: i64 = sqlx::query_scalar(include_str!("statements/holds_tables.sql"))
+            .fetch_one(&pool)
+            .await
+            .map_err(|e| OpenError::unreachable(url, e))?;
+        if tables == 0 {
+            return Err(OpenError::never_migrated(url));
+        }
+        let store = PgStore::from_pool(pool);
+        store
+            .migrate()
+            .await
+            .map_err(|e| OpenError::unreachable(url, e))?;
+        Ok(std::sync::Arc::new(store))
+    }
+}

@@ -270,3 +270,23 @@ impl RedisStore {
         Ok(names)
     }
 }
+
+/// `redis://` (or `rediss://`; a cluster's nodes separated by commas), keys under the options'
+/// prefix. The server's durability settings are not checked: an operator's tool reads what is there.
+impl crate::store::Backend for RedisStore {
+    const SCHEMES: &'static [&'static str] = &["redis://", "rediss://"];
+
+    async fn open_existing(
+        url: &str,
+        options: &crate::store::OpenOptions,
+    ) -> Result<std::sync::Arc<dyn crate::store::Store>, crate::store::OpenError> {
+        let nodes: Vec<&str> = url.split(',').map(str::trim).collect();
+        let store = if nodes.len() > 1 {
+            RedisStore::connect_cluster_unverified(&nodes, &options.key_prefix).await
+        } else {
+            RedisStore::connect_unverified(url, &options.key_prefix).await
+        };
+        let store = store.map_err(|e| crate::store::OpenError::unreachable(url, e))?;
+        Ok(std::sync::Arc::new(store))
+    }
+}

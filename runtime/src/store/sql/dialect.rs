@@ -10,8 +10,11 @@
 //! `statements/` (every statement the store sends, one file each, named after what it does, opening
 //! with a comment that says what its parameters are), and a `mod.rs` that implements [`Dialect`] for
 //! the sqlx database type — the [`Statements`] of its folder, the claim, the journal's append, the
-//! wait for a busy key — beside the store's alias (`pub type PgStore = SqlStore<Postgres>`) and its
-//! inherent `connect`/`migrate`.
+//! wait for a busy key — beside the store's alias (`pub type PgStore = SqlStore<Postgres>`), its
+//! inherent `connect`/`migrate`, and its part in [`open_existing`](crate::store::open_existing): the
+//! URL schemes that name the database and how to open a store that already exists
+//! (`statements/holds_tables.sql` says whether it does). A new database is such a folder and one line
+//! in `open_existing`'s list.
 //!
 //! Every statement the shared code sends uses numbered placeholders (`$n`), which PostgreSQL and
 //! SQLite both read, and some use one parameter twice (the time). MySQL's `?` are positional only:

@@ -317,3 +317,47 @@ fn fresh_fence(now_ms: u64) -> Result<i64, StoreError> {
         .and_then(|f| i64::try_from(f).ok())
         .ok_or_else(|| StoreError::Corrupt(format!("time {now_ms} ms is out of range")))
 }
+
+/// `sqlite:PATH` (or `sqlite://PATH`): a file that already holds samekey's tables.
+impl super::Backend for SqliteStore {
+    const SCHEMES: &'static [&'static str] = &["sqlite://", "sqlite:"];
+
+    async fn open_existing(
+        url: &str,
+        _options: &super::OpenOptions,
+    ) -> Result<std::sync::Arc<dyn super::Store>, super::OpenError> {
+        use super::OpenError;
+        let path = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))
+            .unwrap_or(url);
+        if !Path::new(path).exists() {
+            return Err(OpenError::Missing {
+                backend: "SQLite",
+                location: path.to_owned(),
+            });
+        }
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(false)
+            .busy_timeout(Duration::from_secs(5));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(2)
+            .connect_with(options)
+            .await
+            .map_err(|e| OpenError::unreachable(url, e))?;
+        let tables: i64 = sqlx::query_scalar(include_str!("statements/holds_tables.sql"))
+            .fetch_one(&pool)
+            .await
+            .map_err(|e| OpenError::unreachable(url, e))?;
+        if tables == 0 {
+            return Err(OpenError::never_migrated(url));
+        }
+        let store = SqliteStore::from_pool(pool);
+        store
+            .migrate()
+            .await
+            .map_err(|e| OpenError::unreachable(url, e))?;
+        Ok(std::sync::Arc::new(store))
+    }
+}

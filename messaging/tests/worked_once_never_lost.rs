@@ -1,9 +1,9 @@
-//! The skeptical reviewer's tests of samekey-messaging (issue 27): attempts to make the inbox, the
-//! publishers and the outbox act twice, lose a message or answer wrong. Six of them showed defects,
-//! since fixed (a refusal after a lost confirm answered "not taken", an uncertain outcome under
-//! `OnUnknown::Rerun` acked and never re-run, a reused identity acked, `max_deliveries` past the
-//! journal's bound, a foreign `x-call-id` dead-lettered); the others guard behaviour that was probed
-//! and held.
+//! A message is worked once and never lost, whatever the broker and the publisher do: the inbox, the
+//! publishers and the outbox never act twice, drop a message or answer wrong — a refusal after a lost
+//! confirm stays unconfirmed, an uncertain outcome under `OnUnknown::Rerun` is given back to be
+//! worked, a reused identity with another payload is not acked, `max_deliveries` is reached, foreign
+//! ids stay messages of their own, a consumer that died mid-work is taken over. Six of these failed
+//! when written and pass since; the others guard behaviour that was probed and held.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -1,5 +1,8 @@
-//! Review of issue 28: `MySqlOutbox` attacked. Each test says in its doc comment what the finding
-//! was and how it was fixed (FIXED), or that the attack held (HELD).
+//! `MySqlOutbox` publishes each staged message once, in its ordering key's order, where it was
+//! staged: ids, destinations and ordering keys past the columns' lengths (strict or not), ids that
+//! differ by a trailing space, duplicate stages (in an open transaction too), and storms of relays,
+//! stagings, failures and purges. Each test says in its doc comment what was found and how it was
+//! fixed (FIXED), or that the attempt held (HELD).
 //!
 //! Needs `SAMEKEY_MYSQL_URL`; each test uses a database of its own (`review28_…`), dropped at the end.
 //!

@@ -1,5 +1,8 @@
-//! Review of issue 28: `MySqlStore` attacked, twice. Each test says in its doc comment what the
-//! finding was and how it was fixed (FIXED), or that the attack held (HELD).
+//! `MySqlStore` keeps what it is given and whom it belongs to: scopes of any length and script
+//! byte for byte, an outcome too large for the server left `UNKNOWN` (never run twice), leases that a
+//! non-UTC session or a skewed caller cannot stretch, fences that keep growing through a purge, and
+//! a stale owner's transaction told it is fenced out. Each test says in its doc comment what was
+//! found and how it was fixed (FIXED), or that the attempt held (HELD).
 //!
 //! Needs `SAMEKEY_MYSQL_URL`; keys are this run's own (the database is shared with the other MySQL
 //! tests, as in `mysql_durability.rs`).

@@ -1,6 +1,8 @@
-//! Review of samekey-grpc: attempts to make the layer run a method twice for one key, or answer wrong.
-//! Tests marked FOUND (fixed) failed when written and pass since; the one marked FINDING is open and
-//! ignored; the others pass and pin a guarantee.
+//! One run per key, and every caller its own answer: the idempotency layer never runs a method twice
+//! for one key (concurrent duplicates, a panic, a client that gave up, malformed bodies, endless
+//! streams) and never answers one call with another's reply (two methods under one callId, two
+//! principals, a receipt lookup). Tests marked FOUND failed when written and pass since; the one
+//! marked FINDING is open and ignored; the others pin a guarantee that was probed and held.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
