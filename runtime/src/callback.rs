@@ -39,7 +39,7 @@ pub struct Callback {
 impl Callback {
     /// It took effect with `value` (what the function would have returned: duplicates replay it).
     pub fn succeeded<T: Serialize>(value: &T) -> Result<Callback, Error> {
-        let outcome = serde_json::to_vec(value).map_err(|e| {
+        let outcome = crate::codec::stored_json(value).map_err(|e| {
             Error::Store(StoreError::Corrupt(format!(
                 "the callback's value cannot be encoded: {e}"
             )))

@@ -36,7 +36,8 @@ struct ByMessage {
 /// The largest buffer [`shared_json`] keeps for its thread's next value.
 const SCRATCH_KEPT: usize = 4096;
 
-/// `value` as JSON, in its shared form (how a call's outcome, success or failure, is stored): written
+/// `value` as JSON, in its shared form (how a call's outcome, success or failure, is stored), refused
+/// when it holds a NaN or an infinite float ([`stored_json`]): written
 /// into a buffer kept per thread, then copied once into the `Arc` the store keeps. One allocation a value instead of `serde_json::to_vec`'s growing `Vec`
 /// and its copy; a buffer grown past [`SCRATCH_KEPT`] by a large value is not kept.
 pub(crate) fn shared_json<T: Serialize + ?Sized>(value: &T) -> serde_json::Result<Arc<[u8]>> {
@@ -44,7 +45,7 @@ pub(crate) fn shared_json<T: Serialize + ?Sized>(value: &T) -> serde_json::Resul
         static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     }
     let on_its_own = || serde_json::to_vec(value).map(Arc::from);
-    SCRATCH
+    let encoded = SCRATCH
         .try_with(|scratch| {
             // Taken already: a `Serialize` impl that encodes another outcome on this thread.
             let Ok(mut buffer) = scratch.try_borrow_mut() else {
@@ -59,7 +60,26 @@ pub(crate) fn shared_json<T: Serialize + ?Sized>(value: &T) -> serde_json::Resul
             encoded
         })
         // The thread is ending and its buffer is gone (a call finished by a thread-local's drop).
-        .unwrap_or_else(|_| on_its_own())
+        .unwrap_or_else(|_| on_its_own());
+    match encoded {
+        Ok(bytes)
+            if crate::finite::holds_null(&bytes) && crate::finite::holds_non_finite(value) =>
+        {
+            Err(crate::finite::refusal())
+        }
+        encoded => encoded,
+    }
+}
+
+/// `value` as JSON in a `Vec`, refused when it holds a NaN or an infinite float (which JSON writes as
+/// `null` and a duplicate would read back as something else): what a store's `complete_in` and a
+/// callback store.
+pub(crate) fn stored_json<T: Serialize + ?Sized>(value: &T) -> serde_json::Result<Vec<u8>> {
+    let bytes = serde_json::to_vec(value)?;
+    if crate::finite::holds_null(&bytes) && crate::finite::holds_non_finite(value) {
+        return Err(crate::finite::refusal());
+    }
+    Ok(bytes)
 }
 
 /// A failure stored by its message, as the message codec writes it: what the compensation worker

@@ -21,6 +21,7 @@ pub mod compensation;
 pub mod conformance;
 pub mod context;
 mod error;
+mod finite;
 #[cfg(feature = "tonic")]
 pub mod grpc_status;
 pub mod journal;

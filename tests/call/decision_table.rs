@@ -1111,3 +1111,38 @@ async fn an_outcome_json_cannot_carry_is_not_stored_and_never_runs_again() {
     assert_eq!(sensor.read(2, 21.5).await, Ok(kept));
     assert_eq!(sensor.runs.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
+
+// The same gap, one level down: `Some(NaN)` is written `null` too, and *reads back* — as `None`. The
+// check that read the encoding back passed it, and every duplicate was answered `Ok(None)` for a
+// reading the first caller got as `Some(NaN)`: a wrong answer, not a refusal. A value holding a
+// non-finite float anywhere is refused by its encoding; a real `None` is stored and replayed.
+#[tokio::test]
+async fn a_nan_inside_an_option_is_never_replayed_as_none() {
+    struct Gauge {
+        rt: Runtime,
+        runs: std::sync::atomic::AtomicU32,
+    }
+    impl Gauge {
+        #[idempotent(key = "id", scope = "gauges.read", runtime = &self.rt)]
+        async fn read(&self, id: u64, value: Option<f64>) -> Result<Option<f64>, TestError> {
+            self.runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(value)
+        }
+    }
+    let gauge = Gauge {
+        rt: Runtime::builder().build().unwrap(),
+        runs: Default::default(),
+    };
+    let first = gauge.read(1, Some(f64::NAN)).await.unwrap();
+    assert!(
+        first.is_some_and(f64::is_nan),
+        "the first caller gets its value"
+    );
+    match gauge.read(1, Some(f64::NAN)).await {
+        Err(TestError::Samekey(Error::NotReplayable { .. })) => {}
+        other => panic!("a duplicate is told the call took effect, never Ok(None): {other:?}"),
+    }
+    assert_eq!(gauge.read(2, None).await, Ok(None));
+    assert_eq!(gauge.read(2, None).await, Ok(None), "a real None replays");
+    assert_eq!(gauge.runs.load(std::sync::atomic::Ordering::SeqCst), 2);
+}

@@ -174,3 +174,50 @@ async fn a_receipt_written_in_the_body_lives_its_ttl_from_the_write() {
     assert_eq!(jobs.runs.load(Ordering::SeqCst), 1, "the job ran once");
     assert_eq!(jobs.rt.stats().replays, 1);
 }
+
+/// `complete_in` wrote `Some(NaN)` as `null`, and duplicates read the receipt back as `None`: a
+/// reading answered wrong. It refuses a value JSON cannot carry — the caller's transaction writes no
+/// receipt — and the call's own write refuses it too: duplicates are told the call took effect
+/// (`NotReplayable`) and never run it again.
+#[tokio::test]
+async fn complete_in_refuses_a_value_json_would_read_back_as_another() {
+    struct Gauges {
+        rt: Runtime,
+        store: SqliteStore,
+        runs: AtomicU32,
+    }
+    impl Gauges {
+        #[idempotent(key = "id", scope = "gauges.calibrate", runtime = &self.rt)]
+        async fn calibrate(&self, id: u64) -> Result<Option<f64>, TestError> {
+            self.runs.fetch_add(1, Ordering::SeqCst);
+            let reading = Some(f64::NAN);
+            let mut tx = self.store.pool().begin().await.expect("begin");
+            let refused = SqliteStore::complete_in(&mut tx, &samekey::current(), &reading).await;
+            let err = refused.expect_err("a NaN has no JSON form");
+            assert!(err.to_string().contains("NaN"), "{err}");
+            drop(tx); // rolled back: no receipt written in it
+            Ok(reading)
+        }
+    }
+    let store = SqliteStore::open(db_path("complete-in-nan"))
+        .await
+        .expect("open");
+    let gauges = Gauges {
+        rt: Runtime::builder()
+            .store(store.clone())
+            .build()
+            .expect("runtime"),
+        store,
+        runs: AtomicU32::new(0),
+    };
+    let first = gauges
+        .calibrate(3)
+        .await
+        .expect("the first caller gets its value");
+    assert!(first.is_some_and(f64::is_nan));
+    match gauges.calibrate(3).await {
+        Err(TestError::Samekey(samekey::Error::NotReplayable { .. })) => {}
+        other => panic!("a duplicate is told the call took effect, never Ok(None): {other:?}"),
+    }
+    assert_eq!(gauges.runs.load(Ordering::SeqCst), 1, "it ran once");
+}

@@ -38,8 +38,8 @@ impl<T, E> Call<T, E> {
 
     /// The outcome as it is stored: its encoding, if a duplicate can read it back. JSON carries no
     /// NaN or infinite float, and serde_json writes one as `null`, which reads back as something
-    /// else or not at all: an encoding that holds a `null` is read back (with `decodes`) before it is
-    /// stored. One that cannot be encoded, or read back, is not stored — duplicates get
+    /// else (`Some(NaN)` as `None`) or not at all: the encoding refuses a value that holds one, and
+    /// any other encoding that holds a `null` is read back (with `decodes`) before it is stored. One that cannot be encoded, or read back, is not stored — duplicates get
     /// [`Error::NotReplayable`](crate::Error::NotReplayable), which says that the call took effect,
     /// never a decoding error.
     pub(super) fn encoded(
@@ -48,7 +48,7 @@ impl<T, E> Call<T, E> {
         decodes: impl FnOnce(&[u8]) -> bool,
     ) -> Option<Arc<[u8]>> {
         match encoded {
-            Ok(bytes) if !holds_null(&bytes) || decodes(&bytes) => Some(bytes),
+            Ok(bytes) if !crate::finite::holds_null(&bytes) || decodes(&bytes) => Some(bytes),
             Ok(_) => {
                 call_event!(ERROR, self;
                     "outcome cannot be read back from its encoding (a NaN or infinite float?); duplicates will get NotReplayable");
@@ -159,9 +159,4 @@ pub(super) async fn finish_compensation(rt: &Runtime, key: &Key, call_id: &CallI
         rt, key, call_id,
     ))
     .await;
-}
-
-/// Whether a JSON encoding holds a `null` (outside strings, or inside one: either way it is read back).
-fn holds_null(bytes: &[u8]) -> bool {
-    bytes.windows(4).any(|w| w == b"null")
 }

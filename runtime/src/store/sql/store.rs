@@ -178,7 +178,7 @@ where
         if !call.is_protected() {
             return Ok(Transition::AlreadyApplied);
         }
-        let outcome = serde_json::to_vec(value)
+        let outcome = crate::codec::stored_json(value)
             .map_err(|e| StoreError::Corrupt(format!("the outcome cannot be encoded: {e}")))?;
         // The receipt's ttl counts from this write, not from the attempt's start: a job longer than
         // its ttl still writes a live receipt.
