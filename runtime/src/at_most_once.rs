@@ -393,7 +393,12 @@ impl<'r, S> Invocation<'r, S> {
     /// Keeps `inputs` (encoded) in the call's compensation entry, for a worker's reversal or re-run
     /// (`inputs = …`). Inputs that cannot be encoded are left out (logged).
     pub fn inputs<I: Serialize + ?Sized>(mut self, inputs: &I) -> Invocation<'r, S> {
-        match serde_json::to_value(inputs) {
+        // A NaN would be kept as `null` and a re-run would send other inputs under this callId.
+        let encoded = match serde_json::to_value(inputs) {
+            Ok(_) if crate::finite::holds_non_finite(inputs) => Err(crate::finite::refusal()),
+            encoded => encoded,
+        };
+        match encoded {
             Ok(value) => self.inputs = Some(value),
             Err(e) => {
                 tracing::warn!(target: "samekey", scope = self.op.spec.scope, error = %e,

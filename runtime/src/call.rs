@@ -104,10 +104,10 @@ use crate::scope::OperationCell;
 ///   another call holds), or no call at hand (a task it left behind).
 macro_rules! call_event {
     ($level:ident, $call:expr; $($fields:tt)+) => {
-        call_event!($level, $call.call_id, $call.key, $call.attempts; $($fields)+)
+        call_event!($level, $call.ids.call_id, $call.ids.key, $call.tally.attempts; $($fields)+)
     };
     ($level:ident, $call:expr, $attempt:expr; $($fields:tt)+) => {
-        call_event!($level, $call.call_id, $call.key, $attempt; $($fields)+)
+        call_event!($level, $call.ids.call_id, $call.ids.key, $attempt; $($fields)+)
     };
     ($level:ident, $call_id:expr, $key:expr, $attempt:expr; $($fields:tt)+) => {
         tracing::event!(target: "samekey", tracing::Level::$level,
@@ -362,13 +362,50 @@ pub struct Run<T, E>(Call<T, E>);
 struct Call<T, E> {
     rt: Runtime,
     spec: &'static Spec,
+    /// What names the call: the same on every attempt.
+    ids: Ids,
+    /// Where the call stands with its key: claiming it, owning it (and doing what), or not holding it.
+    phase: Phase,
+    /// What the retry loop has counted and learned so far.
+    tally: Tally<E>,
+    /// When the call began and claimed its key.
+    times: Times,
+    /// What the call has to say in its journal.
+    trail: Trail,
+    /// The call's place in its dependency's limits.
+    place: Admission,
+    /// The type of `Self` of the annotated method (`""` for a function): with a default scope, it tells
+    /// the operations of one item apart.
+    self_type: &'static str,
+    codec: Codec<T, E>,
+    /// What keeps the key from naming the operation (a missing part), checked when the call starts.
+    /// Boxed, as the observer below: rare, and the run is moved with every call.
+    problem: Option<Box<KeyProblem>>,
+    /// Running without idempotency (a missing key part, and the function opted in).
+    plain: bool,
+    /// The call can ask the remote side by callId: its function has a `lookup` (the spec's), or its
+    /// driver answers [`Step::Lookup`] ([`Run::asking`]).
+    has_lookup: bool,
+    /// Where [`observed`](crate::observe::observed) wants this call's report, and what it needs beyond the run.
+    observer: Option<Box<Observer>>,
+}
+
+/// What names a call, fixed before its first attempt.
+struct Ids {
     key: Key,
     call_id: CallId,
     /// The traceId, and the `traceparent` the call passes on.
     trace: TraceParent,
     fingerprint: Option<Fingerprint>,
-    /// Where the call stands with its key: claiming it, owning it (and doing what), or not holding it.
-    phase: Phase,
+    /// The callId was adopted from an inbound request: other calls may carry it too (the caller's
+    /// retries, arriving as requests of their own), so a record under it is not surely this call's.
+    adopted: bool,
+    /// The call's encoded inputs, when its function keeps them (`inputs = …`).
+    inputs: Option<Arc<[u8]>>,
+}
+
+/// What the retry loop has counted and learned: attempts, lookups, waits, and what may have happened.
+struct Tally<E> {
     /// Whether this run took the key over from an earlier, uncertain owner.
     took_over: bool,
     attempts: u32,
@@ -380,6 +417,8 @@ struct Call<T, E> {
     /// same callId, but not a release of the key, since the first request may still arrive.
     uncertain: bool,
     last_error: Option<E>,
+    /// How the latest attempt ended, if not with a value (for a compensation entry).
+    last_outcome: Option<AttemptOutcome>,
     lookups_processing: u32,
     /// Lookups that failed (no answer, an error): each one uses up a retry.
     lookups_failed: u32,
@@ -387,43 +426,34 @@ struct Call<T, E> {
     /// The lookup under way was asked because the last attempt was refused after an uncertain one: a
     /// "not received" then means the refusal stands.
     refused: bool,
+    /// The backoff's jitter.
+    rng: u64,
+}
+
+/// When a call began and claimed its key.
+struct Times {
     /// The runtime's time when the call began, used by its first claim.
     began_ms: u64,
     /// When the call began, for its duration in the metrics.
     took: Stopwatch,
-    rng: u64,
-    /// The type of `Self` of the annotated method (`""` for a function): with a default scope, it tells
-    /// the operations of one item apart.
-    self_type: &'static str,
-    codec: Codec<T, E>,
-    /// What keeps the key from naming the operation (a missing part), checked when the call starts.
-    /// Boxed, as the observer below: rare, and the run is moved with every call.
-    problem: Option<Box<KeyProblem>>,
-    /// Running without idempotency (a missing key part, and the function opted in).
-    plain: bool,
-    /// Where [`observed`](crate::observe::observed) wants this call's report, and what it needs beyond the run.
-    observer: Option<Box<Observer>>,
-    /// Journal events not written yet. A call that its first attempt settles pushes none (see
-    /// [`crate::journal`]): the receipt tells its story.
+    /// When this run's claim took the key (the time of the journal's `Claimed`).
+    claimed_ms: u64,
+}
+
+/// The journal events of a call not written yet. A call that its first attempt settles pushes none
+/// (see [`crate::journal`]): the receipt tells its story.
+struct Trail {
     journal: Vec<Event>,
     /// Some event of this call was written: the ones after it are worth writing too.
     journaled: bool,
-    /// When this run's claim took the key (the time of the journal's `Claimed`).
-    claimed_ms: u64,
-    /// The callId was adopted from an inbound request: other calls may carry it too (the caller's
-    /// retries, arriving as requests of their own), so a record under it is not surely this call's.
-    adopted: bool,
-    /// How the latest attempt ended, if not with a value (for a compensation entry).
-    last_outcome: Option<AttemptOutcome>,
-    /// The call's encoded inputs, when its function keeps them (`inputs = …`).
-    inputs: Option<Arc<[u8]>>,
+}
+
+/// A call's place in its dependency's limits: the retries it draws and its place in flight.
+struct Admission {
     /// The dependency the call draws its retries and its place in flight from.
     dependency: Arc<Dependency>,
     /// The call holds a place in its dependency's concurrency limit (given back on drop).
     admitted: bool,
-    /// The call can ask the remote side by callId: its function has a `lookup` (the spec's), or its
-    /// driver answers [`Step::Lookup`] ([`Run::asking`]).
-    has_lookup: bool,
     /// The places the calls this one is nested in hold: where one of them holds a place in this
     /// call's limiter, the call runs on it rather than wait for a place of its own.
     enclosing: Places,
@@ -540,7 +570,7 @@ impl<T, E> Run<T, E> {
     /// ends as spent retries do (the last answer, or `UNKNOWN` after an uncertain attempt). Call it
     /// before [`Run::start`].
     pub(crate) fn at_most_one_attempt(&mut self) {
-        self.0.retries = 0;
+        self.0.tally.retries = 0;
     }
 
     // `start` and `attempt` hand out the call's own futures rather than wrapping them in futures of

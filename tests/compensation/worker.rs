@@ -1572,3 +1572,59 @@ async fn a_duplicate_dropped_while_its_take_over_reads_the_journal_releases_noth
     assert_eq!(svc.charge("o-16", 500).await, Ok(500), "replayed");
     assert_eq!(svc.remote.effects("o-16"), 1, "charged once");
 }
+
+/// A lookup that answers a value JSON cannot carry: the worker wrote `Some(NaN)` as `null`, and every
+/// duplicate was answered `Ok(None)` for a reading the remote side says was `Some(NaN)`. The call is
+/// recorded `SUCCESS` without an outcome: duplicates are told it took effect (`NotReplayable`), and it
+/// never runs again.
+#[tokio::test(start_paused = true)]
+async fn a_lookup_value_json_cannot_carry_is_never_replayed_as_another() {
+    struct Gauges {
+        rt: Runtime,
+        runs: AtomicU32,
+    }
+    impl Gauges {
+        #[idempotent(key = "id", scope = "gauges.read", runtime = &self.rt, on_unknown = "hold")]
+        async fn read(&self, id: u64) -> Result<Option<f64>, TestError> {
+            if self.runs.fetch_add(1, Ordering::SeqCst) == 0 {
+                // The reading was taken; its reply is lost.
+                return Err(TestError::Samekey(Error::Unknown {
+                    call_id: samekey::current().call_id().clone(),
+                }));
+            }
+            Ok(Some(id as f64))
+        }
+    }
+    let gauges = Gauges {
+        rt: Runtime::builder()
+            .node("test")
+            .clock(TokioClock::new())
+            .build()
+            .unwrap(),
+        runs: AtomicU32::new(0),
+    };
+    assert!(matches!(
+        gauges.read(1).await,
+        Err(TestError::Samekey(Error::Unknown { .. }))
+    ));
+    let nan = CompensationOperation::new(|_call: CallId| async {
+        Ok::<_, String>(RemoteStatus::<Option<f64>, String>::Succeeded(Some(
+            f64::NAN,
+        )))
+    });
+    let pass = Compensator::new(&gauges.rt)
+        .operation("gauges.read", nan)
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!(
+        (pass.taken, pass.succeeded),
+        (1, 1),
+        "recorded, not retried forever"
+    );
+    match gauges.read(1).await {
+        Err(TestError::Samekey(Error::NotReplayable { .. })) => {}
+        other => panic!("a duplicate is told the call took effect, never Ok(None): {other:?}"),
+    }
+    assert_eq!(gauges.runs.load(Ordering::SeqCst), 1, "it never ran again");
+}

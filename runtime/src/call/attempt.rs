@@ -35,8 +35,8 @@ impl<T, E> Call<T, E> {
         F: Future<Output = O>,
         O: CallResult<Ok = T, Err = E>,
     {
-        self.attempts += 1;
-        self.refused = false;
+        self.tally.attempts += 1;
+        self.tally.refused = false;
         self.count(Counter::Attempts);
         // From here until the body returns, a call dropped may have taken effect (a plain run holds
         // no claim: nothing to mark).
@@ -57,21 +57,21 @@ impl<T, E> Call<T, E> {
         // nanoseconds before (readings are in milliseconds): one read fewer. Any other attempt reads
         // the clock.
         let started = if just_claimed {
-            self.claimed_ms
+            self.times.claimed_ms
         } else {
             self.rt.now_ms()
         };
-        self.round = self.dependency.limiter.round();
-        if self.attempts == 1 && !self.plain {
+        self.place.round = self.place.dependency.limiter.round();
+        if self.tally.attempts == 1 && !self.plain {
             // A call that sends: it adds to the retries and lookups its dependency may make.
-            self.dependency.retries.deposit(started);
+            self.place.dependency.retries.deposit(started);
             self.rt.lookup_budget().deposit(started);
         }
         let context = Context::new(
-            self.call_id.clone(),
-            self.trace,
-            self.key.clone(),
-            self.attempts,
+            self.ids.call_id.clone(),
+            self.ids.trace,
+            self.ids.key.clone(),
+            self.tally.attempts,
             self.phase.fence().unwrap_or(Fence(0)),
             AttemptTime {
                 started_ms: started,
@@ -79,10 +79,10 @@ impl<T, E> Call<T, E> {
                 clock: self.rt.clock().clone(),
             },
         )
-        .holding(if self.admitted {
-            self.enclosing.with(self.limiter_addr())
+        .holding(if self.place.admitted {
+            self.place.enclosing.with(self.limiter_addr())
         } else {
-            self.enclosing
+            self.place.enclosing
         });
         let context = if self.plain {
             context.unprotected()
@@ -105,13 +105,13 @@ impl<T, E> Call<T, E> {
             return match outcome {
                 Some(out) => self.done(out),
                 None => {
-                    let call_id = self.call_id.clone();
+                    let call_id = self.ids.call_id.clone();
                     self.fail_with(Error::Unknown { call_id })
                 }
             };
         }
         let attempt = |outcome, error| EventKind::Attempt {
-            attempt: self.attempts,
+            attempt: self.tally.attempts,
             started_ms: started,
             outcome,
             error,
@@ -119,13 +119,13 @@ impl<T, E> Call<T, E> {
         match outcome {
             None => {
                 call_event!(INFO, self; "attempt timed out; outcome unknown");
-                self.last_outcome = Some(AttemptOutcome::TimedOut);
+                self.tally.last_outcome = Some(AttemptOutcome::TimedOut);
                 self.note(attempt(AttemptOutcome::TimedOut, None));
                 Box::pin(self.unknown_outcome(None)).await
             }
             Some(Ok(value)) => {
-                if let Some(limit) = self.dependency.limiter.succeeded() {
-                    crate::observe::metrics::concurrency_limit(&self.dependency.name, limit);
+                if let Some(limit) = self.place.dependency.limiter.succeeded() {
+                    crate::observe::metrics::concurrency_limit(&self.place.dependency.name, limit);
                 }
                 if self.worth_journaling() {
                     self.note(attempt(AttemptOutcome::Ok, None));
@@ -135,7 +135,7 @@ impl<T, E> Call<T, E> {
             Some(Err(error)) => {
                 let class = (self.codec.classify)(&error);
                 let described = self.codec.errors.describe(&error);
-                self.last_outcome = Some(class.into());
+                self.tally.last_outcome = Some(class.into());
                 self.note(attempt(class.into(), Some(described)));
                 call_event!(DEBUG, self; class = ?class, "attempt failed");
                 match class {
@@ -143,33 +143,37 @@ impl<T, E> Call<T, E> {
                     // call's outcome is the earlier attempt's, so ask the receipt instead of recording
                     // FAILED. (With `rerun` the remote dedups by callId, so its answer is the call's.)
                     ErrorClass::Permanent | ErrorClass::Rejected
-                        if self.uncertain && self.has_lookup =>
+                        if self.tally.uncertain && self.has_lookup =>
                     {
-                        self.refused = true;
+                        self.tally.refused = true;
                         Box::pin(self.unknown_outcome(Some(error))).await
                     }
                     ErrorClass::Permanent => Box::pin(self.fail(error)).await,
                     // Nothing took effect by this attempt, but an earlier one may have: the refusal
                     // may answer it, so it is recorded rather than given back.
-                    ErrorClass::Rejected if self.uncertain => Box::pin(self.fail(error)).await,
+                    ErrorClass::Rejected if self.tally.uncertain => {
+                        Box::pin(self.fail(error)).await
+                    }
                     ErrorClass::Rejected => {
-                        self.last_error = Some(error);
+                        self.tally.last_error = Some(error);
                         self.nothing_took_effect();
                         Box::pin(self.give_back("rejected; nothing took effect")).await
                     }
                     ErrorClass::Retryable => {
-                        self.last_error = Some(error);
+                        self.tally.last_error = Some(error);
                         self.nothing_took_effect();
                         Box::pin(self.retry(RetryClass::Retryable, Duration::ZERO)).await
                     }
                     ErrorClass::RateLimited { retry_after } => {
-                        self.last_error = Some(error);
+                        self.tally.last_error = Some(error);
                         self.nothing_took_effect();
-                        if let Some(limit) = self.dependency.limiter.rate_limited(self.round) {
-                            call_event!(INFO, self; dependency = %self.dependency.name, limit,
+                        if let Some(limit) =
+                            self.place.dependency.limiter.rate_limited(self.place.round)
+                        {
+                            call_event!(INFO, self; dependency = %self.place.dependency.name, limit,
                                 "rate limited: fewer calls in flight");
                             crate::observe::metrics::concurrency_limit(
-                                &self.dependency.name,
+                                &self.place.dependency.name,
                                 Some(limit),
                             );
                         }
@@ -193,11 +197,11 @@ impl<T, E> Call<T, E> {
         };
         let owner = Owner {
             rt: &self.rt,
-            key: &self.key,
-            call_id: &self.call_id,
+            key: &self.ids.key,
+            call_id: &self.ids.call_id,
             fence,
             lease: self.lease(),
-            attempt: self.attempts,
+            attempt: self.tally.attempts,
         };
         owner.keep_alive(body).await
     }
@@ -210,7 +214,7 @@ impl<T, E> Call<T, E> {
         let lease = ms(wait.saturating_add(self.lease()));
         self.rt
             .store()
-            .extend_lease(&self.key, fence, lease, self.rt.now_ms())
+            .extend_lease(&self.ids.key, fence, lease, self.rt.now_ms())
             .await
     }
 
@@ -240,18 +244,18 @@ impl<T, E> Call<T, E> {
     }
 
     pub(super) async fn unknown_outcome(&mut self, error: Option<E>) -> Step<T, E> {
-        self.uncertain = true;
+        self.tally.uncertain = true;
         // Uncertain from here on: whatever the phase, the drop guard leaves the call `UNKNOWN`.
         if let Phase::Attempting(fence) = self.phase {
             self.phase = Phase::Owner(fence);
         }
         if error.is_some() {
-            self.last_error = error;
+            self.tally.last_error = error;
         }
         if self.has_lookup {
-            self.lookups_processing = 0;
+            self.tally.lookups_processing = 0;
             call_event!(DEBUG, self; "asking the receipt");
-            return Step::Lookup(self.call_id.clone());
+            return Step::Lookup(self.ids.call_id.clone());
         }
         match self.spec.on_unknown {
             OnUnknown::Rerun => self.retry(RetryClass::Unknown, Duration::ZERO).await,
@@ -267,11 +271,11 @@ impl<T, E> Call<T, E> {
     /// least `at_least` (a rate limit's `retry_after`); one longer than the runtime's
     /// [`max_retry_after`](crate::runtime::RuntimeBuilder::max_retry_after) ends the call instead.
     pub(super) async fn retry(&mut self, class: RetryClass, at_least: Duration) -> Step<T, E> {
-        if self.spent() > self.retries {
+        if self.spent() > self.tally.retries {
             return self.exhausted().await;
         }
         let now = self.rt.now_ms();
-        if !self.dependency.retries.withdraw(now) {
+        if !self.place.dependency.retries.withdraw(now) {
             self.count(Counter::BudgetSpent);
             let spec = self.spec;
             spec.metrics
@@ -289,7 +293,7 @@ impl<T, E> Call<T, E> {
         let delay = self
             .spec
             .backoff()
-            .delay(self.attempts - 1, &mut self.rng)
+            .delay(self.tally.attempts - 1, &mut self.tally.rng)
             .max(at_least);
         if let Err(step) = self.hold_lease(delay).await {
             return step;
@@ -311,7 +315,7 @@ impl<T, E> Call<T, E> {
     /// no time unless it outlasts the wait).
     pub(super) async fn back_off(&mut self, delay: Duration) {
         self.note(EventKind::Backoff {
-            attempt: self.attempts,
+            attempt: self.tally.attempts,
             delay_ms: ms(delay),
         });
         tokio::join!(self.flush(), tokio::time::sleep(delay));
@@ -319,6 +323,8 @@ impl<T, E> Call<T, E> {
 
     /// Attempts sent and lookups failed: what the call's retries are spent on.
     pub(super) fn spent(&self) -> u32 {
-        self.attempts.saturating_add(self.lookups_failed)
+        self.tally
+            .attempts
+            .saturating_add(self.tally.lookups_failed)
     }
 }

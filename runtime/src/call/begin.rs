@@ -36,7 +36,8 @@ use crate::unanswered::{self, Unanswered};
 
 use super::held::Held;
 use super::{
-    Begun, Call, CallError, CallOutput, Codec, Observer, OnMissingKey, Phase, Run, Spec, Step,
+    Admission, Begun, Call, CallError, CallOutput, Codec, Ids, Observer, OnMissingKey, Phase, Run,
+    Spec, Step, Tally, Times, Trail,
 };
 
 /// The body of [`begin`](fn@super::begin), inlined into it (its one caller): the bounds are checked
@@ -101,44 +102,54 @@ pub(super) fn begin<T: CallOutput, E: CallError>(
     Begun::Run(Run(Call {
         rt: rt.into_owned(),
         spec,
-        key,
-        call_id,
-        trace,
-        fingerprint,
+        ids: Ids {
+            key,
+            call_id,
+            trace,
+            fingerprint,
+            adopted,
+            inputs: None,
+        },
         phase: Phase::Free,
-        took_over: false,
-        attempts: 0,
-        retries: spec.retries,
-        uncertain: false,
-        last_error: None,
-        lookups_processing: 0,
-        lookups_failed: 0,
-        waited: Duration::ZERO,
-        refused: false,
-        began_ms: now,
-        took,
-        rng,
+        tally: Tally {
+            took_over: false,
+            attempts: 0,
+            retries: spec.retries,
+            uncertain: false,
+            last_error: None,
+            last_outcome: None,
+            lookups_processing: 0,
+            lookups_failed: 0,
+            waited: Duration::ZERO,
+            refused: false,
+            rng,
+        },
+        times: Times {
+            began_ms: now,
+            took,
+            claimed_ms: now,
+        },
+        trail: Trail {
+            journal: Vec::new(),
+            journaled: false,
+        },
+        place: Admission {
+            dependency,
+            admitted: false,
+            enclosing: places,
+            round: 0,
+        },
         self_type,
         codec: Codec::new(errors),
         problem,
         plain: false,
+        has_lookup: spec.has_lookup,
         observer: Slot::take().map(|slot| {
             Box::new(Observer {
                 slot,
                 replayed: None,
             })
         }),
-        journal: Vec::new(),
-        journaled: false,
-        claimed_ms: now,
-        adopted,
-        last_outcome: None,
-        inputs: None,
-        dependency,
-        admitted: false,
-        has_lookup: spec.has_lookup,
-        enclosing: places,
-        round: 0,
     }))
 }
 
@@ -210,8 +221,9 @@ fn replay_in_process<T: CallOutput, E>(
 
 impl<T, E> Call<T, E> {
     pub(super) fn keep_inputs<I: Serialize>(&mut self, inputs: &I) {
-        match serde_json::to_vec(inputs) {
-            Ok(bytes) => self.inputs = Some(Arc::from(bytes)),
+        // A NaN would be kept as `null` and a re-run would send other inputs under this callId.
+        match crate::codec::stored_json(inputs) {
+            Ok(bytes) => self.ids.inputs = Some(Arc::from(bytes)),
             Err(e) => {
                 call_event!(WARN, self, 0u32;
                     error = %e, "the call's inputs cannot be encoded; its compensation entry goes without them");
@@ -270,7 +282,7 @@ impl<T, E> Call<T, E> {
                 });
             }
         }
-        let mut now = self.began_ms;
+        let mut now = self.times.began_ms;
         if !self.took_place_now() {
             if let Err(step) = Box::pin(self.wait_for_place()).await {
                 return step;
@@ -282,13 +294,13 @@ impl<T, E> Call<T, E> {
         }
         loop {
             let claim = Claim {
-                key: self.key.clone(),
-                call_id: self.call_id.clone(),
-                fingerprint: self.fingerprint,
+                key: self.ids.key.clone(),
+                call_id: self.ids.call_id.clone(),
+                fingerprint: self.ids.fingerprint,
                 lease_ms: ms(self.lease()),
                 now_ms: now,
             };
-            self.claimed_ms = now;
+            self.times.claimed_ms = now;
             // The in-process store answers at once: no future to make and move.
             let (claimed, sent) = match self.rt.memory() {
                 Some(memory) => (memory.claim_now(claim), None),
@@ -335,32 +347,32 @@ impl<T, E> Call<T, E> {
     /// make (the common case). Else the call waits for one ([`wait_for_place`](Call::wait_for_place),
     /// boxed where it is awaited, as every slow path).
     pub(super) fn took_place_now(&mut self) -> bool {
-        self.admitted = self.dependency.limiter.enter_now();
-        self.admitted
+        self.place.admitted = self.place.dependency.limiter.enter_now();
+        self.place.admitted
     }
 
     /// Waits for the call's place in its dependency's concurrency limit, which had none free;
     /// refused ([`Error::Overloaded`]) after `max_wait`, before anything is claimed.
     pub(super) async fn wait_for_place(&mut self) -> Result<(), Step<T, E>> {
-        if self.enclosing.holds(self.limiter_addr()) {
+        if self.place.enclosing.holds(self.limiter_addr()) {
             // Nested in a call that holds a place in this limit, given back only once this call has
             // answered: waiting for a place would be waiting for itself.
-            call_event!(DEBUG, self, 0u32; dependency = %self.dependency.name,
+            call_event!(DEBUG, self, 0u32; dependency = %self.place.dependency.name,
                 "concurrency limit full; running on the enclosing call's place");
             return Ok(());
         }
-        match self.dependency.limiter.wait_for_place().await {
+        match self.place.dependency.limiter.wait_for_place().await {
             Ok(()) => {
-                self.admitted = true;
+                self.place.admitted = true;
                 Ok(())
             }
             Err(refused) => {
                 self.count(Counter::Overloaded);
                 call_event!(WARN, self, 0u32;
-                    dependency = %self.dependency.name, limit = refused.limit,
+                    dependency = %self.place.dependency.name, limit = refused.limit,
                     "dependency rate limited and its concurrency limit full; nothing ran");
                 Err(self.fail_with(Error::Overloaded {
-                    dependency: self.dependency.name.clone(),
+                    dependency: self.place.dependency.name.clone(),
                     limit: refused.limit,
                 }))
             }
@@ -369,18 +381,18 @@ impl<T, E> Call<T, E> {
 
     /// The address that names this call's limiter in a [`Places`](crate::context::Places).
     pub(super) fn limiter_addr(&self) -> usize {
-        std::ptr::from_ref(&self.dependency.limiter) as usize
+        std::ptr::from_ref(&self.place.dependency.limiter) as usize
     }
 
     /// Whether an existing `record` is the claim this call sent (stamped `claimed_ms`), as written: a
     /// store client that re-sent it after a reset (the Redis Cluster client does) gets it back as
     /// existing.
     pub(super) fn sent_by_this_call(&self, record: &Receipt) -> bool {
-        !self.adopted
+        !self.ids.adopted
             && unanswered::written_as_sent(
                 record,
-                &self.call_id,
-                self.claimed_ms,
+                &self.ids.call_id,
+                self.times.claimed_ms,
                 self.rt.store().clock() == StoreClock::Caller,
             )
     }
@@ -416,16 +428,16 @@ impl<T, E> Call<T, E> {
     /// written ([`crate::unanswered`]). Not under an adopted callId: a record carrying it may be
     /// another call's, running; such a claim is left to its lease.
     pub(super) fn unanswered(&self, sent: tokio::time::Instant, why: String) {
-        if self.adopted {
+        if self.ids.adopted {
             call_event!(WARN, self, 0u32; why = %why,
                 "claim unanswered under an adopted callId, which other calls may carry; it is left to its lease");
             return;
         }
         Unanswered {
-            key: self.key.clone(),
-            call_id: self.call_id.clone(),
+            key: self.ids.key.clone(),
+            call_id: self.ids.call_id.clone(),
             sent,
-            stamped_ms: self.claimed_ms,
+            stamped_ms: self.times.claimed_ms,
             lease: self.lease(),
             keep_ms: ms(self.spec.ttl),
             why,

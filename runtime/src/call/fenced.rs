@@ -29,9 +29,9 @@ impl<T, E> Call<T, E> {
         self.note(EventKind::FencedOut);
         self.flush().await;
         let now = self.rt.now_ms();
-        let record = self.rt.store().get(&self.key, now).await;
+        let record = self.rt.store().get(&self.ids.key, now).await;
         let held_by_another = match &record {
-            Ok(Some(r)) if r.call_id == self.call_id => {
+            Ok(Some(r)) if r.call_id == self.ids.call_id => {
                 if r.state.is_terminal() {
                     // Told "failed" for a request this owner knows took effect (a worker that heard
                     // "not received" before its late request arrived): it answers what it knows,
@@ -44,7 +44,7 @@ impl<T, E> Call<T, E> {
                     let r = r.clone();
                     // An entry this run queued before it was fenced out is not needed by a settled
                     // call.
-                    finish_compensation(&self.rt, &self.key, &self.call_id).await;
+                    finish_compensation(&self.rt, &self.ids.key, &self.ids.call_id).await;
                     return self.replay(&r);
                 }
                 true
@@ -59,10 +59,10 @@ impl<T, E> Call<T, E> {
         }
         if held_by_another {
             call_event!(WARN, self; "another owner is resolving this call; answering unknown");
-            let call_id = self.call_id.clone();
+            let call_id = self.ids.call_id.clone();
             return self.fail_with(Error::Unknown { call_id });
         }
-        if self.uncertain {
+        if self.tally.uncertain {
             // No record covers the call any more: the queue entry is what is left of it.
             return self
                 .give_up_unknown("lost its key with an uncertain outcome", now)

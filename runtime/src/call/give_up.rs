@@ -22,7 +22,7 @@ impl<T, E> Call<T, E> {
     /// No attempt left: release the claim if nothing can have run, else leave the call `UNKNOWN`. A plain
     /// failure is answered only when the release was applied.
     pub(super) async fn exhausted(&mut self) -> Step<T, E> {
-        if self.uncertain {
+        if self.tally.uncertain {
             let now = self.rt.now_ms();
             return self
                 .give_up_unknown("retries exhausted with an uncertain outcome", now)
@@ -36,7 +36,7 @@ impl<T, E> Call<T, E> {
     pub(super) async fn give_back(&mut self, why: &'static str) -> Step<T, E> {
         let now = self.rt.now_ms();
         if let Some(fence) = self.phase.fence() {
-            match self.rt.store().release(&self.key, fence).await {
+            match self.rt.store().release(&self.ids.key, fence).await {
                 // Gone already (evicted): nothing of this call's is left to release.
                 Ok(()) | Err(StoreError::NotFound) => {}
                 Err(e) if e.lost_key() => {
@@ -71,12 +71,12 @@ impl<T, E> Call<T, E> {
 
     /// The answer of a call that took no effect: its last error, or [`Error::Exhausted`].
     pub(super) fn plain_failure(&mut self) -> Step<T, E> {
-        match self.last_error.take() {
+        match self.tally.last_error.take() {
             Some(error) => self.done(Err(error)),
             None => {
                 let error = Error::Exhausted {
-                    call_id: self.call_id.clone(),
-                    attempts: self.attempts,
+                    call_id: self.ids.call_id.clone(),
+                    attempts: self.tally.attempts,
                 };
                 self.fail_with(error)
             }
@@ -119,16 +119,17 @@ impl<T, E> Call<T, E> {
             reason: reason.to_owned(),
         });
         self.flush().await;
-        let call_id = self.call_id.clone();
+        let call_id = self.ids.call_id.clone();
         self.fail_with(Error::Unknown { call_id })
     }
 
     /// The compensation entry of this call, queued now for `reason`.
     pub(super) fn entry(&self, reason: impl Into<String>, now: u64) -> CompensationEntry {
-        let mut entry = CompensationEntry::new(self.call_id.clone(), self.key.clone(), reason, now);
-        entry.attempts = self.attempts;
-        entry.last_error = self.last_outcome;
-        entry.encoded_inputs = self.inputs.clone();
+        let mut entry =
+            CompensationEntry::new(self.ids.call_id.clone(), self.ids.key.clone(), reason, now);
+        entry.attempts = self.tally.attempts;
+        entry.last_error = self.tally.last_outcome;
+        entry.encoded_inputs = self.ids.inputs.clone();
         entry
     }
 }

@@ -32,8 +32,8 @@ enum Leftover {
 
 impl<T, E> Drop for Call<T, E> {
     fn drop(&mut self) {
-        if std::mem::take(&mut self.admitted) {
-            self.dependency.limiter.leave();
+        if std::mem::take(&mut self.place.admitted) {
+            self.place.dependency.limiter.leave();
         }
         let (fence, leftover) = match std::mem::replace(&mut self.phase, Phase::Free) {
             Phase::Free => return,
@@ -47,7 +47,7 @@ impl<T, E> Drop for Call<T, E> {
                 outcome,
             } => (fence, Leftover::Record(state, outcome)),
             Phase::Attempting(fence) => (fence, Leftover::Unknown),
-            Phase::JustClaimed(fence) | Phase::Owner(fence) if self.uncertain => {
+            Phase::JustClaimed(fence) | Phase::Owner(fence) if self.tally.uncertain => {
                 (fence, Leftover::Unknown)
             }
             Phase::JustClaimed(fence) | Phase::Owner(fence) => (fence, Leftover::Release),
@@ -56,11 +56,11 @@ impl<T, E> Drop for Call<T, E> {
             return;
         };
         let rt = self.rt.clone();
-        let key = self.key.clone();
-        let call_id = self.call_id.clone();
-        let took_over = self.took_over;
+        let key = self.ids.key.clone();
+        let call_id = self.ids.call_id.clone();
+        let took_over = self.tally.took_over;
         let ttl = ms(self.spec.ttl);
-        let mut journal = std::mem::take(&mut self.journal);
+        let mut journal = std::mem::take(&mut self.trail.journal);
         let mut entry = self.entry(String::new(), self.rt.now_ms());
         handle.spawn(async move {
             let store = rt.store();

@@ -35,9 +35,9 @@ impl<T, E> Call<T, E> {
     /// Acts on a record of this key that another call holds.
     pub(super) async fn held(&mut self, mut record: Receipt) -> Held<T, E> {
         for _ in 0..MAX_LOOKS {
-            if let (Some(ours), Some(theirs)) = (self.fingerprint, record.fingerprint) {
+            if let (Some(ours), Some(theirs)) = (self.ids.fingerprint, record.fingerprint) {
                 if ours != theirs {
-                    call_event!(WARN, record.call_id, self.key, 0u32;
+                    call_event!(WARN, record.call_id, self.ids.key, 0u32;
                         "key reused with a different request");
                     return Held::Step(self.fail_with(Error::KeyReuse {
                         call_id: record.call_id,
@@ -72,13 +72,13 @@ impl<T, E> Call<T, E> {
                     call_id: record.call_id,
                 }));
             }
-            let left = self.rt.busy_wait().saturating_sub(self.waited);
+            let left = self.rt.busy_wait().saturating_sub(self.tally.waited);
             if left.is_zero() {
                 return Held::Step(self.fail_with(Error::InProgress {
                     call_id: record.call_id,
                 }));
             }
-            call_event!(DEBUG, record.call_id, self.key, 0u32; "key busy; waiting for its outcome");
+            call_event!(DEBUG, record.call_id, self.ids.key, 0u32; "key busy; waiting for its outcome");
             self.count(Counter::Waits);
             // Woken by the outcome, or at the latest after one lease (this function's), to ask again
             // whether the owner is still there.
@@ -86,9 +86,9 @@ impl<T, E> Call<T, E> {
             let settled = self
                 .rt
                 .store()
-                .wait_settled(&self.key, left.min(self.lease()), self.rt.now_ms())
+                .wait_settled(&self.ids.key, left.min(self.lease()), self.rt.now_ms())
                 .await;
-            self.waited += started.elapsed();
+            self.tally.waited += started.elapsed();
             match settled {
                 Err(e) => return Held::Step(self.store_failed(e)),
                 Ok(None) => return Held::Reclaim,
@@ -118,25 +118,25 @@ impl<T, E> Call<T, E> {
             Ok(TakenOver::Reversal { fence, .. }) => {
                 // The call may have been undone: it is the worker's (and perhaps a person's) to
                 // settle, never this duplicate's to send.
-                takeover::hand_back(&self.rt, &self.key, fence).await;
+                takeover::hand_back(&self.rt, &self.ids.key, fence).await;
                 return Ok(self.fail_with(Error::Unknown {
                     call_id: record.call_id,
                 }));
             }
         };
-        call_event!(INFO, record.call_id, self.key, 0u32;
+        call_event!(INFO, record.call_id, self.ids.key, 0u32;
             from = %record.state, fence = fence.0, "took over an uncertain call");
-        self.call_id = record.call_id;
+        self.ids.call_id = record.call_id;
         self.phase = Phase::Owner(fence);
-        self.took_over = true;
-        self.uncertain = true;
+        self.tally.took_over = true;
+        self.tally.uncertain = true;
         self.count(Counter::Claims);
         self.note(EventKind::TookOver {
             from: record.state,
             fence: fence.0,
         });
         if self.has_lookup {
-            return Ok(Step::Lookup(self.call_id.clone()));
+            return Ok(Step::Lookup(self.ids.call_id.clone()));
         }
         match self.spec.on_unknown {
             OnUnknown::Rerun => Ok(Step::Attempt),
@@ -151,7 +151,7 @@ impl<T, E> Call<T, E> {
     /// Answers with the outcome an earlier call stored.
     pub(super) fn replay(&mut self, record: &Receipt) -> Step<T, E> {
         self.count(Counter::Replays);
-        call_event!(DEBUG, record.call_id, self.key, 0u32; state = %record.state, "replay");
+        call_event!(DEBUG, record.call_id, self.ids.key, 0u32; state = %record.state, "replay");
         let Some(bytes) = record.outcome.as_deref() else {
             return self.fail_with(Error::NotReplayable {
                 call_id: record.call_id.clone(),

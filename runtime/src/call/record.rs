@@ -89,10 +89,10 @@ impl<T, E> Call<T, E> {
         };
         let written = match self.rt.memory() {
             // The in-process store answers at once: no future to make and move.
-            Some(memory) => memory.complete_now(&self.key, fence, completion, now),
+            Some(memory) => memory.complete_now(&self.ids.key, fence, completion, now),
             None => {
                 let store = self.rt.store();
-                store.complete(&self.key, fence, completion, now).await
+                store.complete(&self.ids.key, fence, completion, now).await
             }
         };
         match written {
@@ -107,8 +107,8 @@ impl<T, E> Call<T, E> {
                     });
                     self.flush().await;
                 }
-                if self.took_over {
-                    finish_compensation(&self.rt, &self.key, &self.call_id).await;
+                if self.tally.took_over {
+                    finish_compensation(&self.rt, &self.ids.key, &self.ids.call_id).await;
                 }
                 self.done(out)
             }

@@ -19,30 +19,30 @@ impl<T, E> Call<T, E> {
     /// Whether this call's story is more than its receipt tells: more than one attempt, a lookup,
     /// an uncertain outcome, a take-over, or something journaled already.
     pub(super) fn worth_journaling(&self) -> bool {
-        self.journaled
-            || self.attempts > 1
-            || self.took_over
-            || self.uncertain
-            || self.lookups_failed > 0
+        self.trail.journaled
+            || self.tally.attempts > 1
+            || self.tally.took_over
+            || self.tally.uncertain
+            || self.tally.lookups_failed > 0
     }
 
     /// Adds an event to the journal (written by the next [`Call::flush`]); the first one of a run
     /// that claimed its key brings the claim with it.
     pub(super) fn note(&mut self, what: EventKind) {
-        if self.journal.is_empty() && !self.journaled && !self.took_over {
+        if self.trail.journal.is_empty() && !self.trail.journaled && !self.tally.took_over {
             let claimed = EventKind::Claimed {
                 fence: self.phase.fence().map_or(0, |f| f.0),
             };
-            let event = self.event(self.claimed_ms, claimed);
-            self.journal.push(event);
+            let event = self.event(self.times.claimed_ms, claimed);
+            self.trail.journal.push(event);
         }
         let event = self.event(self.rt.now_ms(), what);
-        self.journal.push(event);
+        self.trail.journal.push(event);
     }
 
     pub(super) fn event(&self, at_ms: u64, what: EventKind) -> Event {
         Event {
-            call_id: self.call_id.clone(),
+            call_id: self.ids.call_id.clone(),
             at_ms,
             node: self.rt.node().to_owned(),
             what,
@@ -52,16 +52,16 @@ impl<T, E> Call<T, E> {
     /// Writes the journal's pending events. A store that fails to take them costs the call nothing but
     /// a warning: the journal is what an operator reads, not what decides the call.
     pub(super) async fn flush(&mut self) {
-        if self.journal.is_empty() {
+        if self.trail.journal.is_empty() {
             return;
         }
-        let events = std::mem::take(&mut self.journal);
-        self.journaled = true;
+        let events = std::mem::take(&mut self.trail.journal);
+        self.trail.journaled = true;
         let keep = ms(self.spec.ttl);
         let written = self
             .rt
             .store()
-            .append_journal(&self.key, &events, keep, self.rt.now_ms())
+            .append_journal(&self.ids.key, &events, keep, self.rt.now_ms())
             .await;
         if let Err(e) = written {
             call_event!(WARN, self;
@@ -88,8 +88,8 @@ impl<T, E> Call<T, E> {
             spec.scope,
             spec.budget_name(),
             out.is_ok(),
-            &self.took,
-            self.attempts,
+            &self.times.took,
+            self.tally.attempts,
         );
         if let Some(observer) = self.observer.take() {
             let Observer { slot, replayed } = *observer;
@@ -97,17 +97,17 @@ impl<T, E> Call<T, E> {
                 CallAnswer::Replayed
             } else if self.plain {
                 CallAnswer::Unprotected
-            } else if self.attempts == 0 && !self.took_over {
+            } else if self.tally.attempts == 0 && !self.tally.took_over {
                 CallAnswer::Refused
             } else {
                 CallAnswer::Executed
             };
             slot.report(CallReport {
-                call_id: replayed.unwrap_or_else(|| self.call_id.clone()),
-                trace_id: self.trace.trace_id(),
-                key: self.key.clone(),
+                call_id: replayed.unwrap_or_else(|| self.ids.call_id.clone()),
+                trace_id: self.ids.trace.trace_id(),
+                key: self.ids.key.clone(),
                 answer,
-                attempts: self.attempts,
+                attempts: self.tally.attempts,
             });
         }
         Step::Done(out)

@@ -86,13 +86,13 @@ impl<T, E> Call<T, E> {
                 // a retry with the same callId is safe, the remote dedups a late arrival by it. But
                 // after a refusal, nothing took effect and the refusal is the remote's answer: it is
                 // recorded (never given back: the first request may still arrive), not sent again.
-                if self.refused {
-                    if let Some(error) = self.last_error.take() {
-                        self.refused = false;
+                if self.tally.refused {
+                    if let Some(error) = self.tally.last_error.take() {
+                        self.tally.refused = false;
                         return self.fail(error).await;
                     }
                 }
-                if self.attempts == 0 {
+                if self.tally.attempts == 0 {
                     // The wait for the answer is where a taker stalls past its lease (a GC pause, a
                     // blocked thread) while another takes the call over and sends: confirm, under
                     // the fence, that the key is still this call's before anything is sent.
@@ -105,9 +105,9 @@ impl<T, E> Call<T, E> {
                 }
             }
             Ok(RemoteStatus::Processing) => {
-                self.lookups_processing += 1;
-                call_event!(INFO, self; polls = self.lookups_processing, "lookup: processing");
-                if self.lookups_processing > self.rt.lookup_polls() {
+                self.tally.lookups_processing += 1;
+                call_event!(INFO, self; polls = self.tally.lookups_processing, "lookup: processing");
+                if self.tally.lookups_processing > self.rt.lookup_polls() {
                     return self
                         .give_up_unknown("remote still processing after every lookup", now)
                         .await;
@@ -115,19 +115,19 @@ impl<T, E> Call<T, E> {
                 let delay = self
                     .spec
                     .backoff()
-                    .delay(self.lookups_processing - 1, &mut self.rng);
+                    .delay(self.tally.lookups_processing - 1, &mut self.tally.rng);
                 if let Err(step) = self.hold_lease(delay).await {
                     return step;
                 }
                 self.back_off(delay).await;
-                Step::Lookup(self.call_id.clone())
+                Step::Lookup(self.ids.call_id.clone())
             }
             Err(e) => {
                 // Asking again re-sends nothing, so a failed lookup is asked again after a backoff, as
                 // long as the call has retries left; each failed lookup uses one up.
-                self.lookups_failed += 1;
-                if self.spent() > self.retries {
-                    call_event!(WARN, self; error = %e, failed_lookups = self.lookups_failed,
+                self.tally.lookups_failed += 1;
+                if self.spent() > self.tally.retries {
+                    call_event!(WARN, self; error = %e, failed_lookups = self.tally.lookups_failed,
                         "lookup failed and no retry is left; outcome stays unknown");
                     return self
                         .give_up_unknown(&format!("receipt lookup failed: {e}"), now)
@@ -136,14 +136,14 @@ impl<T, E> Call<T, E> {
                 let delay = self
                     .spec
                     .backoff()
-                    .delay(self.lookups_failed - 1, &mut self.rng);
-                call_event!(INFO, self; error = %e, failed_lookups = self.lookups_failed,
+                    .delay(self.tally.lookups_failed - 1, &mut self.tally.rng);
+                call_event!(INFO, self; error = %e, failed_lookups = self.tally.lookups_failed,
                     delay_ms = ms(delay), "lookup failed; asking again");
                 if let Err(step) = self.hold_lease(delay).await {
                     return step;
                 }
                 self.back_off(delay).await;
-                Step::Lookup(self.call_id.clone())
+                Step::Lookup(self.ids.call_id.clone())
             }
         }
     }

@@ -15,8 +15,24 @@ use crate::call_id::CallId;
 use crate::classify::{Classify, ErrorClass, RemoteStatus};
 use crate::compensation::entry::CompensationEntry;
 
-/// What a lookup answered, encoded for the receipt: the success value's JSON, or the failure's message.
-type CallAnswer = Result<RemoteStatus<Vec<u8>, String>, String>;
+/// What a lookup answered, encoded for the receipt: the success value's JSON (`None` when it cannot
+/// be stored, see [`stored`]), or the failure's message.
+type CallAnswer = Result<RemoteStatus<Option<Vec<u8>>, String>, String>;
+
+/// A value the remote side says the call returned, as its receipt stores it: `None` when JSON cannot
+/// carry it (a NaN or an infinite float, which would be read back as something else) or it cannot be
+/// encoded. The call took effect all the same: it is recorded `SUCCESS` without an outcome, and
+/// duplicates get `Error::NotReplayable` — never another value, never a second run.
+fn stored<T: Serialize>(value: &T, whose: &'static str) -> Option<Vec<u8>> {
+    match crate::codec::stored_json(value) {
+        Ok(bytes) => Some(bytes),
+        Err(e) => {
+            tracing::error!(target: "samekey", error = %e,
+                "{whose} value cannot be stored; duplicates will get NotReplayable");
+            None
+        }
+    }
+}
 type Lookup = Arc<dyn Fn(CallId) -> Pin<Box<dyn Future<Output = CallAnswer> + Send>> + Send + Sync>;
 type Reversal = Arc<
     dyn Fn(CompensationEntry) -> Pin<Box<dyn Future<Output = Result<(), ReversalError>> + Send>>
@@ -111,9 +127,9 @@ impl CompensationOperation {
             let asked = lookup(call_id);
             Box::pin(async move {
                 match asked.await {
-                    Ok(RemoteStatus::Succeeded(value)) => serde_json::to_vec(&value)
-                        .map(RemoteStatus::Succeeded)
-                        .map_err(|e| format!("the lookup's value cannot be encoded: {e}")),
+                    Ok(RemoteStatus::Succeeded(value)) => {
+                        Ok(RemoteStatus::Succeeded(stored(&value, "the lookup's")))
+                    }
                     Ok(RemoteStatus::Failed(error)) => Ok(RemoteStatus::Failed(error.to_string())),
                     Ok(RemoteStatus::NotReceived) => Ok(RemoteStatus::NotReceived),
                     Ok(RemoteStatus::Processing) => Ok(RemoteStatus::Processing),
@@ -193,9 +209,7 @@ impl CompensationOperation {
             let sent = rerun(entry);
             Box::pin(async move {
                 match sent.await {
-                    Ok(value) => serde_json::to_vec(&value)
-                        .map(RemoteStatus::Succeeded)
-                        .map_err(|e| format!("the re-run's value cannot be encoded: {e}")),
+                    Ok(value) => Ok(RemoteStatus::Succeeded(stored(&value, "the re-run's"))),
                     Err(e) => match e.classify() {
                         ErrorClass::Permanent | ErrorClass::Rejected => {
                             Ok(RemoteStatus::Failed(e.to_string()))

@@ -358,10 +358,10 @@ impl Work<'_> {
 }
 
 /// What the worker records for a call: its state and encoded outcome, kept for `ttl`.
-fn completion(state: ReceiptState, bytes: Vec<u8>, ttl: Duration) -> Completion {
+fn completion(state: ReceiptState, bytes: Option<Vec<u8>>, ttl: Duration) -> Completion {
     Completion {
         state,
-        outcome: Some(Arc::from(bytes)),
+        outcome: bytes.map(Arc::from),
         ttl_ms: ms(ttl),
     }
 }

@@ -119,11 +119,11 @@ impl Compensator {
                 ManualResolution::Succeeded(value) => {
                     let bytes = serde_json::to_vec(&value)
                         .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                    let done = completion(ReceiptState::Success, bytes, ttl);
+                    let done = completion(ReceiptState::Success, Some(bytes), ttl);
                     store.complete(&entry.key, fence, done, now).await?;
                 }
                 ManualResolution::Failed(message) => {
-                    let done = completion(ReceiptState::Failed, message_bytes(&message), ttl);
+                    let done = completion(ReceiptState::Failed, Some(message_bytes(&message)), ttl);
                     store.complete(&entry.key, fence, done, now).await?;
                 }
             }

@@ -50,12 +50,12 @@ impl Compensator {
             detail,
         };
         w.note(self.rt.event(&entry.call_id, step));
-        let (state, bytes, counter): (ReceiptState, Vec<u8>, Counter) = match answer {
+        let (state, bytes, counter): (ReceiptState, Option<Vec<u8>>, Counter) = match answer {
             Ok(RemoteStatus::Succeeded(bytes)) => {
                 (ReceiptState::Success, bytes, |p| &mut p.succeeded)
             }
             Ok(RemoteStatus::Failed(message)) => {
-                (ReceiptState::Failed, message_bytes(&message), |p| {
+                (ReceiptState::Failed, Some(message_bytes(&message)), |p| {
                     &mut p.failed
                 })
             }

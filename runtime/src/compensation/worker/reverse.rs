@@ -156,7 +156,7 @@ impl Compensator {
                 &entry,
                 fence,
                 ReceiptState::Failed,
-                message_bytes(message),
+                Some(message_bytes(message)),
                 operation.ttl,
             )
             .await;

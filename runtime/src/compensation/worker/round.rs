@@ -114,7 +114,7 @@ impl Compensator {
                     &entry,
                     fence,
                     ReceiptState::Failed,
-                    message_bytes(&message),
+                    Some(message_bytes(&message)),
                     ttl,
                 )
                 .await,
@@ -143,7 +143,7 @@ impl Compensator {
                                 &entry,
                                 fence,
                                 ReceiptState::Failed,
-                                message_bytes(message),
+                                Some(message_bytes(message)),
                                 ttl,
                             )
                             .await,
@@ -246,7 +246,7 @@ impl Compensator {
         entry: &CompensationEntry,
         fence: Fence,
         state: ReceiptState,
-        bytes: Vec<u8>,
+        bytes: Option<Vec<u8>>,
         ttl: Duration,
     ) -> Result<(), StoreError> {
         let now = self.rt.now_ms();
