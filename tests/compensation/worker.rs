@@ -1198,6 +1198,76 @@ async fn a_fenced_out_owner_never_answers_a_recorded_outcome_it_knows_is_false()
     );
 }
 
+/// A person's resolution of a contradiction stops between its two writes: the record was reopened
+/// (`PROCESSING` under a new fence, the lease of the resolver) and the resolver's process died before
+/// it wrote the answer. The call took effect: a duplicate after that lease has ended must not run it
+/// again (the record now says "running", its owner gone), nor answer a failure; the entry stays open
+/// for the person, whose second try settles it.
+#[tokio::test(start_paused = true)]
+async fn a_resolution_that_stops_after_reopening_never_lets_the_call_run_again() {
+    let svc = Paused::new();
+    let fail = NotReceivedPolicy::Fail {
+        refused_after: Duration::ZERO,
+    };
+    let (owner, pause, _) = svc.paused_owner_swept(fail).await;
+    pause.open();
+    assert_eq!(owner.await.unwrap(), Ok(500));
+    let worker = svc.worker(NotReceivedPolicy::Hold);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(worker.run_once().await.unwrap().escalated, 1);
+    let key = samekey::Key::build("orders.charge", &"o-paused");
+    let queued = svc.rt.compensations().await.unwrap();
+    let call_id = queued[0].call_id.clone();
+    let recorded = svc.rt.receipt(&call_id).await.unwrap().unwrap();
+    assert_eq!(recorded.state, samekey::ReceiptState::Failed);
+
+    // The resolver's first write, then nothing: its process is gone.
+    let now = svc.rt.now_ms();
+    let reopened = svc
+        .rt
+        .store()
+        .reopen(&key, recorded.fence, 30_000, now)
+        .await
+        .unwrap();
+    assert!(
+        matches!(reopened, samekey::store::Claimed::Acquired(_)),
+        "{reopened:?}"
+    );
+    tokio::time::advance(Duration::from_secs(120)).await;
+
+    // A duplicate long after the resolver's lease ended.
+    let duplicate = svc.charge("o-paused", 500).await;
+    // Taken over as an uncertain call (its lookup-less function cannot ask): unknown, never a
+    // failure, never a second charge.
+    assert!(
+        matches!(
+            duplicate,
+            Err(TestError::Samekey(samekey::Error::Unknown { .. }))
+        ),
+        "{duplicate:?}"
+    );
+    assert_eq!(svc.remote.effects("o-paused"), 1, "never run again");
+    assert_eq!(
+        svc.rt.compensations().await.unwrap().len(),
+        1,
+        "still open for the person"
+    );
+
+    // The person tries again, and it settles.
+    worker
+        .resolve(
+            &call_id,
+            ManualResolution::Succeeded(serde_json::json!(500)),
+            "alice",
+            "second try: the provider shows the charge",
+        )
+        .await
+        .expect("the person's second try settles it");
+    assert_eq!(svc.charge("o-paused", 500).await, Ok(500));
+    assert_eq!(svc.remote.effects("o-paused"), 1);
+    assert!(svc.rt.compensations().await.unwrap().is_empty());
+}
+
 /// Issue 38, defect 4, found by the simulation (seed 30): the worker escalates an entry and the
 /// store's answer is lost although the write applied. The entry is `MANUAL` — no worker takes it
 /// again — and the hook that pages a person never ran. It runs when the answer is lost, too.
