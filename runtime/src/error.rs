@@ -54,7 +54,10 @@ pub enum Error {
         /// The decoder's message.
         reason: String,
     },
-    /// The earlier call succeeded but its result could not be stored, so it cannot be replayed.
+    /// The earlier call succeeded but its result could not be stored, so it cannot be replayed: its
+    /// `Serialize` failed, or the value held a NaN or an infinite float anywhere (JSON has none, and
+    /// `Some(f64::NAN)` would be read back as `None`; finding one runs the value's `Serialize` a second
+    /// time, when its JSON holds a `null`). The call took effect: it is never run again for its key.
     #[error("call {call_id} took effect but its outcome was not stored and cannot be replayed")]
     NotReplayable {
         /// The call.

@@ -1,6 +1,10 @@
 //! Whether a value holds a float JSON cannot carry: a NaN or an infinity. serde_json writes one as
 //! `null`, which a duplicate would read back as something else (`Some(NaN)` as `None`) or not at all,
 //! so an outcome holding one is refused before it is stored.
+//!
+//! The walk runs the value's `Serialize` a second time, and only when its encoding holds a `null`:
+//! a `Serialize` must answer the same each time it runs (one that panics the second time leaves its
+//! call `UNKNOWN`, its key held, as any panic after the body does).
 
 use std::fmt;
 

@@ -44,13 +44,15 @@ pub const DEFAULT_LOCAL_MAX_AGE: Duration = Duration::from_secs(60);
 /// [`DEFAULT_LOCAL_MAX_AGE`], 60 s) after it was kept. Its expiry is judged by the clock of the store
 /// that keeps it: a completion made here keeps it for the completion's `ttl` from then, and a receipt
 /// read from a store with a clock of its own is kept for what that store's time says is left (the
-/// store is asked for it). `max_age` is what a key [forgotten](Store::forget) by another process
-/// costs: this one replays it up to `max_age` longer. Forgotten through this store, it goes at once,
-/// and no answer the store gave before the forget is kept after it: a claim or a read that found the
-/// receipt, or a completion, whose answer was still on its way when the forget went through keeps
-/// nothing (nor does one of another key in the same of its 16 shards, kept at its next read instead),
-/// so the next claim of the key reaches the wrapped store. The cache holds `capacity` receipts at
-/// most, the first kept going first.
+/// store is asked for it). `max_age` is what a key [forgotten](Store::forget) or a record
+/// [corrected](Store::reopen) by another process costs: this one replays it, as it was, up to
+/// `max_age` longer (a person's correction of a contradiction, `Compensator::resolve` on another
+/// node, reaches this process's duplicates up to `max_age` late). Forgotten through this store, it
+/// goes at once, and no answer the store gave before the forget is kept after it: a claim or a read
+/// that found the receipt, or a completion, whose answer was still on its way when the forget went
+/// through keeps nothing (nor does one of another key in the same of its 16 shards, kept at its
+/// next read instead), so the next claim of the key reaches the wrapped store. The cache holds
+/// `capacity` receipts at most, the first kept going first.
 pub struct LocalCache<S> {
     /// The wrapped store, through what the claims taken through this cache know of their receipts,
     /// so that a completion's receipt can be kept (bounded like the receipts: past it, a completion

@@ -111,8 +111,6 @@ impl RedisStore {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
     use crate::store::{Claim, Claimed, Store};
 
@@ -152,15 +150,20 @@ mod tests {
             created_ms: now,
         };
         store.index_later(&key, entry.clone());
-        // The renewal is polled once (it sends), then dropped before its answer.
-        let renewal = store.extend_lease(&key, fence, 60_000, now);
-        assert!(tokio::time::timeout(Duration::ZERO, renewal).await.is_err());
+        // The renewal is polled exactly once (it sends), then dropped before its answer. (A zero
+        // `timeout` was used here, and it let the renewal finish: a zero sleep waits for the timer's
+        // next millisecond, long enough for a loopback round trip on a loaded machine.)
+        let once = {
+            let mut renewal = store.extend_lease(&key, fence, 60_000, now);
+            std::future::poll_fn(|cx| std::task::Poll::Ready(renewal.as_mut().poll(cx))).await
+        };
         let waiting = store
             .unindexed
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(key.digest())
             .cloned();
+        assert!(once.is_pending(), "one poll cannot hear Redis: {once:?}");
         assert_eq!(waiting, Some(entry), "the entry still waits");
         // The next write sends it, and the call is found by its callId.
         store
