@@ -394,10 +394,8 @@ impl<'r, S> Invocation<'r, S> {
     /// (`inputs = …`). Inputs that cannot be encoded are left out (logged).
     pub fn inputs<I: Serialize + ?Sized>(mut self, inputs: &I) -> Invocation<'r, S> {
         // A NaN would be kept as `null` and a re-run would send other inputs under this callId.
-        let encoded = match serde_json::to_value(inputs) {
-            Ok(_) if crate::finite::holds_non_finite(inputs) => Err(crate::finite::refusal()),
-            encoded => encoded,
-        };
+        let encoded =
+            crate::finite::refuse_non_finite(inputs).and_then(|()| serde_json::to_value(inputs));
         match encoded {
             Ok(value) => self.inputs = Some(value),
             Err(e) => {

@@ -520,7 +520,7 @@ struct Codec<T, E> {
 impl<T: CallOutput, E: CallError> Codec<T, E> {
     fn new(errors: ErrorCodec<E>) -> Codec<T, E> {
         Codec {
-            encode_ok: crate::codec::shared_json,
+            encode_ok: crate::codec::replayable_json,
             decode_ok: |b| serde_json::from_slice(b),
             errors,
             classify: E::classify,

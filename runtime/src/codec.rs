@@ -17,6 +17,8 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::finite;
+
 /// How one function's failures are written and read back.
 pub struct ErrorCodec<E> {
     pub(crate) encode: fn(&E) -> serde_json::Result<Arc<[u8]>>,
@@ -36,16 +38,15 @@ struct ByMessage {
 /// The largest buffer [`shared_json`] keeps for its thread's next value.
 const SCRATCH_KEPT: usize = 4096;
 
-/// `value` as JSON, in its shared form (how a call's outcome, success or failure, is stored), refused
-/// when it holds a NaN or an infinite float ([`stored_json`]): written
-/// into a buffer kept per thread, then copied once into the `Arc` the store keeps. One allocation a value instead of `serde_json::to_vec`'s growing `Vec`
+/// `value` as JSON, in its shared form: written into a buffer kept per thread, then copied once into
+/// the `Arc` the store keeps. One allocation a value instead of `serde_json::to_vec`'s growing `Vec`
 /// and its copy; a buffer grown past [`SCRATCH_KEPT`] by a large value is not kept.
 pub(crate) fn shared_json<T: Serialize + ?Sized>(value: &T) -> serde_json::Result<Arc<[u8]>> {
     thread_local! {
         static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     }
     let on_its_own = || serde_json::to_vec(value).map(Arc::from);
-    let encoded = SCRATCH
+    SCRATCH
         .try_with(|scratch| {
             // Taken already: a `Serialize` impl that encodes another outcome on this thread.
             let Ok(mut buffer) = scratch.try_borrow_mut() else {
@@ -60,24 +61,33 @@ pub(crate) fn shared_json<T: Serialize + ?Sized>(value: &T) -> serde_json::Resul
             encoded
         })
         // The thread is ending and its buffer is gone (a call finished by a thread-local's drop).
-        .unwrap_or_else(|_| on_its_own());
-    match encoded {
-        Ok(bytes)
-            if crate::finite::holds_null(&bytes) && crate::finite::holds_non_finite(value) =>
-        {
-            Err(crate::finite::refusal())
-        }
-        encoded => encoded,
+        .unwrap_or_else(|_| on_its_own())
+}
+
+/// A call's outcome as it is stored ([`shared_json`]), refused when a duplicate could not read it
+/// back as it was. JSON carries no NaN or infinite float, and serde_json writes one as `null`, which
+/// reads back as something else (`Some(NaN)` as `None`) or not at all: an encoding that holds a
+/// `null` — the one look every outcome gets — is refused if the value holds such a float, or if it
+/// does not read back.
+pub(crate) fn replayable_json<T: Serialize + DeserializeOwned>(
+    value: &T,
+) -> serde_json::Result<Arc<[u8]>> {
+    let bytes = shared_json(value)?;
+    if finite::holds_null(&bytes) {
+        finite::refuse_non_finite(value)?;
+        serde_json::from_slice::<T>(&bytes)
+            .map_err(|e| serde::ser::Error::custom(format_args!("it cannot be read back: {e}")))?;
     }
+    Ok(bytes)
 }
 
 /// `value` as JSON in a `Vec`, refused when it holds a NaN or an infinite float (which JSON writes as
-/// `null` and a duplicate would read back as something else): what a store's `complete_in` and a
-/// callback store.
+/// `null` and a duplicate would read back as something else): what a store's `complete_in`, a
+/// callback and the compensation worker store, and a call's kept inputs.
 pub(crate) fn stored_json<T: Serialize + ?Sized>(value: &T) -> serde_json::Result<Vec<u8>> {
     let bytes = serde_json::to_vec(value)?;
-    if crate::finite::holds_null(&bytes) && crate::finite::holds_non_finite(value) {
-        return Err(crate::finite::refusal());
+    if finite::holds_null(&bytes) {
+        finite::refuse_non_finite(value)?;
     }
     Ok(bytes)
 }
@@ -194,7 +204,7 @@ pub trait ExactErrors<E> {
 impl<E: Serialize + DeserializeOwned> ExactErrors<E> for &Probe<E> {
     fn codec(&self) -> ErrorCodec<E> {
         ErrorCodec {
-            encode: shared_json,
+            encode: replayable_json,
             // A failure stored by message (by a build whose error type had no serde) still replays. It
             // is tried first: an `E` whose fields all have defaults would read it as itself.
             decode: |b| match serde_json::from_slice::<ByMessage>(b) {

@@ -10,24 +10,22 @@ use std::fmt;
 
 use serde::ser::{self, Serialize};
 
-/// Whether `value` holds a NaN or an infinite `f32` or `f64` anywhere. Walks the value through its
-/// `Serialize` without writing anything; a `Serialize` that fails for another reason answers `false`
-/// (the encoding reports that failure itself).
-pub(crate) fn holds_non_finite<T: Serialize + ?Sized>(value: &T) -> bool {
-    matches!(value.serialize(Finder), Err(Found::NonFinite))
+/// Refuses `value` if it holds a NaN or an infinite `f32` or `f64` anywhere. Walks the value through its
+/// `Serialize` without writing anything; a `Serialize` that fails for another reason is not refused
+/// here (the encoding reports that failure itself).
+pub(crate) fn refuse_non_finite<T: Serialize + ?Sized>(value: &T) -> serde_json::Result<()> {
+    match value.serialize(Finder) {
+        Err(Found::NonFinite) => Err(ser::Error::custom(
+            "a NaN or infinite float has no JSON form (it would be read back as null): not stored",
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Whether a JSON encoding holds a `null` (outside strings, or inside one: a cheap first look, before
-/// [`holds_non_finite`] walks the value).
+/// [`refuse_non_finite`] walks the value).
 pub(crate) fn holds_null(bytes: &[u8]) -> bool {
     bytes.windows(4).any(|w| w == b"null")
-}
-
-/// The refusal [`holds_non_finite`] reports as an encoding error.
-pub(crate) fn refusal() -> serde_json::Error {
-    ser::Error::custom(
-        "a NaN or infinite float has no JSON form (it would be read back as null): not stored",
-    )
 }
 
 #[derive(Debug)]
@@ -58,6 +56,24 @@ struct Finder;
 
 type Done = Result<(), Found>;
 
+/// Methods that take a scalar and find nothing in it.
+macro_rules! nothing_in {
+    ($($method:ident($($arg:ty),*);)*) => {
+        $(fn $method(self, $(_: $arg),*) -> Done {
+            Ok(())
+        })*
+    };
+}
+
+/// Methods that begin a compound value: its parts are walked by the `Serialize*` impls below.
+macro_rules! compound {
+    ($($method:ident($($arg:ty),*);)*) => {
+        $(fn $method(self, $(_: $arg),*) -> Result<Finder, Found> {
+            Ok(Finder)
+        })*
+    };
+}
+
 impl ser::Serializer for Finder {
     type Ok = ();
     type Error = Found;
@@ -70,11 +86,7 @@ impl ser::Serializer for Finder {
     type SerializeStructVariant = Finder;
 
     fn serialize_f32(self, v: f32) -> Done {
-        if v.is_finite() {
-            Ok(())
-        } else {
-            Err(Found::NonFinite)
-        }
+        self.serialize_f64(f64::from(v))
     }
     fn serialize_f64(self, v: f64) -> Done {
         if v.is_finite() {
@@ -83,62 +95,16 @@ impl ser::Serializer for Finder {
             Err(Found::NonFinite)
         }
     }
-    fn serialize_bool(self, _: bool) -> Done {
-        Ok(())
-    }
-    fn serialize_i8(self, _: i8) -> Done {
-        Ok(())
-    }
-    fn serialize_i16(self, _: i16) -> Done {
-        Ok(())
-    }
-    fn serialize_i32(self, _: i32) -> Done {
-        Ok(())
-    }
-    fn serialize_i64(self, _: i64) -> Done {
-        Ok(())
-    }
-    fn serialize_i128(self, _: i128) -> Done {
-        Ok(())
-    }
-    fn serialize_u8(self, _: u8) -> Done {
-        Ok(())
-    }
-    fn serialize_u16(self, _: u16) -> Done {
-        Ok(())
-    }
-    fn serialize_u32(self, _: u32) -> Done {
-        Ok(())
-    }
-    fn serialize_u64(self, _: u64) -> Done {
-        Ok(())
-    }
-    fn serialize_u128(self, _: u128) -> Done {
-        Ok(())
-    }
-    fn serialize_char(self, _: char) -> Done {
-        Ok(())
-    }
-    fn serialize_str(self, _: &str) -> Done {
-        Ok(())
-    }
-    fn serialize_bytes(self, _: &[u8]) -> Done {
-        Ok(())
-    }
-    fn serialize_none(self) -> Done {
-        Ok(())
+    nothing_in! {
+        serialize_bool(bool); serialize_char(char); serialize_str(&str); serialize_bytes(&[u8]);
+        serialize_i8(i8); serialize_i16(i16); serialize_i32(i32); serialize_i64(i64);
+        serialize_i128(i128); serialize_u8(u8); serialize_u16(u16); serialize_u32(u32);
+        serialize_u64(u64); serialize_u128(u128); serialize_none(); serialize_unit();
+        serialize_unit_struct(&'static str);
+        serialize_unit_variant(&'static str, u32, &'static str);
     }
     fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Done {
         value.serialize(Finder)
-    }
-    fn serialize_unit(self) -> Done {
-        Ok(())
-    }
-    fn serialize_unit_struct(self, _: &'static str) -> Done {
-        Ok(())
-    }
-    fn serialize_unit_variant(self, _: &'static str, _: u32, _: &'static str) -> Done {
-        Ok(())
     }
     fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _: &'static str, value: &T) -> Done {
         value.serialize(Finder)
@@ -152,83 +118,38 @@ impl ser::Serializer for Finder {
     ) -> Done {
         value.serialize(Finder)
     }
-    fn serialize_seq(self, _: Option<usize>) -> Result<Finder, Found> {
-        Ok(Finder)
-    }
-    fn serialize_tuple(self, _: usize) -> Result<Finder, Found> {
-        Ok(Finder)
-    }
-    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Finder, Found> {
-        Ok(Finder)
-    }
-    fn serialize_tuple_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Finder, Found> {
-        Ok(Finder)
-    }
-    fn serialize_map(self, _: Option<usize>) -> Result<Finder, Found> {
-        Ok(Finder)
-    }
-    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Finder, Found> {
-        Ok(Finder)
-    }
-    fn serialize_struct_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Finder, Found> {
-        Ok(Finder)
+    compound! {
+        serialize_seq(Option<usize>); serialize_tuple(usize);
+        serialize_tuple_struct(&'static str, usize);
+        serialize_tuple_variant(&'static str, u32, &'static str, usize);
+        serialize_map(Option<usize>); serialize_struct(&'static str, usize);
+        serialize_struct_variant(&'static str, u32, &'static str, usize);
     }
 }
 
-impl ser::SerializeSeq for Finder {
-    type Ok = ();
-    type Error = Found;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Done {
-        value.serialize(Finder)
-    }
-    fn end(self) -> Done {
-        Ok(())
-    }
+/// The `Serialize*` impls of [`Finder`]: each part is walked in turn.
+macro_rules! parts {
+    ($($trait:ident::$method:ident($($name:ty),*);)*) => {
+        $(impl ser::$trait for Finder {
+            type Ok = ();
+            type Error = Found;
+            fn $method<T: Serialize + ?Sized>(&mut self, $(_: $name,)* value: &T) -> Done {
+                value.serialize(Finder)
+            }
+            fn end(self) -> Done {
+                Ok(())
+            }
+        })*
+    };
 }
 
-impl ser::SerializeTuple for Finder {
-    type Ok = ();
-    type Error = Found;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Done {
-        value.serialize(Finder)
-    }
-    fn end(self) -> Done {
-        Ok(())
-    }
-}
-
-impl ser::SerializeTupleStruct for Finder {
-    type Ok = ();
-    type Error = Found;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Done {
-        value.serialize(Finder)
-    }
-    fn end(self) -> Done {
-        Ok(())
-    }
-}
-
-impl ser::SerializeTupleVariant for Finder {
-    type Ok = ();
-    type Error = Found;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Done {
-        value.serialize(Finder)
-    }
-    fn end(self) -> Done {
-        Ok(())
-    }
+parts! {
+    SerializeSeq::serialize_element();
+    SerializeTuple::serialize_element();
+    SerializeTupleStruct::serialize_field();
+    SerializeTupleVariant::serialize_field();
+    SerializeStruct::serialize_field(&'static str);
+    SerializeStructVariant::serialize_field(&'static str);
 }
 
 impl ser::SerializeMap for Finder {
@@ -245,33 +166,15 @@ impl ser::SerializeMap for Finder {
     }
 }
 
-impl ser::SerializeStruct for Finder {
-    type Ok = ();
-    type Error = Found;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, _: &'static str, value: &T) -> Done {
-        value.serialize(Finder)
-    }
-    fn end(self) -> Done {
-        Ok(())
-    }
-}
-
-impl ser::SerializeStructVariant for Finder {
-    type Ok = ();
-    type Error = Found;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, _: &'static str, value: &T) -> Done {
-        value.serialize(Finder)
-    }
-    fn end(self) -> Done {
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+
+    fn holds_non_finite<T: Serialize + ?Sized>(value: &T) -> bool {
+        refuse_non_finite(value).is_err()
+    }
 
     #[test]
     fn finds_a_non_finite_float_wherever_it_is() {

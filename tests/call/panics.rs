@@ -2,12 +2,14 @@
 //! error's `Classify` or `Display`, each run by samekey while it records the outcome — must not free
 //! the key. The body took effect; the panic unwinds through the call, the task is caught (as a server
 //! catches a handler's panic), and the drop guard leaves the call `UNKNOWN` for compensation: a
-//! duplicate never runs the body a second time. Each scenario runs on every backend.
+//! duplicate never runs the body a second time. Each scenario runs on every backend. A value whose
+//! JSON holds a `null` has its `Serialize` run twice (the second time looking for a NaN, which JSON
+//! would write as `null`): a panic on that second run is one of these panics too.
 
 use crate::support;
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,30 +22,44 @@ use support::Remote;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum PanicIn {
     Serialize,
+    /// The second run of the value's `Serialize`.
+    SecondSerialize,
     Classify,
     Display,
 }
 
-/// A trap that goes off once.
+/// A trap that goes off once, on the run it is armed for (none: the default).
 #[derive(Debug, Clone, Default)]
-struct Trap(Arc<AtomicBool>);
+struct Trap(Arc<AtomicU32>);
 
 impl Trap {
     fn armed() -> Trap {
-        Trap(Arc::new(AtomicBool::new(true)))
+        Trap::armed_at(1)
+    }
+
+    /// Goes off on its `run`th spring.
+    fn armed_at(run: u32) -> Trap {
+        Trap(Arc::new(AtomicU32::new(run)))
     }
 
     fn spring(&self, what: &str) {
-        if self.0.swap(false, Ordering::SeqCst) {
+        if self
+            .0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(1)
+            })
+            == Ok(1)
+        {
             panic!("{what} panicked (test)");
         }
     }
 }
 
-/// The charge's value: its `Serialize` may panic.
+/// The charge's value: its `Serialize` may panic. Its `note` is `None`: its JSON holds a `null`.
 #[derive(Debug, Clone, serde::Deserialize)]
 struct Charged {
     amount: u64,
+    note: Option<String>,
     #[serde(skip)]
     trap: Trap,
 }
@@ -52,8 +68,9 @@ impl Serialize for Charged {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         self.trap.spring("Serialize");
         use serde::ser::SerializeStruct;
-        let mut st = s.serialize_struct("Charged", 1)?;
+        let mut st = s.serialize_struct("Charged", 2)?;
         st.serialize_field("amount", &self.amount)?;
+        st.serialize_field("note", &self.note)?;
         st.end()
     }
 }
@@ -133,11 +150,18 @@ impl Svc {
         match armed {
             Some(PanicIn::Serialize) => Ok(Charged {
                 amount,
+                note: None,
                 trap: Trap::armed(),
+            }),
+            Some(PanicIn::SecondSerialize) => Ok(Charged {
+                amount,
+                note: None,
+                trap: Trap::armed_at(2),
             }),
             Some(on) => Err(ChargeError::Broken(on, Trap::armed())),
             None => Ok(Charged {
                 amount,
+                note: None,
                 trap: Trap::default(),
             }),
         }
@@ -197,6 +221,10 @@ async fn a_panic_in_serialize_never_frees_the_key(store: Arc<dyn Store>) {
     a_panic_after_the_body_never_frees_the_key(store, PanicIn::Serialize).await;
 }
 
+async fn a_panic_in_a_second_serialize_never_frees_the_key(store: Arc<dyn Store>) {
+    a_panic_after_the_body_never_frees_the_key(store, PanicIn::SecondSerialize).await;
+}
+
 async fn a_panic_in_classify_never_frees_the_key(store: Arc<dyn Store>) {
     a_panic_after_the_body_never_frees_the_key(store, PanicIn::Classify).await;
 }
@@ -207,6 +235,7 @@ async fn a_panic_in_display_never_frees_the_key(store: Arc<dyn Store>) {
 
 support::on_stores!(memory, local_cache, sqlite if "sqlite", postgres if "postgres", mysql if "mysql", redis if "redis" => {
     a_panic_in_serialize_never_frees_the_key,
+    a_panic_in_a_second_serialize_never_frees_the_key,
     a_panic_in_classify_never_frees_the_key,
     a_panic_in_display_never_frees_the_key,
 });

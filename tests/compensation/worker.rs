@@ -80,6 +80,36 @@ impl Svc {
     }
 }
 
+/// An escalation hook that counts the entries it pages a person for (each `MANUAL`), and the count.
+fn pager() -> (
+    Arc<AtomicU32>,
+    impl Fn(&samekey::compensation::CompensationEntry) + Send + Sync + 'static,
+) {
+    let paged = Arc::new(AtomicU32::new(0));
+    let hook = {
+        let paged = paged.clone();
+        move |entry: &samekey::compensation::CompensationEntry| {
+            assert_eq!(entry.state, CompensationState::Manual);
+            paged.fetch_add(1, Ordering::SeqCst);
+        }
+    };
+    (paged, hook)
+}
+
+/// The provider calls back "charged" for `call_id`, whose record says otherwise: refused.
+async fn refused_charged_callback(rt: &Runtime, call_id: &CallId) {
+    let refused = rt
+        .apply_callback(
+            call_id,
+            samekey::callback::Callback::succeeded(&500u64).unwrap(),
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(samekey::Error::TransitionRefused { .. })),
+        "{refused:?}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_charge_whose_reply_was_lost_is_recorded_as_it_happened() {
     let svc = Svc::new();
@@ -1276,14 +1306,8 @@ async fn an_escalation_whose_answer_was_lost_still_pages_a_person() {
     let svc = Paused::new();
     svc.remote.script([Fault::LoseRequest]);
     assert!(svc.charge("o-lost", 500).await.is_err());
-    let paged = Arc::new(AtomicU32::new(0));
-    let worker = svc.worker(NotReceivedPolicy::Hold).on_escalate({
-        let paged = paged.clone();
-        move |entry| {
-            assert_eq!(entry.state, CompensationState::Manual);
-            paged.fetch_add(1, Ordering::SeqCst);
-        }
-    });
+    let (paged, hook) = pager();
+    let worker = svc.worker(NotReceivedPolicy::Hold).on_escalate(hook);
     assert_eq!(worker.run_once().await.unwrap().rescheduled, 1);
     svc.store.plan(
         "escalate_compensation",
@@ -1318,25 +1342,10 @@ async fn a_callback_that_contradicts_the_record_reaches_a_person_once() {
     let call_id: CallId = svc.remote.call_ids()[0].parse().unwrap();
     let recorded = svc.rt.receipt(&call_id).await.unwrap().unwrap();
     assert_eq!(recorded.state, samekey::ReceiptState::Failed);
-    let paged = Arc::new(AtomicU32::new(0));
-    let worker = svc.worker().on_escalate({
-        let paged = paged.clone();
-        move |_| {
-            paged.fetch_add(1, Ordering::SeqCst);
-        }
-    });
+    let (paged, hook) = pager();
+    let worker = svc.worker().on_escalate(hook);
     for _ in 0..3 {
-        let refused = svc
-            .rt
-            .apply_callback(
-                &call_id,
-                samekey::callback::Callback::succeeded(&500u64).unwrap(),
-            )
-            .await;
-        assert!(
-            matches!(refused, Err(samekey::Error::TransitionRefused { .. })),
-            "{refused:?}"
-        );
+        refused_charged_callback(&svc.rt, &call_id).await;
         let pass = worker.run_once().await.unwrap();
         assert_eq!(pass.settled_elsewhere, 0, "{pass:?}");
     }
@@ -1428,7 +1437,7 @@ async fn a_contradiction_reported_while_the_worker_settles_still_reaches_a_perso
     svc.remote.script([Fault::LoseRequest]);
     assert!(svc.charge("o-settling", 500).await.is_err());
     let call_id = svc.rt.compensations().await.unwrap()[0].call_id.clone();
-    let paged = Arc::new(AtomicU32::new(0));
+    let (paged, hook) = pager();
     let worker = Compensator::new(&svc.rt)
         .operation(
             "orders.charge",
@@ -1438,12 +1447,7 @@ async fn a_contradiction_reported_while_the_worker_settles_still_reaches_a_perso
                 ))
             }),
         )
-        .on_escalate({
-            let paged = paged.clone();
-            move |_| {
-                paged.fetch_add(1, Ordering::SeqCst);
-            }
-        });
+        .on_escalate(hook);
     let removing = support::faulty::Gate::new();
     svc.store.plan(
         "finish_compensation",
@@ -1454,17 +1458,7 @@ async fn a_contradiction_reported_while_the_worker_settles_still_reaches_a_perso
         async move { worker.run_once().await }
     });
     removing.reached().await;
-    let refused = svc
-        .rt
-        .apply_callback(
-            &call_id,
-            samekey::callback::Callback::succeeded(&500u64).unwrap(),
-        )
-        .await;
-    assert!(
-        matches!(refused, Err(samekey::Error::TransitionRefused { .. })),
-        "{refused:?}"
-    );
+    refused_charged_callback(&svc.rt, &call_id).await;
     removing.open();
     assert_eq!(pass.await.unwrap().unwrap().failed, 1);
     let queued = svc.rt.compensations().await.unwrap();
@@ -1488,13 +1482,8 @@ async fn a_contradiction_whose_queueing_failed_is_queued_on_the_repeat() {
             samekey::store::StoreError::Unavailable("connection reset".to_owned()),
         )],
     );
-    let charged = || samekey::callback::Callback::succeeded(&500u64).unwrap();
     for delivery in 0..3 {
-        let refused = svc.rt.apply_callback(&call_id, charged()).await;
-        assert!(
-            matches!(refused, Err(samekey::Error::TransitionRefused { .. })),
-            "{refused:?}"
-        );
+        refused_charged_callback(&svc.rt, &call_id).await;
         let queued = svc.rt.compensations().await.unwrap().len();
         assert_eq!(queued, usize::from(delivery > 0), "delivery {delivery}");
     }
@@ -1509,10 +1498,7 @@ async fn a_contradiction_whose_queueing_failed_is_queued_on_the_repeat() {
         )
         .await
         .unwrap();
-    assert!(matches!(
-        svc.rt.apply_callback(&call_id, charged()).await,
-        Err(samekey::Error::TransitionRefused { .. })
-    ));
+    refused_charged_callback(&svc.rt, &call_id).await;
     assert!(
         svc.rt.compensations().await.unwrap().is_empty(),
         "resolved by a person: the provider's repeats page no one again"

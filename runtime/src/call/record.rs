@@ -25,41 +25,26 @@ use super::{Call, Phase, Step};
 impl<T, E> Call<T, E> {
     // `succeed` and `fail` hand out `settle`'s future rather than wrap it in one of their own.
     pub(super) fn succeed(&mut self, value: T) -> impl Future<Output = Step<T, E>> + use<'_, T, E> {
-        let decode_ok = self.codec.decode_ok;
-        let outcome = self.encoded((self.codec.encode_ok)(&value), |b| decode_ok(b).is_ok());
+        let outcome = self.encoded((self.codec.encode_ok)(&value));
         self.settle(ReceiptState::Success, outcome, Ok(value))
     }
 
     pub(super) fn fail(&mut self, error: E) -> impl Future<Output = Step<T, E>> + use<'_, T, E> {
-        let decode = self.codec.errors.decode;
-        let outcome = self.encoded((self.codec.errors.encode)(&error), |b| decode(b).is_ok());
+        let outcome = self.encoded((self.codec.errors.encode)(&error));
         self.settle(ReceiptState::Failed, outcome, Err(error))
     }
 
-    /// The outcome as it is stored: its encoding, if a duplicate can read it back. JSON carries no
-    /// NaN or infinite float, and serde_json writes one as `null`, which reads back as something
-    /// else (`Some(NaN)` as `None`) or not at all: the encoding refuses a value that holds one, and
-    /// any other encoding that holds a `null` is read back (with `decodes`) before it is stored. One that cannot be encoded, or read back, is not stored — duplicates get
-    /// [`Error::NotReplayable`](crate::Error::NotReplayable), which says that the call took effect,
-    /// never a decoding error.
-    pub(super) fn encoded(
-        &self,
-        encoded: serde_json::Result<Arc<[u8]>>,
-        decodes: impl FnOnce(&[u8]) -> bool,
-    ) -> Option<Arc<[u8]>> {
-        match encoded {
-            Ok(bytes) if !crate::finite::holds_null(&bytes) || decodes(&bytes) => Some(bytes),
-            Ok(_) => {
+    /// The outcome as it is stored, if a duplicate can read it back as it was (the codec refuses it
+    /// otherwise: see [`replayable_json`](crate::codec::replayable_json)). One that cannot be stored
+    /// is not — duplicates get [`Error::NotReplayable`](crate::Error::NotReplayable), which says that
+    /// the call took effect, never a decoding error.
+    pub(super) fn encoded(&self, encoded: serde_json::Result<Arc<[u8]>>) -> Option<Arc<[u8]>> {
+        encoded
+            .map_err(|e| {
                 call_event!(ERROR, self;
-                    "outcome cannot be read back from its encoding (a NaN or infinite float?); duplicates will get NotReplayable");
-                None
-            }
-            Err(e) => {
-                call_event!(ERROR, self;
-                    error = %e, "outcome cannot be encoded; duplicates will get NotReplayable");
-                None
-            }
-        }
+                    error = %e, "outcome cannot be stored; duplicates will get NotReplayable");
+            })
+            .ok()
     }
 
     /// Records the final outcome and answers it: it happened. If the caller goes away during the write,

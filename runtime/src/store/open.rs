@@ -2,12 +2,22 @@
 //! [`open_existing`] asks each backend this build has whether the URL is one of its own, and that
 //! backend opens it.
 //!
-//! A backend is one folder of this module (`postgres/`, `redis/`, …): beside its store it implements
+//! A backend is one folder of `store/` (`postgres/`, `redis/`, …): beside its store it implements
 //! [`Backend`] — the URL schemes that name it, and how to open a store that already exists. Adding
 //! one touches, outside its folder: its `mod` and `pub use` lines in `store/mod.rs`, its line in
 //! [`open_existing`]'s list below, and its cargo feature (in this crate, the facade, the command).
 //!
 //! A URL's password never appears in an [`OpenError`]: services log these.
+// A build with no backend uses none of the backends' helpers, nor the list's macro.
+#![cfg_attr(
+    not(any(
+        feature = "sqlite",
+        feature = "postgres",
+        feature = "mysql",
+        feature = "redis"
+    )),
+    allow(dead_code, unused_macros, unused_mut)
+)]
 
 use std::future::Future;
 use std::sync::Arc;
@@ -55,15 +65,6 @@ pub enum OpenError {
     },
 }
 
-#[cfg_attr(
-    not(any(
-        feature = "sqlite",
-        feature = "postgres",
-        feature = "mysql",
-        feature = "redis"
-    )),
-    allow(dead_code)
-)]
 impl OpenError {
     pub(crate) fn unreachable(url: &str, reason: impl std::fmt::Display) -> OpenError {
         OpenError::Unreachable {
@@ -130,15 +131,6 @@ impl OpenOptions {
     }
 }
 
-#[cfg_attr(
-    not(any(
-        feature = "sqlite",
-        feature = "postgres",
-        feature = "mysql",
-        feature = "redis"
-    )),
-    allow(dead_code)
-)]
 /// A backend's part in [`open_existing`]: the URL schemes that name it, and how it opens a store that
 /// already exists. Implemented in the backend's own folder.
 pub(crate) trait Backend {
@@ -163,9 +155,7 @@ pub(crate) trait Backend {
 /// calls. An older schema is brought up to date. A Redis server's durability settings are not
 /// checked (an operator's tool reads what is there).
 pub async fn open_existing(url: &str, options: &OpenOptions) -> Result<Arc<dyn Store>, OpenError> {
-    #[allow(unused_mut)] // with no backend built
     let mut known: Vec<&'static str> = Vec::new();
-    #[allow(unused_macros)] // with no backend built
     macro_rules! backend {
         ($store:ty) => {
             if <$store as Backend>::SCHEMES

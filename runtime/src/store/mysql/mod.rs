@@ -367,6 +367,7 @@ impl Dialect for MySql {
         live_row: include_str!("statements/live_row.sql"),
         by_call_id: include_str!("statements/by_call_id.sql"),
         by_call_ids: include_str!("statements/by_call_ids.sql"),
+        holds_tables: include_str!("statements/holds_tables.sql"),
         now: Some(include_str!("statements/now.sql")),
         fence_floor: Some(include_str!("statements/fence_floor.sql")),
         purge_expired: include_str!("statements/purge_expired.sql"),
@@ -599,14 +600,8 @@ impl super::Backend for MySqlStore {
             .connect(&mysql_url)
             .await
             .map_err(|e| OpenError::unreachable(url, e))?;
-        let tables: i64 = sqlx::query_scalar(include_str!("statements/holds_tables.sql"))
-            .fetch_one(&pool)
-            .await
-            .map_err(|e| OpenError::unreachable(url, e))?;
-        if tables == 0 {
-            return Err(OpenError::never_migrated(url));
-        }
         let store = MySqlStore::from_pool(pool);
+        store.refuse_unmigrated(url).await?;
         store
             .migrate()
             .await

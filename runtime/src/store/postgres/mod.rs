@@ -159,6 +159,7 @@ impl Dialect for Postgres {
         live_row: include_str!("statements/live_row.sql"),
         by_call_id: include_str!("statements/by_call_id.sql"),
         by_call_ids: include_str!("statements/by_call_ids.sql"),
+        holds_tables: include_str!("statements/holds_tables.sql"),
         now: Some(include_str!("statements/now.sql")),
         fence_floor: None,
         purge_expired: include_str!("statements/purge_expired.sql"),
@@ -328,14 +329,8 @@ impl super::Backend for PgStore {
             .connect(url)
             .await
             .map_err(|e| OpenError::unreachable(url, e))?;
-        let tables: i64 = sqlx::query_scalar(include_str!("statements/holds_tables.sql"))
-            .fetch_one(&pool)
-            .await
-            .map_err(|e| OpenError::unreachable(url, e))?;
-        if tables == 0 {
-            return Err(OpenError::never_migrated(url));
-        }
         let store = PgStore::from_pool(pool);
+        store.refuse_unmigrated(url).await?;
         store
             .migrate()
             .await

@@ -133,6 +133,8 @@ pub struct Statements {
     pub by_call_id: &'static str,
     /// The records of the callIds of a JSON array.
     pub by_call_ids: &'static str,
+    /// How many of samekey's tables the database holds (0: it was never a samekey store).
+    pub holds_tables: &'static str,
     /// The store's time, for a dialect that judges by its own clock; `None`: the caller's time
     /// judges, and is answered without asking the database.
     pub now: Option<&'static str>,

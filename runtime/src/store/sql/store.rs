@@ -18,8 +18,8 @@ use crate::journal::{self, Event};
 use crate::key::Key;
 use crate::receipt::{Fence, Receipt, ReceiptState, Transition};
 use crate::store::{
-    already_or_not_owned, not_owned, Claim, Claimed, Completion, Cursor, ReceiptPage, ReceiptQuery,
-    Store, StoreClock,
+    already_or_not_owned, not_owned, Claim, Claimed, Completion, Cursor, OpenError, ReceiptPage,
+    ReceiptQuery, Store, StoreClock,
 };
 
 /// The helpers of the [`Store`] methods below (the same bounds: what the statements bind and read).
@@ -38,6 +38,21 @@ where
     for<'a> &'a str: ColumnIndex<D::Row>,
     usize: ColumnIndex<D::Row>,
 {
+    /// Refuses a database that holds none of samekey's tables ([`Statements::holds_tables`]):
+    /// opening an existing store never creates one. `url` names it in the error.
+    ///
+    /// [`Statements::holds_tables`]: super::Statements::holds_tables
+    pub(crate) async fn refuse_unmigrated(&self, url: &str) -> Result<(), OpenError> {
+        let tables: i64 = sqlx::query_scalar(D::SQL.holds_tables)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| OpenError::unreachable(url, e))?;
+        if tables == 0 {
+            return Err(OpenError::never_migrated(url));
+        }
+        Ok(())
+    }
+
     /// The journal events `statement` reads (`$1` `value`, `$2` now).
     async fn journal_rows(
         &self,

@@ -192,6 +192,7 @@ impl Dialect for Sqlite {
         live_row: include_str!("statements/live_row.sql"),
         by_call_id: include_str!("statements/by_call_id.sql"),
         by_call_ids: include_str!("statements/by_call_ids.sql"),
+        holds_tables: include_str!("statements/holds_tables.sql"),
         // The caller's time judges.
         now: None,
         fence_floor: None,
@@ -346,14 +347,8 @@ impl super::Backend for SqliteStore {
             .connect_with(options)
             .await
             .map_err(|e| OpenError::unreachable(url, e))?;
-        let tables: i64 = sqlx::query_scalar(include_str!("statements/holds_tables.sql"))
-            .fetch_one(&pool)
-            .await
-            .map_err(|e| OpenError::unreachable(url, e))?;
-        if tables == 0 {
-            return Err(OpenError::never_migrated(url));
-        }
         let store = SqliteStore::from_pool(pool);
+        store.refuse_unmigrated(url).await?;
         store
             .migrate()
             .await
