@@ -6,19 +6,26 @@
 //! front of a queue, touching memory in the order it was written (a heap of expiry times, as before,
 //! sifted through cold entries on every eviction).
 //!
-//! An entry names its receipt by its key digest's table hash (8 bytes, not the 32 of the digest: a
-//! claim writes less, and a retained key costs less). An entry may outlive its receipt (forgotten,
-//! or expired and claimed anew): whoever pops it checks that a record is still the one it names
-//! (that hash, finished, with the same expiry) before removing it.
+//! An entry names its receipt by its slot and its key digest's table hash (8 bytes, not the 32 of the
+//! digest: a claim writes less, and a retained key costs less). An entry may outlive its receipt
+//! (forgotten, or expired and claimed anew): whoever pops it checks that the slot still holds the
+//! record it names (that hash, finished, with the same expiry) before removing it.
 
 use std::collections::VecDeque;
+
+use super::records::Slot;
 
 /// Distinct `ttl`s past this share the lane of the nearest one: their receipts may then wait behind
 /// longer-lived ones (memory, not correctness: a read never answers an expired record).
 const MAX_LANES: usize = 16;
 
-/// A finished receipt: when it expires, and its key digest's table hash.
-pub(super) type Finished = (u64, u64);
+/// A finished receipt: when it expires, its key digest's table hash and its slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Finished {
+    pub(super) at: u64,
+    pub(super) hash: u64,
+    pub(super) slot: Slot,
+}
 
 struct Lane {
     ttl_ms: u64,
@@ -28,9 +35,7 @@ struct Lane {
 impl Lane {
     /// When its front receipt finished.
     fn front_finished(&self) -> Option<u64> {
-        self.queue
-            .front()
-            .map(|(at, _)| at.saturating_sub(self.ttl_ms))
+        self.queue.front().map(|f| f.at.saturating_sub(self.ttl_ms))
     }
 }
 
@@ -38,11 +43,13 @@ impl Lane {
 #[derive(Default)]
 pub(super) struct Lanes {
     lanes: Vec<Lane>,
+    /// The lane popped last.
+    last: usize,
 }
 
 impl Lanes {
     /// Notes a receipt that finished, to expire at `expires_at_ms`.
-    pub(super) fn push(&mut self, ttl_ms: u64, expires_at_ms: u64, hash: u64) {
+    pub(super) fn push(&mut self, ttl_ms: u64, finished: Finished) {
         let lane = match self.lanes.iter().position(|l| l.ttl_ms == ttl_ms) {
             Some(lane) => lane,
             None if self.lanes.len() < MAX_LANES => {
@@ -59,16 +66,18 @@ impl Lanes {
                 .min_by_key(|(_, l)| l.ttl_ms.abs_diff(ttl_ms))
                 .map_or(0, |(lane, _)| lane),
         };
-        self.lanes[lane].queue.push_back((expires_at_ms, hash));
+        self.lanes[lane].queue.push_back(finished);
     }
 
     /// Takes the receipt that expires first, if it expired by `now_ms`.
     pub(super) fn pop_expired(&mut self, now_ms: u64) -> Option<Finished> {
-        let lane = self
+        let (i, lane) = self
             .lanes
             .iter_mut()
-            .filter(|l| l.queue.front().is_some_and(|(at, _)| *at <= now_ms))
-            .min_by_key(|l| l.queue.front().map(|(at, _)| *at))?;
+            .enumerate()
+            .filter(|(_, l)| l.queue.front().is_some_and(|f| f.at <= now_ms))
+            .min_by_key(|(_, l)| l.queue.front().map(|f| f.at))?;
+        self.last = i;
         lane.queue.pop_front()
     }
 
@@ -79,12 +88,21 @@ impl Lanes {
 
     /// Takes the receipt that finished first.
     pub(super) fn pop_oldest(&mut self) -> Option<Finished> {
-        self.lanes
+        let (i, lane) = self
+            .lanes
             .iter_mut()
-            .filter(|l| !l.queue.is_empty())
-            .min_by_key(|l| l.front_finished())?
-            .queue
-            .pop_front()
+            .enumerate()
+            .filter(|(_, l)| !l.queue.is_empty())
+            .min_by_key(|(_, l)| l.front_finished())?;
+        self.last = i;
+        lane.queue.pop_front()
+    }
+
+    /// The slots of the next two receipts of the lane popped last: the next pop's, likely.
+    pub(super) fn upcoming(&self) -> [Option<Slot>; 2] {
+        let queue = self.lanes.get(self.last).map(|l| &l.queue);
+        let slot = |i| queue.and_then(|q| q.get(i)).map(|f: &Finished| f.slot);
+        [slot(0), slot(1)]
     }
 
     /// How many receipts (and outlived entries) the lanes hold.
@@ -98,28 +116,33 @@ impl Lanes {
 mod tests {
     use super::*;
 
-    fn hash(n: u8) -> u64 {
-        u64::from(n) * 0x0101_0101_0101_0101
+    /// The receipt numbered `n`, expiring at `at`.
+    fn finished(at: u64, n: u8) -> Finished {
+        Finished {
+            at,
+            hash: u64::from(n) * 0x0101_0101_0101_0101,
+            slot: Slot::from(n),
+        }
     }
 
     #[test]
     fn expiry_follows_each_lane_and_the_oldest_goes_first() {
         let mut lanes = Lanes::default();
         // At t = 0..4, alternating a 10 s ttl and a 1 s ttl.
-        lanes.push(10_000, 10_000, hash(0));
-        lanes.push(1_000, 1_001, hash(1));
-        lanes.push(10_000, 10_002, hash(2));
-        lanes.push(1_000, 1_003, hash(3));
+        lanes.push(10_000, finished(10_000, 0));
+        lanes.push(1_000, finished(1_001, 1));
+        lanes.push(10_000, finished(10_002, 2));
+        lanes.push(1_000, finished(1_003, 3));
         assert_eq!(lanes.pop_expired(1_000), None);
         // The short lane expires first, behind no long-lived receipt.
-        assert_eq!(lanes.pop_expired(2_000), Some((1_001, hash(1))));
-        assert_eq!(lanes.pop_expired(2_000), Some((1_003, hash(3))));
+        assert_eq!(lanes.pop_expired(2_000), Some(finished(1_001, 1)));
+        assert_eq!(lanes.pop_expired(2_000), Some(finished(1_003, 3)));
         assert_eq!(lanes.pop_expired(2_000), None);
         // Full: the one that finished first goes, whatever its ttl.
-        lanes.push(1_000, 1_004, hash(4));
-        assert_eq!(lanes.pop_oldest(), Some((10_000, hash(0))));
-        assert_eq!(lanes.pop_oldest(), Some((10_002, hash(2))));
-        assert_eq!(lanes.pop_oldest(), Some((1_004, hash(4))));
+        lanes.push(1_000, finished(1_004, 4));
+        assert_eq!(lanes.pop_oldest(), Some(finished(10_000, 0)));
+        assert_eq!(lanes.pop_oldest(), Some(finished(10_002, 2)));
+        assert_eq!(lanes.pop_oldest(), Some(finished(1_004, 4)));
         assert_eq!(lanes.pop_oldest(), None);
         assert_eq!(lanes.len(), 0);
     }
@@ -128,7 +151,7 @@ mod tests {
     fn ttls_past_the_lanes_share_the_nearest() {
         let mut lanes = Lanes::default();
         for ttl in 0..MAX_LANES as u64 + 4 {
-            lanes.push(1_000 * (ttl + 1), 1_000 * (ttl + 1), hash(ttl as u8));
+            lanes.push(1_000 * (ttl + 1), finished(1_000 * (ttl + 1), ttl as u8));
         }
         assert_eq!(lanes.lanes.len(), MAX_LANES);
         assert_eq!(lanes.len(), MAX_LANES + 4);

@@ -81,6 +81,8 @@ type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<PreHashed>>;
 
 struct Entry {
     receipt: Receipt,
+    /// Where the record is in its shard (set as it is inserted).
+    slot: records::Slot,
     /// The duplicates parked on this record while it is `PROCESSING`.
     waiters: Option<Arc<Waiters>>,
     /// The `SUCCESS` outcome decoded by a replay, for the next ones (see `Keeper`): lives and dies
@@ -122,8 +124,7 @@ struct Waiters {
 
 #[derive(Default)]
 struct Shard {
-    /// Entries are boxed: a probe then touches small buckets, and a growing table moves pointers, not
-    /// receipts. Found by the digest each holds.
+    /// The records, side by side, found by the digest each holds.
     records: Records,
     /// The finished records, in the order they may go.
     finished: Lanes,
@@ -136,13 +137,26 @@ struct Shard {
 impl Shard {
     /// Removes the finished record that `next` names (the lanes' next entry in some order), skipping
     /// entries that outlived their record; `None` when the lanes run out first.
+    ///
+    /// Asks for the records the next removals will read ahead of them: the next one's outcome, and
+    /// the record after it (whose outcome the removal after this one asks for in turn).
     fn take_finished(
         &mut self,
         mut next: impl FnMut(&mut Lanes) -> Option<finished::Finished>,
-    ) -> Option<Box<Entry>> {
-        while let Some((at, hashed)) = next(&mut self.finished) {
-            if let Some(entry) = self.records.remove_finished(hashed, at) {
-                return Some(entry);
+    ) -> Option<Entry> {
+        while let Some(finished) = next(&mut self.finished) {
+            let [following, after] = self.finished.upcoming();
+            if let Some(slot) = after {
+                self.records.prefetch(slot);
+            }
+            if let Some(slot) = following {
+                self.records.prefetch_outcome(slot);
+            }
+            let taken = self
+                .records
+                .remove_finished(finished.slot, finished.hash, finished.at);
+            if taken.is_some() {
+                return taken;
             }
         }
         None

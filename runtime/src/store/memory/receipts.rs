@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use super::calls::Place;
+use super::finished::Finished;
 use super::{records, Entry, MemoryStore, Shard, Waiting, EVICT_PER_CLAIM};
 use crate::call_id::CallId;
 use crate::codec::Kept;
@@ -87,7 +88,7 @@ impl MemoryStore {
         let fence = next_fence(&mut shard.fence);
         self.calls_of(&claim.call_id)
             .insert(&claim.call_id, Place::of(&digest));
-        shard.records.insert_new(Box::new(Entry {
+        shard.records.insert_new(Entry {
             receipt: Receipt {
                 key: claim.key,
                 call_id: claim.call_id,
@@ -100,9 +101,10 @@ impl MemoryStore {
                 created_ms: claim.now_ms,
                 updated_ms: claim.now_ms,
             },
+            slot: 0,
             waiters: None,
             kept: None,
-        }));
+        });
         Ok(Claimed::Acquired(fence))
     }
 
@@ -144,11 +146,12 @@ impl MemoryStore {
             r.expires_at_ms = Some(expires_at_ms);
             r.updated_ms = now_ms;
             entry.wake();
-            shard.finished.push(
-                completion.ttl_ms,
-                expires_at_ms,
-                records::hash(key.digest()),
-            );
+            let finished = Finished {
+                at: expires_at_ms,
+                hash: records::hash(key.digest()),
+                slot: entry.slot,
+            };
+            shard.finished.push(completion.ttl_ms, finished);
         }
         Ok(transition)
     }

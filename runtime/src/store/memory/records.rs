@@ -1,6 +1,17 @@
-//! A shard's records, each found by its key's digest, which the record itself holds: the table stores
-//! one pointer per record (8 bytes, not the 40 of a map from digest to pointer), and a probe compares
-//! a digest only where the table's own hash bits already match.
+//! A shard's records: kept side by side in one array of slots, found by their key's digest through a
+//! table of slot numbers.
+//!
+//! A record stays in its slot from its claim until it goes, and the slot a record leaves is the next
+//! one filled. A bounded store at steady state evicts a shard's oldest finished record to make room
+//! for a new key of the same shard, so the new record takes the slot of the one it replaced, and the
+//! shard's slots go in the order they were filled: an eviction reads the slot after the last one,
+//! usually in the same memory page, and the shard asks for it ahead ([`Records::prefetch`]). Records
+//! in boxes of their own (as before) were spread over the whole heap, one page and one cache miss
+//! after another for every record evicted.
+//!
+//! The table holds 4 bytes per record (a slot number), so all of them stay in the cache; a probe
+//! reads a slot only where the table's own hash bits already match. The slots do not shrink: a shard
+//! keeps room for the most records it held at once, and reuses it.
 
 use hashbrown::HashTable;
 
@@ -14,71 +25,298 @@ pub(super) fn hash(digest: &Digest) -> u64 {
     u64::from_le_bytes(word)
 }
 
-/// The table's hash of a record: its digest's.
-fn hash_of(entry: &Entry) -> u64 {
-    hash(entry.receipt.key.digest())
+/// Where a record is in its shard's slots (fewer than 2³² records a shard).
+pub(super) type Slot = u32;
+
+/// Slots are allocated this many at a time (about 18 KiB): a shard's unused room is at most one
+/// chunk, and a growing shard never moves its records.
+const CHUNK: usize = 64;
+
+/// A shard's slots, in chunks.
+#[derive(Default)]
+struct Slots {
+    chunks: Vec<Box<[Option<Entry>]>>,
+    /// Slots ever filled: the next new one.
+    used: usize,
+}
+
+impl Slots {
+    fn place(&self, slot: Slot) -> Option<&Option<Entry>> {
+        let slot = slot as usize;
+        self.chunks.get(slot / CHUNK)?.get(slot % CHUNK)
+    }
+
+    fn place_mut(&mut self, slot: Slot) -> Option<&mut Option<Entry>> {
+        let slot = slot as usize;
+        self.chunks.get_mut(slot / CHUNK)?.get_mut(slot % CHUNK)
+    }
+
+    /// The record in `slot`, if any.
+    fn at(&self, slot: Slot) -> Option<&Entry> {
+        self.place(slot)?.as_ref()
+    }
+
+    /// The table's hash of the record in `slot` (0 for an empty slot, which the table never names).
+    fn hash_at(&self, slot: Slot) -> u64 {
+        self.at(slot).map_or(0, |e| hash(e.receipt.key.digest()))
+    }
+
+    /// A slot never filled before.
+    fn fresh(&mut self) -> Slot {
+        if self.used == self.chunks.len() * CHUNK {
+            self.chunks.push((0..CHUNK).map(|_| None).collect());
+        }
+        self.used += 1;
+        // A shard holds fewer than 2³² records (each is a few hundred bytes).
+        (self.used - 1) as Slot
+    }
 }
 
 #[derive(Default)]
-pub(super) struct Records(HashTable<Box<Entry>>);
+pub(super) struct Records {
+    slots: Slots,
+    /// Empty slots, the last emptied on top.
+    free: Vec<Slot>,
+    table: HashTable<Slot>,
+}
 
 impl Records {
+    fn find(&self, digest: &Digest) -> Option<Slot> {
+        let slots = &self.slots;
+        self.table
+            .find(hash(digest), |&s| {
+                slots
+                    .at(s)
+                    .is_some_and(|e| e.receipt.key.digest() == digest)
+            })
+            .copied()
+    }
+
     pub(super) fn get(&self, digest: &Digest) -> Option<&Entry> {
-        self.0
-            .find(hash(digest), |e| e.receipt.key.digest() == digest)
-            .map(|e| &**e)
+        self.slots.at(self.find(digest)?)
     }
 
     pub(super) fn get_mut(&mut self, digest: &Digest) -> Option<&mut Entry> {
-        self.0
-            .find_mut(hash(digest), |e| e.receipt.key.digest() == digest)
-            .map(|e| &mut **e)
+        let slot = self.find(digest)?;
+        self.slots.place_mut(slot)?.as_mut()
     }
 
     /// The record `call_id` claimed, among those whose digest hashes to `hashed`.
     pub(super) fn of_call(&self, hashed: u64, call_id: &CallId) -> Option<&Entry> {
-        self.0
-            .find(hashed, |e| {
-                hash_of(e) == hashed && &e.receipt.call_id == call_id
+        let slots = &self.slots;
+        let slot = self.table.find(hashed, |&s| {
+            slots.at(s).is_some_and(|e| {
+                hash(e.receipt.key.digest()) == hashed && &e.receipt.call_id == call_id
             })
-            .map(|e| &**e)
+        })?;
+        slots.at(*slot)
     }
 
-    /// Adds a record whose key the table does not hold (the caller looked).
-    pub(super) fn insert_new(&mut self, entry: Box<Entry>) {
-        let digest_hash = hash_of(&entry);
-        self.0.insert_unique(digest_hash, entry, |e| hash_of(e));
+    /// Adds a record whose key the table does not hold (the caller looked), in the slot emptied
+    /// last; returns its slot.
+    pub(super) fn insert_new(&mut self, mut entry: Entry) -> Slot {
+        let hashed = hash(entry.receipt.key.digest());
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => self.slots.fresh(),
+        };
+        entry.slot = slot;
+        if let Some(place) = self.slots.place_mut(slot) {
+            *place = Some(entry);
+        }
+        let slots = &self.slots;
+        self.table
+            .insert_unique(hashed, slot, |&s| slots.hash_at(s));
+        slot
     }
 
-    pub(super) fn remove(&mut self, digest: &Digest) -> Option<Box<Entry>> {
-        self.0
-            .find_entry(hash(digest), |e| e.receipt.key.digest() == digest)
-            .ok()
-            .map(|found| found.remove().0)
+    /// Empties `slot` (which the table no longer names).
+    fn take(&mut self, slot: Slot) -> Option<Entry> {
+        let entry = self.slots.place_mut(slot)?.take();
+        if entry.is_some() {
+            self.free.push(slot);
+        }
+        entry
     }
 
-    /// Removes the finished record that a lane entry names: its digest hashes to `hashed` and it
-    /// expires at `at`. `None` when that record went or changed since (forgotten, or expired and
-    /// claimed anew). Two keys of one shard whose digests share their first 8 bytes and that also
-    /// expire in the same millisecond are one for this look (by chance, one in 2⁶⁴ a pair; keys
-    /// come from callers, so such a pair can be made on purpose, at about 2³⁵ hashes): either is a
-    /// finished receipt as old as the other, and the other's entry, the same, takes the one left.
-    pub(super) fn remove_finished(&mut self, hashed: u64, at: u64) -> Option<Box<Entry>> {
-        self.0
-            .find_entry(hashed, |e| {
-                hash_of(e) == hashed
-                    && e.receipt.state.is_terminal()
-                    && e.receipt.expires_at_ms == Some(at)
+    pub(super) fn remove(&mut self, digest: &Digest) -> Option<Entry> {
+        let slots = &self.slots;
+        let (slot, _) = self
+            .table
+            .find_entry(hash(digest), |&s| {
+                slots
+                    .at(s)
+                    .is_some_and(|e| e.receipt.key.digest() == digest)
             })
-            .ok()
-            .map(|found| found.remove().0)
+            .ok()?
+            .remove();
+        self.take(slot)
+    }
+
+    /// Removes the finished record that a lane entry names: in `slot`, its digest hashing to
+    /// `hashed`, and expiring at `at`. `None` when that record went or changed since (forgotten, or
+    /// expired and claimed anew). Two keys of one shard whose digests share their first 8 bytes and
+    /// that also expire in the same millisecond in one slot are one for this look (by chance, one in
+    /// 2⁶⁴ a pair; keys come from callers, so such a pair can be made on purpose, at about 2³⁵
+    /// hashes): either is a finished receipt as old as the other, and the other's entry, the same,
+    /// takes the one left.
+    pub(super) fn remove_finished(&mut self, slot: Slot, hashed: u64, at_ms: u64) -> Option<Entry> {
+        let named = self.slots.at(slot).is_some_and(|e| {
+            e.receipt.state.is_terminal()
+                && e.receipt.expires_at_ms == Some(at_ms)
+                && hash(e.receipt.key.digest()) == hashed
+        });
+        if !named {
+            return None;
+        }
+        self.table.find_entry(hashed, |&s| s == slot).ok()?.remove();
+        self.take(slot)
+    }
+
+    /// Asks the CPU to bring the record in `slot` into the cache, and the outcome it holds if the
+    /// slot is already there: a hint, for the record the next eviction will read.
+    pub(super) fn prefetch(&self, slot: Slot) {
+        if let Some(place) = self.slots.place(slot) {
+            prefetch_lines(std::ptr::from_ref(place).cast(), size_of::<Option<Entry>>());
+        }
+    }
+
+    /// Asks the CPU to bring the outcome the record in `slot` holds into the cache (the record
+    /// itself was asked for before: reading it now should not wait).
+    pub(super) fn prefetch_outcome(&self, slot: Slot) {
+        if let Some(outcome) = self.slots.at(slot).and_then(|e| e.receipt.outcome.as_ref()) {
+            // The reference counts, which dropping the record writes, sit just before the bytes.
+            let counts = 2 * size_of::<usize>();
+            prefetch_lines(outcome.as_ptr().wrapping_sub(counts), counts);
+        }
     }
 
     pub(super) fn len(&self) -> usize {
-        self.0.len()
+        self.table.len()
     }
 
     pub(super) fn values(&self) -> impl Iterator<Item = &Entry> {
-        self.0.iter().map(|e| &**e)
+        self.slots.chunks.iter().flat_map(|c| c.iter().flatten())
+    }
+}
+
+/// Asks the CPU to load the cache lines of `len` bytes from `start` (nothing on other targets).
+#[inline]
+fn prefetch_lines(start: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        for offset in (0..len.max(1)).step_by(64) {
+            // SAFETY: a prefetch changes no state the program can see and never faults, whatever
+            // the address; SSE, which it needs, is part of every x86-64. `start` points into a live
+            // allocation of at least `len` bytes (only the hint's usefulness depends on it).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(offset).cast()) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (start, len);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::call_id::ShortLabel;
+    use crate::key::Key;
+    use crate::receipt::{Fence, Receipt, ReceiptState};
+
+    fn record(n: u64, state: ReceiptState, expires_at_ms: Option<u64>) -> Entry {
+        let label = ShortLabel::from_static("t");
+        Entry {
+            receipt: Receipt {
+                key: Key::build("records", &n),
+                call_id: CallId::generate_at(label.clone(), label, 1_000),
+                state,
+                fence: Fence(1),
+                lease_until_ms: None,
+                expires_at_ms,
+                fingerprint: None,
+                outcome: None,
+                created_ms: 1_000,
+                updated_ms: 1_000,
+            },
+            slot: Slot::MAX,
+            waiters: None,
+            kept: None,
+        }
+    }
+
+    fn digest(n: u64) -> Digest {
+        *Key::build("records", &n).digest()
+    }
+
+    #[test]
+    fn a_record_leaving_hands_its_slot_to_the_next_one() {
+        let mut records = Records::default();
+        let slots: Vec<Slot> = (0..3)
+            .map(|n| records.insert_new(record(n, ReceiptState::Processing, None)))
+            .collect();
+        assert_eq!(slots, [0, 1, 2]);
+        assert_eq!(records.get(&digest(1)).map(|e| e.slot), Some(1));
+        assert!(records.remove(&digest(1)).is_some());
+        assert!(records.get(&digest(1)).is_none());
+        assert_eq!(
+            records.insert_new(record(3, ReceiptState::Processing, None)),
+            1
+        );
+        assert_eq!(
+            records.insert_new(record(4, ReceiptState::Processing, None)),
+            3
+        );
+        assert_eq!(records.len(), 4);
+        for n in [0, 2, 3, 4] {
+            assert_eq!(
+                records.get(&digest(n)).map(|e| e.receipt.key.digest()),
+                Some(&digest(n))
+            );
+        }
+    }
+
+    #[test]
+    fn records_past_a_chunk_are_all_found_and_listed() {
+        let mut records = Records::default();
+        let many = 3 * CHUNK as u64 + 5;
+        for n in 0..many {
+            records.insert_new(record(n, ReceiptState::Processing, None));
+        }
+        assert_eq!(records.len(), many as usize);
+        assert_eq!(records.values().count(), many as usize);
+        assert!((0..many).all(|n| records.get(&digest(n)).is_some()));
+        let call_id = records.get(&digest(7)).map(|e| e.receipt.call_id.clone());
+        let found = call_id.and_then(|c| records.of_call(hash(&digest(7)), &c));
+        assert_eq!(found.map(|e| e.slot), Some(7));
+    }
+
+    #[test]
+    fn a_lane_entry_takes_only_the_finished_record_it_names() {
+        let mut records = Records::default();
+        let slot = records.insert_new(record(0, ReceiptState::Success, Some(5_000)));
+        let hashed = hash(&digest(0));
+        // Another expiry, another hash, another slot: not the record named.
+        assert!(records.remove_finished(slot, hashed, 4_000).is_none());
+        assert!(records.remove_finished(slot, hashed ^ 1, 5_000).is_none());
+        assert!(records.remove_finished(slot + 1, hashed, 5_000).is_none());
+        // Forgotten, and the slot refilled by another key in flight: the old entry takes nothing.
+        assert!(records.remove(&digest(0)).is_some());
+        assert_eq!(
+            records.insert_new(record(1, ReceiptState::Processing, None)),
+            slot
+        );
+        assert!(records.remove_finished(slot, hashed, 5_000).is_none());
+        assert!(records.get(&digest(1)).is_some());
+        // The record it names goes, and its slot is free again.
+        let other = records.insert_new(record(2, ReceiptState::Failed, Some(6_000)));
+        let taken = records.remove_finished(other, hash(&digest(2)), 6_000);
+        assert_eq!(taken.map(|e| e.receipt.state), Some(ReceiptState::Failed));
+        assert!(records.get(&digest(2)).is_none());
+        assert_eq!(records.len(), 1);
+        assert_eq!(
+            records.insert_new(record(3, ReceiptState::Processing, None)),
+            other
+        );
     }
 }
