@@ -21,7 +21,7 @@ impl MemoryStore {
     /// and, in a bounded store, its place, unless `keep_place` (the caller's new record takes it).
     pub(super) fn let_go(&self, entry: &mut Entry, keep_place: bool) {
         entry.wake();
-        let receipt = &entry.receipt;
+        let receipt = &entry.head;
         self.calls_of(&receipt.call_id)
             .remove(&receipt.call_id, Place::of(receipt.key.digest()));
         if !keep_place && self.bounded_store() {

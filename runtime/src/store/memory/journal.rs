@@ -83,7 +83,7 @@ impl MemoryStore {
         self.shard(digest)
             .records
             .get(digest)
-            .is_some_and(|e| !e.receipt.expired(now_ms))
+            .is_some_and(|e| !e.head.expired(now_ms))
     }
 
     /// The events `keep` admits of the journal of `digest`, if it is still kept at `now_ms`.

@@ -3,7 +3,7 @@
 
 use std::collections::BinaryHeap;
 
-use super::{lock, MemoryStore};
+use super::{lock, Entry, MemoryStore};
 use crate::error::StoreError;
 use crate::receipt::{Receipt, ReceiptState};
 #[cfg(doc)]
@@ -31,7 +31,7 @@ impl MemoryStore {
                 lock(shard)
                     .records
                     .values()
-                    .filter(|e| e.receipt.expired(now_ms))
+                    .filter(|e| e.head.expired(now_ms))
                     .count()
             })
             .sum())
@@ -61,7 +61,7 @@ impl MemoryStore {
         for shard in self.shards.iter() {
             let shard = lock(shard);
             for entry in shard.records.values() {
-                let r = &entry.receipt;
+                let r = &entry.head;
                 if r.created_ms < from_ms || r.created_ms >= bound || !listed(r) {
                     continue;
                 }
@@ -85,8 +85,9 @@ impl MemoryStore {
             .iter()
             .filter_map(|at| {
                 let shard = self.shard(&at.digest);
-                let r = &shard.records.get(&at.digest)?.receipt;
-                (listed(r) && Cursor::of(r) == *at && query.admits(r)).then(|| r.clone())
+                let entry = shard.records.get(&at.digest)?;
+                let r = &entry.head;
+                (listed(r) && Cursor::of(r) == *at && query.admits(r)).then(|| entry.receipt())
             })
             .collect();
         Ok(ReceiptPage { receipts, next })
@@ -118,9 +119,8 @@ impl MemoryStore {
                 shard
                     .records
                     .values()
-                    .map(|e| &e.receipt)
-                    .filter(|r| keep(r))
-                    .cloned(),
+                    .filter(|e| keep(&e.head))
+                    .map(Entry::receipt),
             );
         }
         kept

@@ -36,6 +36,7 @@ mod eviction;
 mod finished;
 mod journal;
 mod listings;
+mod outcome;
 mod queue;
 mod receipts;
 mod records;
@@ -43,6 +44,7 @@ mod records;
 use calls::CallIndex;
 use finished::Lanes;
 use journal::Journals;
+use outcome::Outcome;
 use records::Records;
 
 const SHARDS: usize = 64;
@@ -80,7 +82,11 @@ impl Hasher for PreHashed {
 type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<PreHashed>>;
 
 struct Entry {
-    receipt: Receipt,
+    /// The receipt but for its outcome, which is kept in `outcome` (here, always `None`): hand it
+    /// out through [`Entry::receipt`].
+    head: Receipt,
+    /// The receipt's outcome.
+    outcome: Outcome,
     /// Where the record is in its shard (set as it is inserted).
     slot: records::Slot,
     /// The duplicates parked on this record while it is `PROCESSING`.
@@ -91,18 +97,26 @@ struct Entry {
 }
 
 impl Entry {
+    /// The record's receipt, outcome included.
+    fn receipt(&self) -> Receipt {
+        Receipt {
+            outcome: self.outcome.shared(),
+            ..self.head.clone()
+        }
+    }
+
     /// Wakes the record's waiters after a change. A record that settled (no longer `PROCESSING`) is
     /// handed to them with the wake-up, and waiters that come after (the record taken over,
     /// `PROCESSING` again) wait on a new [`Waiters`] of their own. A record still `PROCESSING` (taken
     /// over by a new owner) keeps its waiters: they look again, and whatever the new owner settles is
     /// handed to them too, even if a full store evicts it before they read.
     fn wake(&mut self) {
-        if self.receipt.state == ReceiptState::Processing {
+        if self.head.state == ReceiptState::Processing {
             if let Some(waiters) = &self.waiters {
                 waiters.notify.notify_waiters();
             }
         } else if let Some(waiters) = self.waiters.take() {
-            let _ = waiters.settled.set(self.receipt.clone());
+            let _ = waiters.settled.set(self.receipt());
             waiters.notify.notify_waiters();
         }
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::calls::Place;
 use super::finished::Finished;
+use super::outcome::Outcome;
 use super::{records, Entry, MemoryStore, Shard, Waiting, EVICT_PER_CLAIM};
 use crate::call_id::CallId;
 use crate::codec::Kept;
@@ -24,10 +25,10 @@ impl MemoryStore {
             .records
             .get_mut(key.digest())
             .ok_or(StoreError::NotFound)?;
-        if entry.receipt.fence != fence {
+        if entry.head.fence != fence {
             return Err(StoreError::Fenced {
                 presented: fence.0,
-                current: entry.receipt.fence.0,
+                current: entry.head.fence.0,
             });
         }
         Ok(entry)
@@ -44,14 +45,14 @@ impl MemoryStore {
     ) -> Result<Option<Receipt>, Waiting> {
         let mut shard = self.shard(key.digest());
         match shard.records.get_mut(key.digest()) {
-            Some(entry) if !entry.receipt.expired(now_ms) => {
-                if entry.receipt.state == ReceiptState::Processing {
+            Some(entry) if !entry.head.expired(now_ms) => {
+                if entry.head.state == ReceiptState::Processing {
                     let waiters = entry.waiters.get_or_insert_with(Default::default).clone();
                     let mut waiter = Box::pin(waiters.notify.clone().notified_owned());
                     waiter.as_mut().enable();
                     Err((waiter, waiters))
                 } else {
-                    Ok(Some(entry.receipt.clone()))
+                    Ok(Some(entry.receipt()))
                 }
             }
             _ => Ok(None),
@@ -66,8 +67,8 @@ impl MemoryStore {
             let mut shard = self.shard(&digest);
             self.evict(&mut shard, claim.now_ms, EVICT_PER_CLAIM);
             if let Some(entry) = shard.records.get(&digest) {
-                if !entry.receipt.expired(claim.now_ms) {
-                    return Ok(Claimed::Existing(entry.receipt.clone()));
+                if !entry.head.expired(claim.now_ms) {
+                    return Ok(Claimed::Existing(entry.receipt()));
                 }
                 self.remove(&mut shard, &digest);
             }
@@ -89,7 +90,7 @@ impl MemoryStore {
         self.calls_of(&claim.call_id)
             .insert(&claim.call_id, Place::of(&digest));
         shard.records.insert_new(Entry {
-            receipt: Receipt {
+            head: Receipt {
                 key: claim.key,
                 call_id: claim.call_id,
                 state: ReceiptState::Processing,
@@ -101,6 +102,7 @@ impl MemoryStore {
                 created_ms: claim.now_ms,
                 updated_ms: claim.now_ms,
             },
+            outcome: Outcome::None,
             slot: 0,
             waiters: None,
             kept: None,
@@ -119,11 +121,16 @@ impl MemoryStore {
         read: impl FnOnce(Option<crate::key::Fingerprint>, &[u8], &mut Option<Kept>) -> Option<R>,
     ) -> Option<R> {
         let mut shard = self.shard(key.digest());
-        let Entry { receipt, kept, .. } = shard.records.get_mut(key.digest())?;
-        if receipt.state != ReceiptState::Success || receipt.expired(now_ms) {
+        let Entry {
+            head,
+            outcome,
+            kept,
+            ..
+        } = shard.records.get_mut(key.digest())?;
+        if head.state != ReceiptState::Success || head.expired(now_ms) {
             return None;
         }
-        read(receipt.fingerprint, receipt.outcome.as_deref()?, kept)
+        read(head.fingerprint, outcome.bytes()?, kept)
     }
 
     /// [`Store::complete`], without the future.
@@ -136,11 +143,11 @@ impl MemoryStore {
     ) -> Result<Transition, StoreError> {
         let mut shard = self.shard(key.digest());
         let entry = Self::owned(&mut shard, key, fence)?;
-        let transition = check(entry.receipt.state, completion.state)?;
+        let transition = check(entry.head.state, completion.state)?;
         if transition == Transition::Applied {
-            let r = &mut entry.receipt;
+            let r = &mut entry.head;
             r.state = completion.state;
-            r.outcome = completion.outcome;
+            entry.outcome = Outcome::new(completion.outcome);
             r.lease_until_ms = None;
             let expires_at_ms = now_ms.saturating_add(completion.ttl_ms);
             r.expires_at_ms = Some(expires_at_ms);
@@ -168,7 +175,7 @@ impl MemoryStore {
         let mut shard = self.shard(key.digest());
         let Shard { records, fence, .. } = &mut *shard;
         let entry = records.get_mut(key.digest()).ok_or(StoreError::NotFound)?;
-        let r = &mut entry.receipt;
+        let r = &entry.head;
         let open = match r.state {
             ReceiptState::Unknown => !finished,
             ReceiptState::Received | ReceiptState::Processing => {
@@ -177,15 +184,15 @@ impl MemoryStore {
             ReceiptState::Success | ReceiptState::Failed => finished,
         };
         if r.fence != expected || !open {
-            return Ok(Claimed::Existing(r.clone()));
+            return Ok(Claimed::Existing(entry.receipt()));
         }
         if finished {
             // Reopened: no expiry until its next outcome, and no decoded copy of the old one.
-            r.expires_at_ms = None;
-            r.outcome = None;
+            entry.head.expires_at_ms = None;
+            entry.outcome = Outcome::None;
             entry.kept = None;
         }
-        let r = &mut entry.receipt;
+        let r = &mut entry.head;
         r.fence = next_fence(fence);
         r.state = ReceiptState::Processing;
         r.lease_until_ms = Some(now_ms.saturating_add(lease_ms));
@@ -205,13 +212,13 @@ impl MemoryStore {
     ) -> Result<(), StoreError> {
         let mut shard = self.shard(key.digest());
         let entry = Self::owned(&mut shard, key, fence)?;
-        if entry.receipt.state != ReceiptState::Processing {
+        if entry.head.state != ReceiptState::Processing {
             return Err(StoreError::InvalidTransition {
-                from: entry.receipt.state,
+                from: entry.head.state,
                 to: ReceiptState::Processing,
             });
         }
-        entry.receipt.lease_until_ms = Some(now_ms.saturating_add(lease_ms));
+        entry.head.lease_until_ms = Some(now_ms.saturating_add(lease_ms));
         Ok(())
     }
 
@@ -224,9 +231,9 @@ impl MemoryStore {
     ) -> Result<Transition, StoreError> {
         let mut shard = self.shard(key.digest());
         let entry = Self::owned(&mut shard, key, fence)?;
-        let transition = check(entry.receipt.state, ReceiptState::Unknown)?;
+        let transition = check(entry.head.state, ReceiptState::Unknown)?;
         if transition == Transition::Applied {
-            let r = &mut entry.receipt;
+            let r = &mut entry.head;
             r.state = ReceiptState::Unknown;
             r.lease_until_ms = None;
             r.expires_at_ms = None;
@@ -244,9 +251,9 @@ impl MemoryStore {
             Err(StoreError::NotFound) => return Ok(()),
             Err(e) => return Err(e),
         };
-        if entry.receipt.state != ReceiptState::Processing {
+        if entry.head.state != ReceiptState::Processing {
             return Err(StoreError::InvalidTransition {
-                from: entry.receipt.state,
+                from: entry.head.state,
                 to: ReceiptState::Received,
             });
         }
@@ -258,9 +265,9 @@ impl MemoryStore {
     pub(super) fn forget_now(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
         let mut shard = self.shard(key.digest());
         let entry = Self::owned(&mut shard, key, fence)?;
-        if !entry.receipt.state.is_terminal() {
+        if !entry.head.state.is_terminal() {
             return Err(StoreError::InvalidTransition {
-                from: entry.receipt.state,
+                from: entry.head.state,
                 to: ReceiptState::Received,
             });
         }
@@ -274,8 +281,8 @@ impl MemoryStore {
         Ok(shard
             .records
             .get(key.digest())
-            .filter(|e| !e.receipt.expired(now_ms))
-            .map(|e| e.receipt.clone()))
+            .filter(|e| !e.head.expired(now_ms))
+            .map(Entry::receipt))
     }
 
     /// [`Store::get_by_call_id`], without the future.
@@ -291,7 +298,7 @@ impl MemoryStore {
             shard
                 .records
                 .of_call(place.hash, call_id)
-                .map(|e| e.receipt.clone())
+                .map(Entry::receipt)
         }))
     }
 

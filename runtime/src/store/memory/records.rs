@@ -58,7 +58,7 @@ impl Slots {
 
     /// The table's hash of the record in `slot` (0 for an empty slot, which the table never names).
     fn hash_at(&self, slot: Slot) -> u64 {
-        self.at(slot).map_or(0, |e| hash(e.receipt.key.digest()))
+        self.at(slot).map_or(0, |e| hash(e.head.key.digest()))
     }
 
     /// A slot never filled before.
@@ -85,9 +85,7 @@ impl Records {
         let slots = &self.slots;
         self.table
             .find(hash(digest), |&s| {
-                slots
-                    .at(s)
-                    .is_some_and(|e| e.receipt.key.digest() == digest)
+                slots.at(s).is_some_and(|e| e.head.key.digest() == digest)
             })
             .copied()
     }
@@ -105,9 +103,9 @@ impl Records {
     pub(super) fn of_call(&self, hashed: u64, call_id: &CallId) -> Option<&Entry> {
         let slots = &self.slots;
         let slot = self.table.find(hashed, |&s| {
-            slots.at(s).is_some_and(|e| {
-                hash(e.receipt.key.digest()) == hashed && &e.receipt.call_id == call_id
-            })
+            slots
+                .at(s)
+                .is_some_and(|e| hash(e.head.key.digest()) == hashed && &e.head.call_id == call_id)
         })?;
         slots.at(*slot)
     }
@@ -115,7 +113,7 @@ impl Records {
     /// Adds a record whose key the table does not hold (the caller looked), in the slot emptied
     /// last; returns its slot.
     pub(super) fn insert_new(&mut self, mut entry: Entry) -> Slot {
-        let hashed = hash(entry.receipt.key.digest());
+        let hashed = hash(entry.head.key.digest());
         let slot = match self.free.pop() {
             Some(slot) => slot,
             None => self.slots.fresh(),
@@ -144,9 +142,7 @@ impl Records {
         let (slot, _) = self
             .table
             .find_entry(hash(digest), |&s| {
-                slots
-                    .at(s)
-                    .is_some_and(|e| e.receipt.key.digest() == digest)
+                slots.at(s).is_some_and(|e| e.head.key.digest() == digest)
             })
             .ok()?
             .remove();
@@ -162,9 +158,9 @@ impl Records {
     /// takes the one left.
     pub(super) fn remove_finished(&mut self, slot: Slot, hashed: u64, at_ms: u64) -> Option<Entry> {
         let named = self.slots.at(slot).is_some_and(|e| {
-            e.receipt.state.is_terminal()
-                && e.receipt.expires_at_ms == Some(at_ms)
-                && hash(e.receipt.key.digest()) == hashed
+            e.head.state.is_terminal()
+                && e.head.expires_at_ms == Some(at_ms)
+                && hash(e.head.key.digest()) == hashed
         });
         if !named {
             return None;
@@ -184,10 +180,8 @@ impl Records {
     /// Asks the CPU to bring the outcome the record in `slot` holds into the cache (the record
     /// itself was asked for before: reading it now should not wait).
     pub(super) fn prefetch_outcome(&self, slot: Slot) {
-        if let Some(outcome) = self.slots.at(slot).and_then(|e| e.receipt.outcome.as_ref()) {
-            // The reference counts, which dropping the record writes, sit just before the bytes.
-            let counts = 2 * size_of::<usize>();
-            prefetch_lines(outcome.as_ptr().wrapping_sub(counts), counts);
+        if let Some(allocation) = self.slots.at(slot).and_then(|e| e.outcome.allocation()) {
+            prefetch_lines(allocation, 1);
         }
     }
 
@@ -227,7 +221,7 @@ mod tests {
     fn record(n: u64, state: ReceiptState, expires_at_ms: Option<u64>) -> Entry {
         let label = ShortLabel::from_static("t");
         Entry {
-            receipt: Receipt {
+            head: Receipt {
                 key: Key::build("records", &n),
                 call_id: CallId::generate_at(label.clone(), label, 1_000),
                 state,
@@ -239,6 +233,7 @@ mod tests {
                 created_ms: 1_000,
                 updated_ms: 1_000,
             },
+            outcome: super::super::Outcome::None,
             slot: Slot::MAX,
             waiters: None,
             kept: None,
@@ -270,7 +265,7 @@ mod tests {
         assert_eq!(records.len(), 4);
         for n in [0, 2, 3, 4] {
             assert_eq!(
-                records.get(&digest(n)).map(|e| e.receipt.key.digest()),
+                records.get(&digest(n)).map(|e| e.head.key.digest()),
                 Some(&digest(n))
             );
         }
@@ -286,7 +281,7 @@ mod tests {
         assert_eq!(records.len(), many as usize);
         assert_eq!(records.values().count(), many as usize);
         assert!((0..many).all(|n| records.get(&digest(n)).is_some()));
-        let call_id = records.get(&digest(7)).map(|e| e.receipt.call_id.clone());
+        let call_id = records.get(&digest(7)).map(|e| e.head.call_id.clone());
         let found = call_id.and_then(|c| records.of_call(hash(&digest(7)), &c));
         assert_eq!(found.map(|e| e.slot), Some(7));
     }
@@ -311,7 +306,7 @@ mod tests {
         // The record it names goes, and its slot is free again.
         let other = records.insert_new(record(2, ReceiptState::Failed, Some(6_000)));
         let taken = records.remove_finished(other, hash(&digest(2)), 6_000);
-        assert_eq!(taken.map(|e| e.receipt.state), Some(ReceiptState::Failed));
+        assert_eq!(taken.map(|e| e.head.state), Some(ReceiptState::Failed));
         assert!(records.get(&digest(2)).is_none());
         assert_eq!(records.len(), 1);
         assert_eq!(
