@@ -5,6 +5,7 @@
 //!
 //! * [`backends`]: which backends this build leaves out, and how to run them.
 //! * [`memory_capacity`]: a bounded in-memory store under calls.
+//! * [`memory_slots`]: the in-memory store's records in slots and outcomes kept inline.
 //! * [`cache_forget`]: a key forgotten through a cache in front of the store goes at once.
 //! * [`sqlite_durability`], [`postgres_durability`]: restarts, two OS processes racing on the same
 //!   keys (this binary starts itself twice, running only the worker test named by its path here,
@@ -29,6 +30,7 @@ mod clock_skew;
 mod faults;
 mod last_release;
 mod memory_capacity;
+mod memory_slots;
 mod postgres_durability;
 mod postgres_listen;
 mod postgres_migration;

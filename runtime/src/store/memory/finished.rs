@@ -6,24 +6,27 @@
 //! front of a queue, touching memory in the order it was written (a heap of expiry times, as before,
 //! sifted through cold entries on every eviction).
 //!
-//! An entry names its receipt by its slot and its key digest's table hash (8 bytes, not the 32 of the
-//! digest: a claim writes less, and a retained key costs less). An entry may outlive its receipt
-//! (forgotten, or expired and claimed anew): whoever pops it checks that the slot still holds the
-//! record it names (that hash, finished, with the same expiry) before removing it.
+//! An entry names its receipt by its slot and its fence, which names one version of one record: every
+//! claim and take-over of a shard's keys gets a fence of its own. An entry may outlive its receipt
+//! (forgotten and the slot refilled, reopened and finished again): whoever pops it checks that the
+//! slot still holds that version, finished, before removing it. A receipt reopened and finished again
+//! is named by its second entry alone, and goes when that one comes up (not as early as it first
+//! finished).
 
 use std::collections::VecDeque;
 
 use super::records::Slot;
+use crate::receipt::Fence;
 
 /// Distinct `ttl`s past this share the lane of the nearest one: their receipts may then wait behind
 /// longer-lived ones (memory, not correctness: a read never answers an expired record).
 const MAX_LANES: usize = 16;
 
-/// A finished receipt: when it expires, its key digest's table hash and its slot.
+/// A finished receipt: when it expires, and the version of the record it is (its slot and fence).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Finished {
     pub(super) at: u64,
-    pub(super) hash: u64,
+    pub(super) fence: Fence,
     pub(super) slot: Slot,
 }
 
@@ -116,11 +119,29 @@ impl Lanes {
 mod tests {
     use super::*;
 
+    impl Lanes {
+        /// Whether some lane holds `finished`.
+        pub(in crate::store::memory) fn holds(&self, finished: Finished) -> bool {
+            self.lanes.iter().any(|l| l.queue.contains(&finished))
+        }
+
+        /// Whether some lane entry names `slot` and is one `other` admits.
+        pub(in crate::store::memory) fn names_slot(
+            &self,
+            slot: Slot,
+            other: impl Fn(&Finished) -> bool,
+        ) -> bool {
+            self.lanes
+                .iter()
+                .any(|l| l.queue.iter().any(|f| f.slot == slot && other(f)))
+        }
+    }
+
     /// The receipt numbered `n`, expiring at `at`.
     fn finished(at: u64, n: u8) -> Finished {
         Finished {
             at,
-            hash: u64::from(n) * 0x0101_0101_0101_0101,
+            fence: Fence(u64::from(n)),
             slot: Slot::from(n),
         }
     }

@@ -17,6 +17,7 @@ impl MemoryStore {
         for shard in self.shards.iter() {
             let mut shard = lock(shard);
             total += self.evict(&mut shard, now_ms, usize::MAX);
+            shard.records.give_back_room();
         }
         self.purge_journals(now_ms);
         Ok(total)

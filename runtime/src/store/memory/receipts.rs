@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::calls::Place;
 use super::finished::Finished;
 use super::outcome::Outcome;
-use super::{records, Entry, MemoryStore, Shard, Waiting, EVICT_PER_CLAIM};
+use super::{Entry, MemoryStore, Shard, Waiting, EVICT_PER_CLAIM};
 use crate::call_id::CallId;
 use crate::codec::Kept;
 use crate::error::StoreError;
@@ -155,7 +155,7 @@ impl MemoryStore {
             entry.wake();
             let finished = Finished {
                 at: expires_at_ms,
-                hash: records::hash(key.digest()),
+                fence,
                 slot: entry.slot,
             };
             shard.finished.push(completion.ttl_ms, finished);

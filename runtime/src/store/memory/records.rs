@@ -9,14 +9,17 @@
 //! in boxes of their own (as before) were spread over the whole heap, one page and one cache miss
 //! after another for every record evicted.
 //!
+//! A shard reuses the room its records leave; the room a burst filled stays until a purge
+//! ([`Records::give_back_room`]) finds it empty.
+//!
 //! The table holds 4 bytes per record (a slot number), so all of them stay in the cache; a probe
-//! reads a slot only where the table's own hash bits already match. The slots do not shrink: a shard
-//! keeps room for the most records it held at once, and reuses it.
+//! reads a slot only where the table's own hash bits already match.
 
 use hashbrown::HashTable;
 
 use super::{Digest, Entry};
 use crate::call_id::CallId;
+use crate::receipt::Fence;
 
 /// The table's hash of a digest: its first 8 bytes (SHA-256 output: already uniform).
 pub(super) fn hash(digest: &Digest) -> u64 {
@@ -28,8 +31,8 @@ pub(super) fn hash(digest: &Digest) -> u64 {
 /// Where a record is in its shard's slots (fewer than 2³² records a shard).
 pub(super) type Slot = u32;
 
-/// Slots are allocated this many at a time (about 18 KiB): a shard's unused room is at most one
-/// chunk, and a growing shard never moves its records.
+/// Slots are allocated this many at a time (about 22 KiB): a growing shard's unused room is at most
+/// one chunk, and it never moves its records.
 const CHUNK: usize = 64;
 
 /// A shard's slots, in chunks.
@@ -149,22 +152,15 @@ impl Records {
         self.take(slot)
     }
 
-    /// Removes the finished record that a lane entry names: in `slot`, its digest hashing to
-    /// `hashed`, and expiring at `at`. `None` when that record went or changed since (forgotten, or
-    /// expired and claimed anew). Two keys of one shard whose digests share their first 8 bytes and
-    /// that also expire in the same millisecond in one slot are one for this look (by chance, one in
-    /// 2⁶⁴ a pair; keys come from callers, so such a pair can be made on purpose, at about 2³⁵
-    /// hashes): either is a finished receipt as old as the other, and the other's entry, the same,
-    /// takes the one left.
-    pub(super) fn remove_finished(&mut self, slot: Slot, hashed: u64, at_ms: u64) -> Option<Entry> {
-        let named = self.slots.at(slot).is_some_and(|e| {
-            e.head.state.is_terminal()
-                && e.head.expires_at_ms == Some(at_ms)
-                && hash(e.head.key.digest()) == hashed
-        });
-        if !named {
-            return None;
-        }
+    /// Removes the finished record that a lane entry names: the version `fence` of the record in
+    /// `slot`. `None` when that version went or changed since (forgotten, expired and claimed anew,
+    /// reopened): each claim and take-over of a shard's keys gets a fence of its own.
+    pub(super) fn remove_finished(&mut self, slot: Slot, fence: Fence) -> Option<Entry> {
+        let hashed = self
+            .slots
+            .at(slot)
+            .filter(|e| e.head.fence == fence && e.head.state.is_terminal())
+            .map(|e| hash(e.head.key.digest()))?;
         self.table.find_entry(hashed, |&s| s == slot).ok()?.remove();
         self.take(slot)
     }
@@ -187,6 +183,27 @@ impl Records {
 
     pub(super) fn len(&self) -> usize {
         self.table.len()
+    }
+
+    /// Gives back the room that records no longer fill: the chunks at the end that hold none (all of
+    /// them when the shard is empty), and the table's room beyond what it holds. The free slots left
+    /// are then filled lowest first, so that a later call gives back what a burst left at the end.
+    pub(super) fn give_back_room(&mut self) {
+        let chunks = &mut self.slots.chunks;
+        while chunks.last().is_some_and(|c| c.iter().all(Option::is_none)) {
+            chunks.pop();
+        }
+        chunks.shrink_to_fit();
+        let end = chunks.len() * CHUNK;
+        if self.slots.used > end {
+            self.slots.used = end;
+            self.free.retain(|&s| (s as usize) < end);
+        }
+        // Popped from the end: the lowest last.
+        self.free.sort_unstable_by(|a, b| b.cmp(a));
+        self.free.shrink_to_fit();
+        let slots = &self.slots;
+        self.table.shrink_to_fit(|&s| slots.hash_at(s));
     }
 
     pub(super) fn values(&self) -> impl Iterator<Item = &Entry> {
@@ -225,7 +242,7 @@ mod tests {
                 key: Key::build("records", &n),
                 call_id: CallId::generate_at(label.clone(), label, 1_000),
                 state,
-                fence: Fence(1),
+                fence: Fence(n + 1),
                 lease_until_ms: None,
                 expires_at_ms,
                 fingerprint: None,
@@ -242,6 +259,62 @@ mod tests {
 
     fn digest(n: u64) -> Digest {
         *Key::build("records", &n).digest()
+    }
+
+    impl Records {
+        /// Checks what the slots, the free list and the table must agree on; `Err` says what not.
+        pub(in crate::store::memory) fn check_consistent(&self) -> Result<(), String> {
+            let used = self.slots.used;
+            let mut seen = vec![false; used];
+            for &s in &self.free {
+                let s = s as usize;
+                if s >= used {
+                    return Err(format!("free slot {s} never used ({used} used)"));
+                }
+                if std::mem::replace(&mut seen[s], true) {
+                    return Err(format!("slot {s} twice on the free list"));
+                }
+                if self.slots.at(s as Slot).is_some() {
+                    return Err(format!("free slot {s} holds a record"));
+                }
+            }
+            let mut filled = 0;
+            for (s, &free) in seen.iter().enumerate() {
+                match self.slots.at(s as Slot) {
+                    Some(e) => {
+                        filled += 1;
+                        if e.slot as usize != s {
+                            return Err(format!("the record in slot {s} says slot {}", e.slot));
+                        }
+                        if self.find(e.head.key.digest()) != Some(s as Slot) {
+                            return Err(format!("the record in slot {s} is not found there"));
+                        }
+                        if e.head.outcome.is_some() {
+                            return Err(format!(
+                                "the record in slot {s} keeps an outcome in its head"
+                            ));
+                        }
+                    }
+                    None if !free => {
+                        return Err(format!("slot {s} empty and not on the free list"));
+                    }
+                    None => {}
+                }
+            }
+            if filled != self.table.len() || self.values().count() != filled {
+                return Err(format!(
+                    "{filled} records filled, {} in the table, {} listed",
+                    self.table.len(),
+                    self.values().count()
+                ));
+            }
+            Ok(())
+        }
+
+        /// Slots the shard keeps room for (filled or not), and how many of them hold a record.
+        pub(in crate::store::memory) fn room(&self) -> (usize, usize) {
+            (self.slots.chunks.len() * CHUNK, self.table.len())
+        }
     }
 
     #[test]
@@ -287,25 +360,29 @@ mod tests {
     }
 
     #[test]
-    fn a_lane_entry_takes_only_the_finished_record_it_names() {
+    fn a_lane_entry_takes_only_the_version_of_the_record_it_names() {
         let mut records = Records::default();
         let slot = records.insert_new(record(0, ReceiptState::Success, Some(5_000)));
-        let hashed = hash(&digest(0));
-        // Another expiry, another hash, another slot: not the record named.
-        assert!(records.remove_finished(slot, hashed, 4_000).is_none());
-        assert!(records.remove_finished(slot, hashed ^ 1, 5_000).is_none());
-        assert!(records.remove_finished(slot + 1, hashed, 5_000).is_none());
-        // Forgotten, and the slot refilled by another key in flight: the old entry takes nothing.
+        let fence = Fence(1);
+        // Another fence, another slot: not the record named.
+        assert!(records.remove_finished(slot, Fence(2)).is_none());
+        assert!(records.remove_finished(slot + 1, fence).is_none());
+        // Back in flight (reopened under a new fence, or this one): not a finished record.
+        if let Some(entry) = records.get_mut(&digest(0)) {
+            entry.head.state = ReceiptState::Processing;
+        }
+        assert!(records.remove_finished(slot, fence).is_none());
+        // Forgotten, and the slot refilled by another key: the old entry takes nothing.
         assert!(records.remove(&digest(0)).is_some());
         assert_eq!(
-            records.insert_new(record(1, ReceiptState::Processing, None)),
+            records.insert_new(record(1, ReceiptState::Success, Some(5_000))),
             slot
         );
-        assert!(records.remove_finished(slot, hashed, 5_000).is_none());
+        assert!(records.remove_finished(slot, fence).is_none());
         assert!(records.get(&digest(1)).is_some());
-        // The record it names goes, and its slot is free again.
+        // The version it names goes, and its slot is free again.
         let other = records.insert_new(record(2, ReceiptState::Failed, Some(6_000)));
-        let taken = records.remove_finished(other, hash(&digest(2)), 6_000);
+        let taken = records.remove_finished(other, Fence(3));
         assert_eq!(taken.map(|e| e.head.state), Some(ReceiptState::Failed));
         assert!(records.get(&digest(2)).is_none());
         assert_eq!(records.len(), 1);
@@ -313,5 +390,11 @@ mod tests {
             records.insert_new(record(3, ReceiptState::Processing, None)),
             other
         );
+    }
+
+    #[test]
+    fn a_record_with_a_short_outcome_takes_at_most_six_cache_lines() {
+        // What the store's documentation states (about 350 bytes), and what an eviction reads.
+        assert!(size_of::<Option<Entry>>() <= 6 * 64);
     }
 }
