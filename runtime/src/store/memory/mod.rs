@@ -149,15 +149,17 @@ struct Shard {
 }
 
 impl Shard {
-    /// Removes the finished record that `next` names (the lanes' next entry in some order), skipping
-    /// entries that outlived their record; `None` when the lanes run out first.
+    /// Removes the finished record that `next` names (the lanes' next entry in some order), handing
+    /// it to `gone` first, and skipping entries that outlived their record; `false` when the lanes run
+    /// out first.
     ///
     /// Asks for the records the next removals will read ahead of them: the next one's outcome, and
     /// the record after it (whose outcome the removal after this one asks for in turn).
     fn take_finished(
         &mut self,
         mut next: impl FnMut(&mut Lanes) -> Option<finished::Finished>,
-    ) -> Option<Entry> {
+        mut gone: impl FnMut(&mut Entry),
+    ) -> bool {
         while let Some(finished) = next(&mut self.finished) {
             let [following, after] = self.finished.upcoming();
             if let Some(slot) = after {
@@ -166,12 +168,14 @@ impl Shard {
             if let Some(slot) = following {
                 self.records.prefetch_outcome(slot);
             }
-            let taken = self.records.remove_finished(finished.slot, finished.fence);
-            if taken.is_some() {
-                return taken;
+            if self
+                .records
+                .remove_finished(finished.slot, finished.fence, &mut gone)
+            {
+                return true;
             }
         }
-        None
+        false
     }
 }
 

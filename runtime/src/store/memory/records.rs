@@ -155,14 +155,35 @@ impl Records {
     /// Removes the finished record that a lane entry names: the version `fence` of the record in
     /// `slot`. `None` when that version went or changed since (forgotten, expired and claimed anew,
     /// reopened): each claim and take-over of a shard's keys gets a fence of its own.
-    pub(super) fn remove_finished(&mut self, slot: Slot, fence: Fence) -> Option<Entry> {
-        let hashed = self
+    ///
+    /// The record is handed to `gone` and dropped where it is (not moved out: it is a few hundred
+    /// bytes, and this is every full store's claim); `false` if the slot does not hold it.
+    pub(super) fn remove_finished(
+        &mut self,
+        slot: Slot,
+        fence: Fence,
+        gone: impl FnOnce(&mut Entry),
+    ) -> bool {
+        let Some(hashed) = self
             .slots
             .at(slot)
             .filter(|e| e.head.fence == fence && e.head.state.is_terminal())
-            .map(|e| hash(e.head.key.digest()))?;
-        self.table.find_entry(hashed, |&s| s == slot).ok()?.remove();
-        self.take(slot)
+            .map(|e| hash(e.head.key.digest()))
+        else {
+            return false;
+        };
+        let Ok(named) = self.table.find_entry(hashed, |&s| s == slot) else {
+            return false;
+        };
+        named.remove();
+        if let Some(place) = self.slots.place_mut(slot) {
+            if let Some(entry) = place {
+                gone(entry);
+            }
+            *place = None;
+            self.free.push(slot);
+        }
+        true
     }
 
     /// Asks the CPU to bring the record in `slot` into the cache, and the outcome it holds if the
@@ -255,6 +276,14 @@ mod tests {
             waiters: None,
             kept: None,
         }
+    }
+
+    /// What `remove_finished` hands to its `gone`: the state of the record it took.
+    fn taken(records: &mut Records, slot: Slot, fence: Fence) -> Option<ReceiptState> {
+        let mut state = None;
+        let removed = records.remove_finished(slot, fence, |e| state = Some(e.head.state));
+        assert_eq!(removed, state.is_some());
+        state
     }
 
     fn digest(n: u64) -> Digest {
@@ -365,25 +394,27 @@ mod tests {
         let slot = records.insert_new(record(0, ReceiptState::Success, Some(5_000)));
         let fence = Fence(1);
         // Another fence, another slot: not the record named.
-        assert!(records.remove_finished(slot, Fence(2)).is_none());
-        assert!(records.remove_finished(slot + 1, fence).is_none());
+        assert_eq!(taken(&mut records, slot, Fence(2)), None);
+        assert_eq!(taken(&mut records, slot + 1, fence), None);
         // Back in flight (reopened under a new fence, or this one): not a finished record.
         if let Some(entry) = records.get_mut(&digest(0)) {
             entry.head.state = ReceiptState::Processing;
         }
-        assert!(records.remove_finished(slot, fence).is_none());
+        assert_eq!(taken(&mut records, slot, fence), None);
         // Forgotten, and the slot refilled by another key: the old entry takes nothing.
         assert!(records.remove(&digest(0)).is_some());
         assert_eq!(
             records.insert_new(record(1, ReceiptState::Success, Some(5_000))),
             slot
         );
-        assert!(records.remove_finished(slot, fence).is_none());
+        assert_eq!(taken(&mut records, slot, fence), None);
         assert!(records.get(&digest(1)).is_some());
         // The version it names goes, and its slot is free again.
         let other = records.insert_new(record(2, ReceiptState::Failed, Some(6_000)));
-        let taken = records.remove_finished(other, Fence(3));
-        assert_eq!(taken.map(|e| e.head.state), Some(ReceiptState::Failed));
+        assert_eq!(
+            taken(&mut records, other, Fence(3)),
+            Some(ReceiptState::Failed)
+        );
         assert!(records.get(&digest(2)).is_none());
         assert_eq!(records.len(), 1);
         assert_eq!(
