@@ -72,22 +72,36 @@ async fn existing(store: &MemoryStore, key: &Key, now_ms: u64) -> Receipt {
     }
 }
 
-async fn finish(
-    store: &MemoryStore,
-    key: &Key,
-    fence: Fence,
+/// What a completion writes: a state, an outcome, when, and for how long.
+struct Done {
     state: ReceiptState,
     outcome: Option<Vec<u8>>,
     now_ms: u64,
     ttl_ms: u64,
-) {
-    let completion = Completion {
+}
+
+/// `SUCCESS` with `outcome` at `now_ms`, for `ttl_ms`.
+fn succeeded(outcome: Vec<u8>, now_ms: u64, ttl_ms: u64) -> Done {
+    done(ReceiptState::Success, Some(outcome), now_ms, ttl_ms)
+}
+
+fn done(state: ReceiptState, outcome: Option<Vec<u8>>, now_ms: u64, ttl_ms: u64) -> Done {
+    Done {
         state,
-        outcome: outcome.map(Arc::from),
+        outcome,
+        now_ms,
         ttl_ms,
+    }
+}
+
+async fn finish(store: &MemoryStore, key: &Key, fence: Fence, done: Done) {
+    let completion = Completion {
+        state: done.state,
+        outcome: done.outcome.map(Arc::from),
+        ttl_ms: done.ttl_ms,
     };
     store
-        .complete(key, fence, completion, now_ms)
+        .complete(key, fence, completion, done.now_ms)
         .await
         .unwrap();
 }
@@ -116,7 +130,13 @@ async fn holds_every_receipt_handed_out_carries_its_outcome_byte_for_byte() {
             async move { store.wait_settled(&key, Duration::from_secs(30), now).await }
         });
         tokio::task::yield_now().await;
-        finish(&store, key, fence, state, Some(want.clone()), now, 60_000).await;
+        finish(
+            &store,
+            key,
+            fence,
+            done(state, Some(want.clone()), now, 60_000),
+        )
+        .await;
         let ctx = format!("{state} with {len} bytes");
         let settled = waiter.await.unwrap().unwrap().expect("settled");
         assert_eq!(settled.outcome.as_deref(), Some(&want[..]), "{ctx}: waiter");
@@ -161,16 +181,7 @@ async fn holds_a_reopened_receipt_hands_out_only_its_new_outcome() {
     let key = &same_shard("reopen", 1)[0];
     let call_id = call("first");
     let first = acquire(&store, key, &call_id, 10).await;
-    finish(
-        &store,
-        key,
-        first,
-        ReceiptState::Success,
-        Some(bytes(62, 1)),
-        10,
-        100,
-    )
-    .await;
+    finish(&store, key, first, succeeded(bytes(62, 1), 10, 100)).await;
     let Ok(Claimed::Acquired(second)) = store.reopen(key, first, 50, 20).await else {
         panic!("a finished record reopens")
     };
@@ -198,10 +209,7 @@ async fn holds_a_reopened_receipt_hands_out_only_its_new_outcome() {
         &store,
         key,
         second,
-        ReceiptState::Failed,
-        Some(bytes(63, 2)),
-        30,
-        1_000,
+        done(ReceiptState::Failed, Some(bytes(63, 2)), 30, 1_000),
     )
     .await;
     let settled = waiter.await.unwrap().unwrap().expect("settled");
@@ -224,28 +232,10 @@ async fn holds_a_slot_refilled_under_a_stale_lane_entry_keeps_its_new_record() {
     let keys = same_shard("refill", 4);
     // Key 0 finishes (expiring at 110) and is forgotten; key 1 takes its slot and finishes later.
     let f0 = acquire(&store, &keys[0], &call("k0"), 10).await;
-    finish(
-        &store,
-        &keys[0],
-        f0,
-        ReceiptState::Success,
-        Some(bytes(8, 0)),
-        10,
-        100,
-    )
-    .await;
+    finish(&store, &keys[0], f0, succeeded(bytes(8, 0), 10, 100)).await;
     store.forget(&keys[0], f0).await.unwrap();
     let f1 = acquire(&store, &keys[1], &call("k1"), 20).await;
-    finish(
-        &store,
-        &keys[1],
-        f1,
-        ReceiptState::Success,
-        Some(bytes(70, 1)),
-        20,
-        10_000,
-    )
-    .await;
+    finish(&store, &keys[1], f1, succeeded(bytes(70, 1), 20, 10_000)).await;
     // Key 1 forgotten too; key 2 takes the slot, stays in flight; key 3 is UNKNOWN in the next one.
     let f2a = acquire(&store, &keys[2], &call("k2a"), 30).await;
     let f3 = acquire(&store, &keys[3], &call("k3"), 30).await;
@@ -254,25 +244,13 @@ async fn holds_a_slot_refilled_under_a_stale_lane_entry_keeps_its_new_record() {
         &store,
         &keys[2],
         f2a,
-        ReceiptState::Failed,
-        Some(bytes(5, 2)),
-        32,
-        100,
+        done(ReceiptState::Failed, Some(bytes(5, 2)), 32, 100),
     )
     .await;
     store.forget(&keys[2], f2a).await.unwrap();
     // Key 0 again, into the slot key 2 left (its old entry says 110; key 2's says 132).
     let f0b = acquire(&store, &keys[0], &call("k0b"), 40).await;
-    finish(
-        &store,
-        &keys[0],
-        f0b,
-        ReceiptState::Success,
-        Some(bytes(62, 9)),
-        40,
-        5_000,
-    )
-    .await;
+    finish(&store, &keys[0], f0b, succeeded(bytes(62, 9), 40, 5_000)).await;
     assert_eq!(
         store.purge_expired(200).await.unwrap(),
         0,
@@ -307,40 +285,13 @@ async fn holds_two_keys_sharing_their_table_hash_stay_apart() {
     let (ca, cb) = (call("a"), call("b"));
     let fa = acquire(&store, &ka, &ca, 10).await;
     let fb = acquire(&store, &kb, &cb, 10).await;
-    finish(
-        &store,
-        &ka,
-        fa,
-        ReceiptState::Success,
-        Some(bytes(3, 1)),
-        10,
-        100,
-    )
-    .await;
-    finish(
-        &store,
-        &kb,
-        fb,
-        ReceiptState::Success,
-        Some(bytes(3, 2)),
-        10,
-        100,
-    )
-    .await;
+    finish(&store, &ka, fa, succeeded(bytes(3, 1), 10, 100)).await;
+    finish(&store, &kb, fb, succeeded(bytes(3, 2), 10, 100)).await;
     // A forgotten, and claimed anew in its slot with a longer ttl: the entry of its first outcome
     // and b's (both at 110) must take b alone.
     store.forget(&ka, fa).await.unwrap();
     let fa2 = acquire(&store, &ka, &ca, 20).await;
-    finish(
-        &store,
-        &ka,
-        fa2,
-        ReceiptState::Success,
-        Some(bytes(64, 3)),
-        20,
-        1_000,
-    )
-    .await;
+    finish(&store, &ka, fa2, succeeded(bytes(64, 3), 20, 1_000)).await;
     assert_eq!(
         store
             .get_by_call_id(&cb)
@@ -375,42 +326,21 @@ async fn holds_a_bounded_stores_places_do_not_drift_with_slots() {
             }
             f
         };
-        finish(
-            &store,
-            &keys[0],
-            f[0],
-            ReceiptState::Success,
-            Some(bytes(62, 0)),
-            t,
-            10,
-        )
-        .await;
-        finish(
-            &store,
-            &keys[1],
-            f[1],
-            ReceiptState::Success,
-            Some(bytes(63, 0)),
-            t,
-            500,
-        )
-        .await;
+        finish(&store, &keys[0], f[0], succeeded(bytes(62, 0), t, 10)).await;
+        finish(&store, &keys[1], f[1], succeeded(bytes(63, 0), t, 500)).await;
         store.forget(&keys[1], f[1]).await.unwrap();
         store.release(&keys[2], f[2]).await.unwrap();
-        finish(&store, &keys[3], f[3], ReceiptState::Failed, None, t, 500).await;
-        let Ok(Claimed::Acquired(f3)) = store.reopen(&keys[3], f[3], 1_000, t + 1).await else {
-            panic!("reopened")
-        };
         finish(
             &store,
             &keys[3],
-            f3,
-            ReceiptState::Success,
-            Some(vec![]),
-            t + 2,
-            500,
+            f[3],
+            done(ReceiptState::Failed, None, t, 500),
         )
         .await;
+        let Ok(Claimed::Acquired(f3)) = store.reopen(&keys[3], f[3], 1_000, t + 1).await else {
+            panic!("reopened")
+        };
+        finish(&store, &keys[3], f3, succeeded(vec![], t + 2, 500)).await;
         // Key 0 expired (t + 10), key 3 finished: both may go; two places are free.
         let mut held = Vec::new();
         for (i, key) in keys[4..].iter().enumerate() {
@@ -453,41 +383,14 @@ async fn a_full_store_evicts_the_receipt_that_finished_first_even_after_a_reopen
     let keys = same_shard("order", 3);
     // Key 0 finishes at 10 (ttl 1 000: expires 1 010); key 1 finishes at 15 (expires 1 015).
     let f0 = acquire(&store, &keys[0], &call("k0"), 10).await;
-    finish(
-        &store,
-        &keys[0],
-        f0,
-        ReceiptState::Success,
-        Some(bytes(4, 0)),
-        10,
-        1_000,
-    )
-    .await;
+    finish(&store, &keys[0], f0, succeeded(bytes(4, 0), 10, 1_000)).await;
     let f1 = acquire(&store, &keys[1], &call("k1"), 15).await;
-    finish(
-        &store,
-        &keys[1],
-        f1,
-        ReceiptState::Success,
-        Some(bytes(4, 1)),
-        15,
-        1_000,
-    )
-    .await;
+    finish(&store, &keys[1], f1, succeeded(bytes(4, 1), 15, 1_000)).await;
     // Key 0 reopened, finished again at 30 with a ttl of 980: expires 1 010 again.
     let Ok(Claimed::Acquired(f0b)) = store.reopen(&keys[0], f0, 1_000, 20).await else {
         panic!("reopened")
     };
-    finish(
-        &store,
-        &keys[0],
-        f0b,
-        ReceiptState::Success,
-        Some(bytes(4, 2)),
-        30,
-        980,
-    )
-    .await;
+    finish(&store, &keys[0], f0b, succeeded(bytes(4, 2), 30, 980)).await;
     // Full: a new key of the shard evicts the one that finished first, key 1 (at 15).
     acquire(&store, &keys[2], &call("k2"), 40).await;
     assert!(

@@ -33,10 +33,10 @@ impl MemoryStore {
     pub(super) fn evict(&self, shard: &mut Shard, now_ms: u64, limit: usize) -> usize {
         let mut evicted = 0;
         while evicted < limit {
-            let gone = |entry: &mut Entry| self.let_go(entry, false);
-            if !shard.take_finished(|lanes| lanes.pop_expired(now_ms), gone) {
+            let Some(mut entry) = shard.take_finished(|lanes| lanes.pop_expired(now_ms)) else {
                 break;
-            }
+            };
+            self.let_go(&mut entry, false);
             evicted += 1;
         }
         evicted
@@ -46,7 +46,11 @@ impl MemoryStore {
     /// caller's new record (the store's count does not move). `false` if it holds none (every record
     /// in flight or `UNKNOWN`).
     pub(super) fn make_room(&self, shard: &mut Shard, keep_place: bool) -> bool {
-        shard.take_finished(Lanes::pop_oldest, |entry| self.let_go(entry, keep_place))
+        let Some(mut entry) = shard.take_finished(Lanes::pop_oldest) else {
+            return false;
+        };
+        self.let_go(&mut entry, keep_place);
+        true
     }
 
     /// Takes a place for a new record of `shard`, making room there when the store is full. `false`

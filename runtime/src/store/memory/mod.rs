@@ -87,8 +87,6 @@ struct Entry {
     head: Receipt,
     /// The receipt's outcome.
     outcome: Outcome,
-    /// Where the record is in its shard (set as it is inserted).
-    slot: records::Slot,
     /// The duplicates parked on this record while it is `PROCESSING`.
     waiters: Option<Arc<Waiters>>,
     /// The `SUCCESS` outcome decoded by a replay, for the next ones (see `Keeper`): lives and dies
@@ -149,17 +147,15 @@ struct Shard {
 }
 
 impl Shard {
-    /// Removes the finished record that `next` names (the lanes' next entry in some order), handing
-    /// it to `gone` first, and skipping entries that outlived their record; `false` when the lanes run
-    /// out first.
+    /// Removes the finished record that `next` names (the lanes' next entry in some order), skipping
+    /// entries that outlived their record; `None` when the lanes run out first.
     ///
     /// Asks for the records the next removals will read ahead of them: the next one's outcome, and
     /// the record after it (whose outcome the removal after this one asks for in turn).
     fn take_finished(
         &mut self,
         mut next: impl FnMut(&mut Lanes) -> Option<finished::Finished>,
-        mut gone: impl FnMut(&mut Entry),
-    ) -> bool {
+    ) -> Option<Entry> {
         while let Some(finished) = next(&mut self.finished) {
             let [following, after] = self.finished.upcoming();
             if let Some(slot) = after {
@@ -168,14 +164,12 @@ impl Shard {
             if let Some(slot) = following {
                 self.records.prefetch_outcome(slot);
             }
-            if self
-                .records
-                .remove_finished(finished.slot, finished.fence, &mut gone)
-            {
-                return true;
+            let taken = self.records.remove_finished(finished.slot, finished.fence);
+            if taken.is_some() {
+                return taken;
             }
         }
-        false
+        None
     }
 }
 

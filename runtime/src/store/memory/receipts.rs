@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::calls::Place;
 use super::finished::Finished;
 use super::outcome::Outcome;
+use super::records::Slot;
 use super::{Entry, MemoryStore, Shard, Waiting, EVICT_PER_CLAIM};
 use crate::call_id::CallId;
 use crate::codec::Kept;
@@ -21,9 +22,18 @@ impl MemoryStore {
         key: &Key,
         fence: Fence,
     ) -> Result<&'a mut Entry, StoreError> {
-        let entry = shard
+        Self::owned_at(shard, key, fence).map(|(_, entry)| entry)
+    }
+
+    /// [`MemoryStore::owned`], and the record's slot.
+    fn owned_at<'a>(
+        shard: &'a mut Shard,
+        key: &Key,
+        fence: Fence,
+    ) -> Result<(Slot, &'a mut Entry), StoreError> {
+        let (slot, entry) = shard
             .records
-            .get_mut(key.digest())
+            .get_mut_at(key.digest())
             .ok_or(StoreError::NotFound)?;
         if entry.head.fence != fence {
             return Err(StoreError::Fenced {
@@ -31,7 +41,7 @@ impl MemoryStore {
                 current: entry.head.fence.0,
             });
         }
-        Ok(entry)
+        Ok((slot, entry))
     }
 
     /// The record of `key` if it is live at `now_ms`, or, when it is `PROCESSING`, a registration for
@@ -103,7 +113,6 @@ impl MemoryStore {
                 updated_ms: claim.now_ms,
             },
             outcome: Outcome::None,
-            slot: 0,
             waiters: None,
             kept: None,
         });
@@ -142,7 +151,7 @@ impl MemoryStore {
         now_ms: u64,
     ) -> Result<Transition, StoreError> {
         let mut shard = self.shard(key.digest());
-        let entry = Self::owned(&mut shard, key, fence)?;
+        let (slot, entry) = Self::owned_at(&mut shard, key, fence)?;
         let transition = check(entry.head.state, completion.state)?;
         if transition == Transition::Applied {
             let r = &mut entry.head;
@@ -156,7 +165,7 @@ impl MemoryStore {
             let finished = Finished {
                 at: expires_at_ms,
                 fence,
-                slot: entry.slot,
+                slot,
             };
             shard.finished.push(completion.ttl_ms, finished);
         }

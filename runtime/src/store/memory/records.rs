@@ -64,6 +64,11 @@ impl Slots {
         self.at(slot).map_or(0, |e| hash(e.head.key.digest()))
     }
 
+    /// Whether the record in `slot` is `digest`'s.
+    fn holds(&self, slot: Slot, digest: &Digest) -> bool {
+        self.at(slot).is_some_and(|e| e.head.key.digest() == digest)
+    }
+
     /// A slot never filled before.
     fn fresh(&mut self) -> Slot {
         if self.used == self.chunks.len() * CHUNK {
@@ -87,9 +92,7 @@ impl Records {
     fn find(&self, digest: &Digest) -> Option<Slot> {
         let slots = &self.slots;
         self.table
-            .find(hash(digest), |&s| {
-                slots.at(s).is_some_and(|e| e.head.key.digest() == digest)
-            })
+            .find(hash(digest), |&s| slots.holds(s, digest))
             .copied()
     }
 
@@ -98,8 +101,13 @@ impl Records {
     }
 
     pub(super) fn get_mut(&mut self, digest: &Digest) -> Option<&mut Entry> {
+        self.get_mut_at(digest).map(|(_, entry)| entry)
+    }
+
+    /// [`Records::get_mut`], and the record's slot (what a lane entry names it by).
+    pub(super) fn get_mut_at(&mut self, digest: &Digest) -> Option<(Slot, &mut Entry)> {
         let slot = self.find(digest)?;
-        self.slots.place_mut(slot)?.as_mut()
+        Some((slot, self.slots.place_mut(slot)?.as_mut()?))
     }
 
     /// The record `call_id` claimed, among those whose digest hashes to `hashed`.
@@ -115,13 +123,12 @@ impl Records {
 
     /// Adds a record whose key the table does not hold (the caller looked), in the slot emptied
     /// last; returns its slot.
-    pub(super) fn insert_new(&mut self, mut entry: Entry) -> Slot {
+    pub(super) fn insert_new(&mut self, entry: Entry) -> Slot {
         let hashed = hash(entry.head.key.digest());
         let slot = match self.free.pop() {
             Some(slot) => slot,
             None => self.slots.fresh(),
         };
-        entry.slot = slot;
         if let Some(place) = self.slots.place_mut(slot) {
             *place = Some(entry);
         }
@@ -144,9 +151,7 @@ impl Records {
         let slots = &self.slots;
         let (slot, _) = self
             .table
-            .find_entry(hash(digest), |&s| {
-                slots.at(s).is_some_and(|e| e.head.key.digest() == digest)
-            })
+            .find_entry(hash(digest), |&s| slots.holds(s, digest))
             .ok()?
             .remove();
         self.take(slot)
@@ -155,35 +160,14 @@ impl Records {
     /// Removes the finished record that a lane entry names: the version `fence` of the record in
     /// `slot`. `None` when that version went or changed since (forgotten, expired and claimed anew,
     /// reopened): each claim and take-over of a shard's keys gets a fence of its own.
-    ///
-    /// The record is handed to `gone` and dropped where it is (not moved out: it is a few hundred
-    /// bytes, and this is every full store's claim); `false` if the slot does not hold it.
-    pub(super) fn remove_finished(
-        &mut self,
-        slot: Slot,
-        fence: Fence,
-        gone: impl FnOnce(&mut Entry),
-    ) -> bool {
-        let Some(hashed) = self
+    pub(super) fn remove_finished(&mut self, slot: Slot, fence: Fence) -> Option<Entry> {
+        let hashed = self
             .slots
             .at(slot)
             .filter(|e| e.head.fence == fence && e.head.state.is_terminal())
-            .map(|e| hash(e.head.key.digest()))
-        else {
-            return false;
-        };
-        let Ok(named) = self.table.find_entry(hashed, |&s| s == slot) else {
-            return false;
-        };
-        named.remove();
-        if let Some(place) = self.slots.place_mut(slot) {
-            if let Some(entry) = place {
-                gone(entry);
-            }
-            *place = None;
-            self.free.push(slot);
-        }
-        true
+            .map(|e| hash(e.head.key.digest()))?;
+        self.table.find_entry(hashed, |&s| s == slot).ok()?.remove();
+        self.take(slot)
     }
 
     /// Asks the CPU to bring the record in `slot` into the cache, and the outcome it holds if the
@@ -272,18 +256,14 @@ mod tests {
                 updated_ms: 1_000,
             },
             outcome: super::super::Outcome::None,
-            slot: Slot::MAX,
             waiters: None,
             kept: None,
         }
     }
 
-    /// What `remove_finished` hands to its `gone`: the state of the record it took.
+    /// The state of the record `remove_finished` took.
     fn taken(records: &mut Records, slot: Slot, fence: Fence) -> Option<ReceiptState> {
-        let mut state = None;
-        let removed = records.remove_finished(slot, fence, |e| state = Some(e.head.state));
-        assert_eq!(removed, state.is_some());
-        state
+        records.remove_finished(slot, fence).map(|e| e.head.state)
     }
 
     fn digest(n: u64) -> Digest {
@@ -312,9 +292,6 @@ mod tests {
                 match self.slots.at(s as Slot) {
                     Some(e) => {
                         filled += 1;
-                        if e.slot as usize != s {
-                            return Err(format!("the record in slot {s} says slot {}", e.slot));
-                        }
                         if self.find(e.head.key.digest()) != Some(s as Slot) {
                             return Err(format!("the record in slot {s} is not found there"));
                         }
@@ -340,6 +317,16 @@ mod tests {
             Ok(())
         }
 
+        /// The records and the slot of each.
+        pub(in crate::store::memory) fn slotted(&self) -> impl Iterator<Item = (Slot, &Entry)> {
+            self.slots
+                .chunks
+                .iter()
+                .flat_map(|c| c.iter())
+                .enumerate()
+                .filter_map(|(s, e)| Some((s as Slot, e.as_ref()?)))
+        }
+
         /// Slots the shard keeps room for (filled or not), and how many of them hold a record.
         pub(in crate::store::memory) fn room(&self) -> (usize, usize) {
             (self.slots.chunks.len() * CHUNK, self.table.len())
@@ -353,7 +340,7 @@ mod tests {
             .map(|n| records.insert_new(record(n, ReceiptState::Processing, None)))
             .collect();
         assert_eq!(slots, [0, 1, 2]);
-        assert_eq!(records.get(&digest(1)).map(|e| e.slot), Some(1));
+        assert_eq!(records.find(&digest(1)), Some(1));
         assert!(records.remove(&digest(1)).is_some());
         assert!(records.get(&digest(1)).is_none());
         assert_eq!(
@@ -385,7 +372,8 @@ mod tests {
         assert!((0..many).all(|n| records.get(&digest(n)).is_some()));
         let call_id = records.get(&digest(7)).map(|e| e.head.call_id.clone());
         let found = call_id.and_then(|c| records.of_call(hash(&digest(7)), &c));
-        assert_eq!(found.map(|e| e.slot), Some(7));
+        assert_eq!(found.map(|e| e.head.key.digest()), Some(&digest(7)));
+        assert_eq!(records.find(&digest(7)), Some(7));
     }
 
     #[test]

@@ -16,17 +16,16 @@ fn check_store(store: &MemoryStore) -> Result<(), String> {
             .check_consistent()
             .map_err(|e| format!("shard {i}: {e}"))?;
         total += shard.records.len();
-        for e in shard.records.values() {
+        for (slot, e) in shard.records.slotted() {
             if let (true, Some(at)) = (e.head.state.is_terminal(), e.head.expires_at_ms) {
                 let named = finished::Finished {
                     at,
                     fence: e.head.fence,
-                    slot: e.slot,
+                    slot,
                 };
                 if !shard.finished.holds(named) {
                     return Err(format!(
-                        "shard {i}: the finished record in slot {} has no lane entry: it never goes",
-                        e.slot
+                        "shard {i}: the finished record in slot {slot} has no lane entry: it never goes"
                     ));
                 }
             }
@@ -54,11 +53,11 @@ fn stale_entries_under_new_records(store: &MemoryStore) -> usize {
             let shard = lock(shard);
             shard
                 .records
-                .values()
-                .filter(|e| {
+                .slotted()
+                .filter(|(slot, e)| {
                     shard
                         .finished
-                        .names_slot(e.slot, |f| f.fence != e.head.fence)
+                        .names_slot(*slot, |f| f.fence != e.head.fence)
                 })
                 .count()
         })
@@ -376,8 +375,8 @@ fn holds_a_reopen_or_a_refilled_slot_never_replays_an_old_decoded_copy() {
     assert_eq!(
         lock(&store.shards[shard_index(other.digest())])
             .records
-            .get(other.digest())
-            .map(|e| e.slot),
+            .get_mut_at(other.digest())
+            .map(|(slot, _)| slot),
         Some(0)
     );
     complete(other, f, b"", 40);
